@@ -1,0 +1,159 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Change is one planned allocation increase (restock). The ledger's
+// allocations include it as soon as it is planned; AppliedAt is set once
+// Redis holds the added units.
+type Change struct {
+	ID             int64
+	CampaignID     string
+	FromAllocation int64
+	ToAllocation   int64
+	ShardDeltas    []int64 // units added to each shard, indexed by shard
+	CreatedAt      time.Time
+	AppliedAt      *time.Time
+}
+
+const (
+	sqlLockCampaignAllocation = `SELECT allocation, shards, deleted_at IS NOT NULL
+FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`
+
+	sqlShardAllocations = `SELECT allocation FROM flashsale_shards WHERE campaign_id = $1 ORDER BY shard`
+
+	sqlInsertChange = `INSERT INTO flashsale_allocation_changes (campaign_id, from_allocation, to_allocation, shard_deltas)
+VALUES ($1, $2, $3, $4)
+RETURNING change_id, created_at`
+
+	sqlAddShardAllocations = `UPDATE flashsale_shards s SET allocation = s.allocation + d.delta
+FROM unnest($2::bigint[]) WITH ORDINALITY AS d(delta, ord)
+WHERE s.campaign_id = $1 AND s.shard = d.ord - 1`
+
+	sqlSetAllocation = `UPDATE flashsale_campaigns SET allocation = $2, last_change_id = $3, updated_at = now()
+WHERE campaign_id = $1`
+
+	changeColumns = `change_id, campaign_id, from_allocation, to_allocation, shard_deltas, created_at, applied_at`
+
+	sqlUnappliedChanges = `SELECT ` + changeColumns + ` FROM flashsale_allocation_changes
+WHERE campaign_id = $1 AND applied_at IS NULL ORDER BY change_id`
+
+	sqlMarkChangeApplied = `UPDATE flashsale_allocation_changes SET applied_at = COALESCE(applied_at, now())
+WHERE change_id = $1`
+)
+
+// spreadDelta splits delta over shards: delta/shards each and the remainder
+// one unit at a time starting at shard start, wrapping around. Starting where
+// SplitAllocation(old) stopped handing out its remainder (old % shards) keeps
+// the shards as even as SplitAllocation(new) would have made them.
+func spreadDelta(delta int64, shards, start int) []int64 {
+	out := make([]int64, shards)
+	base, rem := delta/int64(shards), delta%int64(shards)
+	for i := range out {
+		out[i] = base
+	}
+	for k := range int(rem) {
+		out[(start+k)%shards]++
+	}
+	return out
+}
+
+// PlanAllocationIncrease records a restock to newAllocation, exactly once: in
+// one transaction with the campaign row locked it adds the per-shard deltas to
+// flashsale_shards, raises the campaign's allocation and last_change_id, and
+// inserts the change for Redis to apply. A second call with the same target
+// finds nothing to do and returns false. Decreases are refused
+// (ErrAllocationDecrease).
+func (l *Ledger) PlanAllocationIncrease(ctx context.Context, campaignID string, newAllocation int64) (Change, bool, error) {
+	var ch Change
+	var planned bool
+	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var current int64
+		var shards int
+		var deleted bool
+		if err := tx.QueryRow(ctx, sqlLockCampaignAllocation, campaignID).Scan(&current, &shards, &deleted); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: %s", ErrCampaignNotFound, campaignID)
+			}
+			return err
+		}
+		switch {
+		case deleted:
+			return fmt.Errorf("%w: %s is deleted", ErrCampaignNotFound, campaignID)
+		case newAllocation == current:
+			return nil
+		case newAllocation < current:
+			return fmt.Errorf("%w: %d → %d", ErrAllocationDecrease, current, newAllocation)
+		}
+		// The shards may already differ from SplitAllocation(current) after
+		// earlier changes; only the delta is spread, on top of what they hold.
+		rows, err := tx.Query(ctx, sqlShardAllocations, campaignID)
+		if err != nil {
+			return err
+		}
+		have, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		if len(have) != shards {
+			return fmt.Errorf("campaign has %d shards but %d shard rows", shards, len(have))
+		}
+		deltas := spreadDelta(newAllocation-current, shards, int(current%int64(shards)))
+		ch = Change{CampaignID: campaignID, FromAllocation: current, ToAllocation: newAllocation, ShardDeltas: deltas}
+		if err := tx.QueryRow(ctx, sqlInsertChange, campaignID, current, newAllocation, deltas).Scan(&ch.ID, &ch.CreatedAt); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlAddShardAllocations, campaignID, deltas); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlSetAllocation, campaignID, newAllocation, ch.ID); err != nil {
+			return err
+		}
+		planned = true
+		return nil
+	})
+	if err != nil {
+		return Change{}, false, fmt.Errorf("ledger: plan allocation %s: %w", campaignID, err)
+	}
+	if !planned {
+		return Change{}, false, nil
+	}
+	return ch, true, nil
+}
+
+// UnappliedChanges lists the campaign's changes that Redis does not hold
+// yet, oldest first.
+func (l *Ledger) UnappliedChanges(ctx context.Context, campaignID string) ([]Change, error) {
+	rows, err := l.pool.Query(ctx, sqlUnappliedChanges, campaignID)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unapplied changes %s: %w", campaignID, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Change, error) {
+		var c Change
+		err := r.Scan(&c.ID, &c.CampaignID, &c.FromAllocation, &c.ToAllocation, &c.ShardDeltas, &c.CreatedAt, &c.AppliedAt)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unapplied changes %s: %w", campaignID, err)
+	}
+	return out, nil
+}
+
+// MarkChangeApplied records that Redis holds the change's units. Repeating it
+// keeps the first time. An unknown id is ErrNotFound.
+func (l *Ledger) MarkChangeApplied(ctx context.Context, changeID int64) error {
+	tag, err := l.pool.Exec(ctx, sqlMarkChangeApplied, changeID)
+	if err != nil {
+		return fmt.Errorf("ledger: mark change %d applied: %w", changeID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: change %d", ErrNotFound, changeID)
+	}
+	return nil
+}

@@ -1,0 +1,374 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// MaterializerConfig tunes the group-commit writer. Zero values take defaults.
+type MaterializerConfig struct {
+	MaxBatch    int           // rows per transaction; default 256
+	MaxWait     time.Duration // how long a batch waits for more rows after its first; default 2ms
+	Concurrency int           // batches in flight at once; default 4
+	// Timeout bounds one batch transaction, so a hung PostgreSQL turns into
+	// errors instead of stuck callers; default 5s.
+	Timeout time.Duration
+	// OnBatch, if set, is called after every batch transaction with the rows
+	// sent and its duration. It is called from several goroutines at once.
+	OnBatch func(size int, d time.Duration)
+}
+
+const (
+	defaultMaxBatch       = 256
+	defaultMaxWait        = 2 * time.Millisecond
+	defaultConcurrency    = 4
+	defaultMaterializeTTL = 5 * time.Second
+)
+
+const (
+	// Locks the campaign rows against an epoch bump (BeginRebuild takes FOR
+	// UPDATE) until this batch commits: a batch is either counted by a rebuild
+	// or sees the new epoch. ORDER BY keeps lock order stable across batches.
+	sqlLockCampaignEpochs = `SELECT campaign_id, epoch, deleted_at IS NOT NULL
+FROM flashsale_campaigns
+WHERE campaign_id = ANY($1::text[])
+ORDER BY campaign_id
+FOR SHARE`
+
+	// One statement for the whole batch; rows that already exist are skipped
+	// and simply not returned.
+	sqlInsertPending = `INSERT INTO flashsale_orders
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
+SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'PENDING', t.e, t.x
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
+    AS t(r, c, s, u, sh, q, e, x)
+ON CONFLICT (reservation_id) DO NOTHING
+RETURNING reservation_id`
+)
+
+// Materializer writes PENDING order rows in batches: many concurrent Submits
+// share one transaction, so PostgreSQL sees a few commits per millisecond
+// instead of one per reservation.
+type Materializer struct {
+	l   *Ledger
+	cfg MaterializerConfig
+
+	// mu orders Submit's queue send against Close's close(queue).
+	mu     sync.RWMutex
+	closed bool
+
+	queue   chan *pendingRow
+	batches chan []*pendingRow
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+type pendingRow struct {
+	ctx context.Context
+	o   Order
+	res chan error // buffered: the writer never blocks on a caller
+}
+
+// NewMaterializer starts the collector and the workers; Close stops them.
+func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = defaultMaxBatch
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = defaultMaxWait
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = defaultConcurrency
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultMaterializeTTL
+	}
+	m := &Materializer{
+		l:       l,
+		cfg:     cfg,
+		queue:   make(chan *pendingRow, cfg.MaxBatch*cfg.Concurrency),
+		batches: make(chan []*pendingRow),
+	}
+	m.wg.Add(1 + cfg.Concurrency)
+	go m.collect()
+	for range cfg.Concurrency {
+		go m.work()
+	}
+	return m
+}
+
+// Submit writes o as a PENDING row and blocks until its outcome is known:
+//
+//   - nil: the row is durable (its transaction committed);
+//   - ErrFenced: the campaign's epoch is not o.Epoch, or the campaign is
+//     missing or deleted; not written;
+//   - ErrDuplicate: a row with this reservation id already existed; not
+//     written by this call;
+//   - ErrAmbiguous: COMMIT failed, the row may or may not exist;
+//   - anything else: definitely not written.
+//
+// A ctx cancelled before the row's batch is sent means not written. Once the
+// batch is sent Submit waits for it (at most cfg.Timeout) even if ctx ends,
+// because only then is the outcome known. o.Status must be empty or PENDING.
+func (m *Materializer) Submit(ctx context.Context, o Order) error {
+	if err := validatePending(o); err != nil {
+		return err
+	}
+	r := &pendingRow{ctx: ctx, o: o, res: make(chan error, 1)}
+	m.mu.RLock()
+	if m.closed {
+		m.mu.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case m.queue <- r:
+		m.mu.RUnlock()
+	case <-ctx.Done():
+		m.mu.RUnlock()
+		return fmt.Errorf("ledger: materialize %s: not sent: %w", o.ReservationID, ctx.Err())
+	}
+	return <-r.res
+}
+
+func validatePending(o Order) error {
+	switch {
+	case o.ReservationID == "":
+		return errors.New("ledger: materialize: empty reservation id")
+	case o.CampaignID == "":
+		return fmt.Errorf("ledger: materialize %s: empty campaign id", o.ReservationID)
+	case o.Quantity <= 0:
+		return fmt.Errorf("ledger: materialize %s: quantity %d <= 0", o.ReservationID, o.Quantity)
+	case o.Shard < 0:
+		return fmt.Errorf("ledger: materialize %s: shard %d < 0", o.ReservationID, o.Shard)
+	case o.ExpiresAt.IsZero():
+		return fmt.Errorf("ledger: materialize %s: no expiry", o.ReservationID)
+	case o.Status != "" && o.Status != StatusPending:
+		return fmt.Errorf("ledger: materialize %s: status %s, only PENDING rows are materialized", o.ReservationID, o.Status)
+	}
+	return nil
+}
+
+// Close writes what is already queued, then stops the writer. Submit after
+// Close returns ErrClosed. Close is idempotent.
+func (m *Materializer) Close() {
+	m.once.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		close(m.queue)
+		m.mu.Unlock()
+	})
+	m.wg.Wait()
+}
+
+// collect groups queued rows: a batch starts with the first row and closes at
+// MaxBatch rows or MaxWait after that row. While every worker is busy the
+// hand-off blocks and the queue fills, so batches grow with load.
+func (m *Materializer) collect() {
+	defer m.wg.Done()
+	defer close(m.batches)
+	timer := time.NewTimer(0)
+	<-timer.C
+	for {
+		first, ok := <-m.queue
+		if !ok {
+			return
+		}
+		batch := make([]*pendingRow, 1, m.cfg.MaxBatch)
+		batch[0] = first
+		timer.Reset(m.cfg.MaxWait)
+	fill:
+		for len(batch) < m.cfg.MaxBatch {
+			select {
+			case r, ok := <-m.queue:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			case <-timer.C:
+				break fill
+			}
+		}
+		// Go 1.23+ timers: Stop then Reset needs no drain.
+		timer.Stop()
+		m.batches <- batch
+	}
+}
+
+func (m *Materializer) work() {
+	defer m.wg.Done()
+	for batch := range m.batches {
+		m.write(batch)
+	}
+}
+
+// write runs one batch transaction and tells every caller its row's outcome.
+func (m *Materializer) write(batch []*pendingRow) {
+	// Rows whose caller gave up before the batch was sent are dropped: not written.
+	send := make([]*pendingRow, 0, len(batch))
+	for _, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.res <- fmt.Errorf("ledger: materialize %s: not sent: %w", r.o.ReservationID, err)
+			continue
+		}
+		send = append(send, r)
+	}
+	// Sorted so that concurrent batches take primary-key locks in one order
+	// and cannot deadlock on each other's duplicates.
+	slices.SortStableFunc(send, func(a, b *pendingRow) int { return strings.Compare(a.o.ReservationID, b.o.ReservationID) })
+	// The same id twice in one INSERT would be returned once and claimed by
+	// both callers; later copies share the first copy's fate instead.
+	var twins map[*pendingRow]*pendingRow
+	uniq := send[:0:0]
+	for i, r := range send {
+		if i > 0 && r.o.ReservationID == send[i-1].o.ReservationID {
+			if twins == nil {
+				twins = map[*pendingRow]*pendingRow{}
+			}
+			first := send[i-1]
+			if f, ok := twins[first]; ok {
+				first = f
+			}
+			twins[r] = first
+			continue
+		}
+		uniq = append(uniq, r)
+	}
+	if len(uniq) == 0 {
+		return
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
+	start := time.Now()
+	results := m.insertBatch(ctx, uniq)
+	d := time.Since(start)
+	cancel()
+
+	for i, r := range uniq {
+		r.res <- results[i]
+	}
+	for twin, first := range twins {
+		err := results[slices.Index(uniq, first)]
+		if err == nil {
+			err = fmt.Errorf("%w: %s (twice in one batch)", ErrDuplicate, twin.o.ReservationID)
+		}
+		twin.res <- err
+	}
+	if m.cfg.OnBatch != nil {
+		m.cfg.OnBatch(len(uniq), d)
+	}
+}
+
+// insertBatch returns one outcome per row (rows have distinct ids).
+func (m *Materializer) insertBatch(ctx context.Context, rows []*pendingRow) []error {
+	results := make([]error, len(rows))
+	failAll := func(err error) []error {
+		for i := range results {
+			results[i] = err
+		}
+		return results
+	}
+
+	tx, err := m.l.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return failAll(fmt.Errorf("ledger: materialize: begin: %w", err))
+	}
+	// After a successful Commit this is a no-op; before it, an error here
+	// changes nothing: an uncommitted transaction never becomes durable.
+	defer func() { _ = tx.Rollback(context.Background()) }()
+
+	campaigns := make([]string, 0, 1)
+	for _, r := range rows {
+		if !slices.Contains(campaigns, r.o.CampaignID) {
+			campaigns = append(campaigns, r.o.CampaignID)
+		}
+	}
+	type campaignState struct {
+		epoch   int64
+		deleted bool
+	}
+	current := make(map[string]campaignState, len(campaigns))
+	lockRows, err := tx.Query(ctx, sqlLockCampaignEpochs, campaigns)
+	if err != nil {
+		return failAll(fmt.Errorf("ledger: materialize: lock campaigns: %w", err))
+	}
+	var id string
+	var st campaignState
+	if _, err := pgx.ForEachRow(lockRows, []any{&id, &st.epoch, &st.deleted}, func() error {
+		current[id] = st
+		return nil
+	}); err != nil {
+		return failAll(fmt.Errorf("ledger: materialize: lock campaigns: %w", err))
+	}
+
+	n := len(rows)
+	ids, camps, skus, users := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	shards, qtys := make([]int32, 0, n), make([]int32, 0, n)
+	epochs, expires := make([]int64, 0, n), make([]time.Time, 0, n)
+	pending := make(map[string]int, n) // reservation id → index in rows, for rows sent to INSERT
+	var written []int                  // indexes of rows the INSERT returned
+	for i, r := range rows {
+		o := r.o
+		c, ok := current[o.CampaignID]
+		switch {
+		case !ok:
+			results[i] = fmt.Errorf("%w: %s: campaign %s does not exist", ErrFenced, o.ReservationID, o.CampaignID)
+			continue
+		case c.deleted:
+			results[i] = fmt.Errorf("%w: %s: campaign %s is deleted", ErrFenced, o.ReservationID, o.CampaignID)
+			continue
+		case c.epoch != o.Epoch:
+			results[i] = fmt.Errorf("%w: %s: epoch %d, campaign %s is at %d", ErrFenced, o.ReservationID, o.Epoch, o.CampaignID, c.epoch)
+			continue
+		}
+		pending[o.ReservationID] = i
+		ids, camps, skus, users = append(ids, o.ReservationID), append(camps, o.CampaignID), append(skus, o.SKU), append(users, o.UserID)
+		shards, qtys = append(shards, int32(o.Shard)), append(qtys, int32(o.Quantity))
+		epochs, expires = append(epochs, o.Epoch), append(expires, o.ExpiresAt)
+	}
+	if len(ids) == 0 {
+		return results // everything fenced; the rollback releases the locks
+	}
+
+	inserted, err := tx.Query(ctx, sqlInsertPending, ids, camps, skus, users, shards, qtys, epochs, expires)
+	if err == nil {
+		returned := make(map[string]bool, len(ids))
+		_, err = pgx.ForEachRow(inserted, []any{&id}, func() error {
+			returned[id] = true
+			return nil
+		})
+		if err == nil {
+			for rid, i := range pending {
+				if returned[rid] {
+					written = append(written, i)
+				} else {
+					results[i] = fmt.Errorf("%w: %s", ErrDuplicate, rid)
+				}
+			}
+		}
+	}
+	if err != nil {
+		// The statement failed as a whole; fenced rows keep their outcome.
+		for _, i := range pending {
+			results[i] = fmt.Errorf("ledger: materialize: insert: %w", err)
+		}
+		return results
+	}
+	if len(written) == 0 {
+		return results
+	}
+
+	// Up to here nothing can have become durable. From here on it might have.
+	if err := tx.Commit(ctx); err != nil {
+		for _, i := range written {
+			results[i] = fmt.Errorf("%w: %s: %w", ErrAmbiguous, rows[i].o.ReservationID, err)
+		}
+	}
+	return results
+}

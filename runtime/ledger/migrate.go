@@ -1,0 +1,133 @@
+package ledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// migrationLockKey is the pg_advisory_xact_lock key that serialises Migrate
+// across processes. Advisory locks are per database, so unrelated databases
+// on one server do not wait for each other. The value spells "flashmig".
+const migrationLockKey int64 = 0x666c6173686d6967
+
+const (
+	sqlMigrationLock = `SELECT pg_advisory_xact_lock($1)`
+
+	// Created under the advisory lock: concurrent CREATE TABLE IF NOT EXISTS
+	// can otherwise fail on the catalog's unique indexes.
+	sqlCreateMigrationsTable = `CREATE TABLE IF NOT EXISTS flashsale_schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`
+
+	sqlAppliedMigrations = `SELECT version, checksum FROM flashsale_schema_migrations`
+
+	sqlRecordMigration = `INSERT INTO flashsale_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)`
+)
+
+type migration struct {
+	version  int
+	name     string
+	sql      string
+	checksum string
+}
+
+// loadMigrations reads migrations/NNNN_name.sql in version order.
+func loadMigrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var out []migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		file := e.Name()
+		num, name, ok := strings.Cut(strings.TrimSuffix(file, ".sql"), "_")
+		version, err := strconv.Atoi(num)
+		if !ok || err != nil || version <= 0 {
+			return nil, fmt.Errorf("ledger: migration %q: want NNNN_name.sql", file)
+		}
+		if other, dup := seen[version]; dup {
+			return nil, fmt.Errorf("ledger: migrations %q and %q share version %d", other, file, version)
+		}
+		seen[version] = file
+		body, err := migrationFiles.ReadFile(path.Join("migrations", file))
+		if err != nil {
+			return nil, err
+		}
+		sum := sha256.Sum256(body)
+		out = append(out, migration{version: version, name: name, sql: string(body), checksum: hex.EncodeToString(sum[:])})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// Migrate applies the embedded migrations that flashsale_schema_migrations
+// does not list yet, all in one transaction under an advisory lock, so any
+// number of processes may call it at once: the first applies, the rest wait
+// and find nothing to do. An applied migration whose file has since changed
+// is an error, not something to paper over.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	migs, err := loadMigrations()
+	if err != nil {
+		return err
+	}
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlCreateMigrationsTable); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlAppliedMigrations)
+		if err != nil {
+			return err
+		}
+		applied := map[int]string{}
+		var v int
+		var sum string
+		if _, err := pgx.ForEachRow(rows, []any{&v, &sum}, func() error {
+			applied[v] = sum
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, m := range migs {
+			if sum, ok := applied[m.version]; ok {
+				if sum != m.checksum {
+					return fmt.Errorf("migration %04d_%s was changed after it was applied", m.version, m.name)
+				}
+				continue
+			}
+			// No arguments: pgx uses the simple protocol, which runs a
+			// multi-statement file as written.
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return fmt.Errorf("migration %04d_%s: %w", m.version, m.name, err)
+			}
+			if _, err := tx.Exec(ctx, sqlRecordMigration, m.version, m.name, m.checksum); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,345 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Order is one flashsale_orders row.
+type Order struct {
+	ReservationID string
+	CampaignID    string
+	SKU           string
+	UserID        string
+	Shard         int
+	Quantity      int
+	Status        Status
+	Epoch         int64
+	ExpiresAt     time.Time
+	PaymentToken  string // empty unless COMMITTED
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+// querier is what both the pool and a transaction offer.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// maxRaceRetries bounds how often a conditional update is retried when the
+// follow-up read finds a row that should have matched (it was inserted
+// between the two statements by a late materializer batch).
+const maxRaceRetries = 3
+
+const (
+	orderColumns = `reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at,
+    payment_token, created_at, updated_at`
+
+	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE reservation_id = $1`
+
+	// The follow-up read after a conditional update matched nothing; expired
+	// is judged by the database clock, like the update.
+	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE reservation_id = $1`
+
+	// I7: commits only while the lease is valid by the database clock, so a
+	// payment racing the sweeper either commits first or finds the row gone.
+	sqlCheckout = `UPDATE flashsale_orders
+SET status = 'COMMITTED', payment_token = $4, updated_at = now()
+WHERE reservation_id = $1 AND campaign_id = $2 AND user_id = $3
+  AND status = 'PENDING' AND expires_at > now()
+RETURNING ` + orderColumns
+
+	sqlRecordLatePayment = `INSERT INTO flashsale_late_payments (reservation_id, campaign_id, user_id, payment_token, order_status)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (reservation_id, payment_token) DO NOTHING`
+
+	sqlCancelByUser = `UPDATE flashsale_orders
+SET status = 'CANCELLED_BY_USER', updated_at = now()
+WHERE reservation_id = $1 AND campaign_id = $2 AND user_id = $3 AND status = 'PENDING'
+RETURNING ` + orderColumns
+
+	// Grace is passed in microseconds: an exact integer, no interval parsing.
+	sqlCancelExpired = `UPDATE flashsale_orders
+SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
+WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])
+  AND status = 'PENDING' AND expires_at + $3::bigint * interval '1 microsecond' < now()`
+
+	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
+WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
+
+	sqlStatusesAnyCampaign = `SELECT reservation_id, status FROM flashsale_orders WHERE reservation_id = ANY($1::text[])`
+
+	sqlInsertAbandoned = `INSERT INTO flashsale_orders
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
+SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'ABANDONED', t.e, t.x
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
+    AS t(r, c, s, u, sh, q, e, x)
+ON CONFLICT (reservation_id) DO NOTHING`
+)
+
+func scanOrder(row pgx.Row, extra ...any) (Order, error) {
+	var o Order
+	var status string
+	var token *string
+	dest := append([]any{&o.ReservationID, &o.CampaignID, &o.SKU, &o.UserID, &o.Shard, &o.Quantity,
+		&status, &o.Epoch, &o.ExpiresAt, &token, &o.CreatedAt, &o.UpdatedAt}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return Order{}, err
+	}
+	o.Status = Status(status)
+	if token != nil {
+		o.PaymentToken = *token
+	}
+	return o, nil
+}
+
+// GetOrder returns the order or ErrNotFound.
+func (l *Ledger) GetOrder(ctx context.Context, reservationID string) (Order, error) {
+	o, err := scanOrder(l.pool.QueryRow(ctx, sqlGetOrder, reservationID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, fmt.Errorf("%w: reservation %s", ErrNotFound, reservationID)
+	}
+	if err != nil {
+		return Order{}, fmt.Errorf("ledger: get order %s: %w", reservationID, err)
+	}
+	return o, nil
+}
+
+// getOwnOrder reads the row for a follow-up decision; found is false when the
+// row is missing or belongs to another campaign or user, which callers must
+// not be able to tell apart.
+func (l *Ledger) getOwnOrder(ctx context.Context, campaignID, reservationID, userID string) (o Order, expired, found bool, err error) {
+	o, err = scanOrder(l.pool.QueryRow(ctx, sqlGetOrderWithExpiry, reservationID), &expired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, false, false, nil
+	}
+	if err != nil {
+		return Order{}, false, false, err
+	}
+	if o.CampaignID != campaignID || o.UserID != userID {
+		return Order{}, false, false, nil
+	}
+	return o, expired, true, nil
+}
+
+// CheckoutOutcome says what Checkout did.
+type CheckoutOutcome int
+
+const (
+	// CheckoutCommitted: PENDING → COMMITTED by this call.
+	CheckoutCommitted CheckoutOutcome = iota + 1
+	// CheckoutAlreadyCommitted: committed earlier with the same payment token (idempotent retry).
+	CheckoutAlreadyCommitted
+	// CheckoutConflict: committed earlier with another payment token.
+	CheckoutConflict
+	// CheckoutExpired: expired by the database clock, or cancelled or
+	// abandoned; NOT committed. The payment token is recorded in
+	// flashsale_late_payments so the payment can be voided.
+	CheckoutExpired
+	// CheckoutNotFound: no such reservation for this campaign and user.
+	CheckoutNotFound
+)
+
+func (o CheckoutOutcome) String() string {
+	switch o {
+	case CheckoutCommitted:
+		return "committed"
+	case CheckoutAlreadyCommitted:
+		return "already-committed"
+	case CheckoutConflict:
+		return "conflict"
+	case CheckoutExpired:
+		return "expired"
+	case CheckoutNotFound:
+		return "not-found"
+	}
+	return fmt.Sprintf("CheckoutOutcome(%d)", int(o))
+}
+
+// Checkout commits the reservation for its own user while its lease is valid
+// by the database clock. A reservation of another user is reported as not
+// found, so ids cannot be probed.
+func (l *Ledger) Checkout(ctx context.Context, campaignID, reservationID, userID, paymentToken string) (CheckoutOutcome, Order, error) {
+	if paymentToken == "" {
+		// The token is what makes retries idempotent and lets a late payment be voided.
+		return 0, Order{}, errors.New("ledger: checkout without payment token")
+	}
+	for range maxRaceRetries {
+		o, err := scanOrder(l.pool.QueryRow(ctx, sqlCheckout, reservationID, campaignID, userID, paymentToken))
+		if err == nil {
+			return CheckoutCommitted, o, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, Order{}, fmt.Errorf("ledger: checkout %s: %w", reservationID, err)
+		}
+		o, expired, found, err := l.getOwnOrder(ctx, campaignID, reservationID, userID)
+		if err != nil {
+			return 0, Order{}, fmt.Errorf("ledger: checkout %s: %w", reservationID, err)
+		}
+		if !found {
+			return CheckoutNotFound, Order{}, nil
+		}
+		switch {
+		case o.Status == StatusCommitted && o.PaymentToken == paymentToken:
+			return CheckoutAlreadyCommitted, o, nil
+		case o.Status == StatusCommitted:
+			return CheckoutConflict, o, nil
+		case o.Status == StatusPending && !expired:
+			continue // inserted after the update looked; try again
+		}
+		// Expired, cancelled or abandoned: the money must go back.
+		if _, err := l.pool.Exec(ctx, sqlRecordLatePayment, reservationID, campaignID, userID, paymentToken, string(o.Status)); err != nil {
+			return 0, Order{}, fmt.Errorf("ledger: record late payment %s: %w", reservationID, err)
+		}
+		return CheckoutExpired, o, nil
+	}
+	return 0, Order{}, fmt.Errorf("ledger: checkout %s: row kept changing", reservationID)
+}
+
+// CancelOutcome says what CancelByUser did.
+type CancelOutcome int
+
+const (
+	// CancelCancelled: PENDING → CANCELLED_BY_USER by this call; release the unit.
+	CancelCancelled CancelOutcome = iota + 1
+	// CancelAlreadyCancelled: the row already says CANCELLED_BY_USER (a retry;
+	// the release is idempotent, so release again).
+	CancelAlreadyCancelled
+	// CancelCommitted: refused, the reservation was paid for.
+	CancelCommitted
+	// CancelNotFound: no such reservation for this campaign and user.
+	CancelNotFound
+	// CancelGone: already cancelled by the sweeper or abandoned.
+	CancelGone
+)
+
+func (o CancelOutcome) String() string {
+	switch o {
+	case CancelCancelled:
+		return "cancelled"
+	case CancelAlreadyCancelled:
+		return "already-cancelled"
+	case CancelCommitted:
+		return "committed"
+	case CancelNotFound:
+		return "not-found"
+	case CancelGone:
+		return "gone"
+	}
+	return fmt.Sprintf("CancelOutcome(%d)", int(o))
+}
+
+// CancelByUser cancels the user's own PENDING reservation (SQL first; the
+// caller releases the Redis unit afterwards). Expired but unswept
+// reservations may still be cancelled: whichever of user and sweeper wins the
+// update releases.
+func (l *Ledger) CancelByUser(ctx context.Context, campaignID, reservationID, userID string) (CancelOutcome, Order, error) {
+	for range maxRaceRetries {
+		o, err := scanOrder(l.pool.QueryRow(ctx, sqlCancelByUser, reservationID, campaignID, userID))
+		if err == nil {
+			return CancelCancelled, o, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, Order{}, fmt.Errorf("ledger: cancel %s: %w", reservationID, err)
+		}
+		o, _, found, err := l.getOwnOrder(ctx, campaignID, reservationID, userID)
+		if err != nil {
+			return 0, Order{}, fmt.Errorf("ledger: cancel %s: %w", reservationID, err)
+		}
+		if !found {
+			return CancelNotFound, Order{}, nil
+		}
+		switch o.Status {
+		case StatusCommitted:
+			return CancelCommitted, o, nil
+		case StatusCancelledByUser:
+			return CancelAlreadyCancelled, o, nil
+		case StatusCancelledBySweeper, StatusAbandoned:
+			return CancelGone, o, nil
+		case StatusPending:
+			continue // inserted after the update looked; try again
+		default:
+			return 0, o, fmt.Errorf("ledger: cancel %s: unknown status %q", reservationID, o.Status)
+		}
+	}
+	return 0, Order{}, fmt.Errorf("ledger: cancel %s: row kept changing", reservationID)
+}
+
+// CancelExpired is the sweeper's SQL-first step: PENDING rows of ids whose
+// expires_at + grace has passed (database clock) become
+// CANCELLED_BY_SWEEPER. It returns the current status of every id that has a
+// row in this campaign, so a sweeper that crashed after this update and
+// before the Redis release still sees CANCELLED_BY_SWEEPER and releases.
+func (l *Ledger) CancelExpired(ctx context.Context, campaignID string, ids []string, grace time.Duration) (map[string]Status, error) {
+	if len(ids) == 0 {
+		return map[string]Status{}, nil
+	}
+	if grace < 0 {
+		grace = 0
+	}
+	if _, err := l.pool.Exec(ctx, sqlCancelExpired, campaignID, ids, grace.Microseconds()); err != nil {
+		return nil, fmt.Errorf("ledger: cancel expired: %w", err)
+	}
+	out, err := collectStatuses(l.pool.Query(ctx, sqlStatuses, campaignID, ids))
+	if err != nil {
+		return nil, fmt.Errorf("ledger: cancel expired: %w", err)
+	}
+	return out, nil
+}
+
+// RecordAbandoned writes ABANDONED rows for reservations that Redis holds but
+// the ledger does not (the API died between Redis and SQL), unless a row
+// exists by now. It returns the current status of each id: ABANDONED when
+// this or another sweeper recorded it, anything else (PENDING) when a late
+// materializer batch won, in which case the unit must not be released.
+func (l *Ledger) RecordAbandoned(ctx context.Context, orders []Order) (map[string]Status, error) {
+	if len(orders) == 0 {
+		return map[string]Status{}, nil
+	}
+	// Sorted so that two sweepers inserting overlapping sets take the
+	// primary-key locks in the same order and cannot deadlock.
+	orders = slices.Clone(orders)
+	slices.SortFunc(orders, func(a, b Order) int { return strings.Compare(a.ReservationID, b.ReservationID) })
+	n := len(orders)
+	ids, campaigns, skus, users := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	shards, qtys := make([]int32, n), make([]int32, n)
+	epochs, expires := make([]int64, n), make([]time.Time, n)
+	for i, o := range orders {
+		if o.ReservationID == "" || o.CampaignID == "" || o.Quantity <= 0 || o.Shard < 0 {
+			return nil, fmt.Errorf("ledger: record abandoned: invalid order %+v", o)
+		}
+		ids[i], campaigns[i], skus[i], users[i] = o.ReservationID, o.CampaignID, o.SKU, o.UserID
+		shards[i], qtys[i] = int32(o.Shard), int32(o.Quantity)
+		epochs[i], expires[i] = o.Epoch, o.ExpiresAt
+	}
+	if _, err := l.pool.Exec(ctx, sqlInsertAbandoned, ids, campaigns, skus, users, shards, qtys, epochs, expires); err != nil {
+		return nil, fmt.Errorf("ledger: record abandoned: %w", err)
+	}
+	out, err := collectStatuses(l.pool.Query(ctx, sqlStatusesAnyCampaign, ids))
+	if err != nil {
+		return nil, fmt.Errorf("ledger: record abandoned: %w", err)
+	}
+	return out, nil
+}
+
+func collectStatuses(rows pgx.Rows, err error) (map[string]Status, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Status{}
+	var id, status string
+	_, err = pgx.ForEachRow(rows, []any{&id, &status}, func() error {
+		out[id] = Status(status)
+		return nil
+	})
+	return out, err
+}

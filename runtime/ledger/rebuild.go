@@ -1,0 +1,142 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RebuildSnapshot is what a rebuild of Redis needs from the ledger.
+type RebuildSnapshot struct {
+	Campaign      Campaign // with the new epoch
+	PreviousEpoch int64
+	// Orders holds every COMMITTED and still-valid PENDING order of the
+	// campaign, ordered by shard then reservation id.
+	Orders []Order
+	// Expired counts PENDING rows past expires_at + grace that this rebuild
+	// cancelled as CANCELLED_BY_SWEEPER (Redis lost them; nothing to release).
+	Expired int
+}
+
+const (
+	sqlLockCampaign = `SELECT campaign_id FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`
+
+	sqlBumpEpoch = `UPDATE flashsale_campaigns SET epoch = epoch + 1, updated_at = now()
+WHERE campaign_id = $1 AND deleted_at IS NULL
+RETURNING epoch - 1`
+
+	sqlCancelExpiredAll = `UPDATE flashsale_orders
+SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
+WHERE campaign_id = $1 AND status = 'PENDING' AND expires_at + $2::bigint * interval '1 microsecond' < now()`
+
+	// The shard allocations include every planned change up to
+	// last_change_id, so the rebuilt stock already holds those units.
+	sqlAbsorbChanges = `UPDATE flashsale_allocation_changes SET applied_at = now()
+WHERE campaign_id = $1 AND applied_at IS NULL AND change_id <= $2`
+
+	sqlLiveOrders = `SELECT ` + orderColumns + ` FROM flashsale_orders
+WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')
+ORDER BY shard, reservation_id`
+
+	sqlCountsByShard = `SELECT shard, status, sum(quantity)::bigint FROM flashsale_orders
+WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')
+GROUP BY shard, status`
+)
+
+// BeginRebuild bumps the campaign's epoch and snapshots what Redis must hold,
+// in one READ COMMITTED transaction with the campaign row locked FOR UPDATE.
+// A materializer batch holds FOR SHARE on that row while it checks the epoch
+// and inserts, so each batch either committed before the lock was granted
+// (and its rows are read here, by a later statement with a fresher snapshot)
+// or waits and then sees the new epoch and is fenced.
+//
+// Unapplied allocation changes up to the campaign's last_change_id are marked
+// applied in the same transaction: the snapshot's shard allocations already
+// contain them, and applying them again to the rebuilt Redis would oversell.
+func (l *Ledger) BeginRebuild(ctx context.Context, campaignID string, grace time.Duration) (RebuildSnapshot, error) {
+	if grace < 0 {
+		grace = 0
+	}
+	var snap RebuildSnapshot
+	// Must stay READ COMMITTED: under REPEATABLE READ the order read would use
+	// the snapshot from before the lock wait and miss batches that committed
+	// during it.
+	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var id string
+		if err := tx.QueryRow(ctx, sqlLockCampaign, campaignID).Scan(&id); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: %s", ErrCampaignNotFound, campaignID)
+			}
+			return err
+		}
+		if err := tx.QueryRow(ctx, sqlBumpEpoch, campaignID).Scan(&snap.PreviousEpoch); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: %s is deleted", ErrCampaignNotFound, campaignID)
+			}
+			return err
+		}
+		tag, err := tx.Exec(ctx, sqlCancelExpiredAll, campaignID, grace.Microseconds())
+		if err != nil {
+			return err
+		}
+		snap.Expired = int(tag.RowsAffected())
+		if snap.Campaign, err = getCampaign(ctx, tx, campaignID); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlAbsorbChanges, campaignID, snap.Campaign.LastChangeID); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlLiveOrders, campaignID)
+		if err != nil {
+			return err
+		}
+		snap.Orders, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Order, error) { return scanOrder(r) })
+		return err
+	})
+	if err != nil {
+		return RebuildSnapshot{}, fmt.Errorf("ledger: rebuild %s: %w", campaignID, err)
+	}
+	return snap, nil
+}
+
+// ShardCounts are units (sum of quantity) held in one shard.
+type ShardCounts struct {
+	Committed int64
+	Pending   int64 // includes expired rows the sweeper has not cancelled yet: Redis still holds them
+}
+
+// CountsByShard sums live units per shard from the partial covering index
+// flashsale_orders_live_idx: it reads only PENDING and COMMITTED entries of
+// one campaign and updates nothing, so it is cheap to run every few seconds.
+func (l *Ledger) CountsByShard(ctx context.Context, campaignID string, shards int) ([]ShardCounts, error) {
+	if shards < 1 {
+		return nil, fmt.Errorf("ledger: counts %s: shards %d < 1", campaignID, shards)
+	}
+	out := make([]ShardCounts, shards)
+	rows, err := l.pool.Query(ctx, sqlCountsByShard, campaignID)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: counts %s: %w", campaignID, err)
+	}
+	var shard int
+	var status string
+	var units int64
+	_, err = pgx.ForEachRow(rows, []any{&shard, &status, &units}, func() error {
+		if shard < 0 || shard >= shards {
+			return fmt.Errorf("order in shard %d, campaign has %d shards", shard, shards)
+		}
+		switch Status(status) {
+		case StatusCommitted:
+			out[shard].Committed += units
+		case StatusPending:
+			out[shard].Pending += units
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: counts %s: %w", campaignID, err)
+	}
+	return out, nil
+}
