@@ -1,0 +1,358 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	crdvalidation "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/validation"
+	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel"
+	structuraldefaulting "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting"
+	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"sigs.k8s.io/yaml"
+
+	"github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+)
+
+// crdPath is the generated CRD, relative to this package.
+var crdPath = filepath.Join("..", "..", "config", "crd", "bases", "flashsale.dev_flashsales.yaml")
+
+func loadCRD(t *testing.T) *apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	data, err := os.ReadFile(crdPath)
+	if err != nil {
+		t.Fatalf("reading the generated CRD (run `make manifests`): %v", err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(data, crd); err != nil {
+		t.Fatalf("parsing %s: %v", crdPath, err)
+	}
+	return crd
+}
+
+func servedVersion(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition) *apiextensionsv1.CustomResourceDefinitionVersion {
+	t.Helper()
+	if len(crd.Spec.Versions) != 1 {
+		t.Fatalf("want exactly one version, got %d", len(crd.Spec.Versions))
+	}
+	v := &crd.Spec.Versions[0]
+	if v.Name != v1alpha1.GroupVersion.Version || !v.Served || !v.Storage {
+		t.Fatalf("version %q served=%v storage=%v, want %s served and stored", v.Name, v.Served, v.Storage, v1alpha1.GroupVersion.Version)
+	}
+	return v
+}
+
+func TestCRDNamesAndSubresources(t *testing.T) {
+	crd := loadCRD(t)
+	if crd.Name != "flashsales.flashsale.dev" || crd.Spec.Group != v1alpha1.GroupVersion.Group {
+		t.Errorf("name %q group %q, want flashsales.flashsale.dev in group %s", crd.Name, crd.Spec.Group, v1alpha1.GroupVersion.Group)
+	}
+	if crd.Spec.Scope != apiextensionsv1.NamespaceScoped {
+		t.Errorf("scope %q, want Namespaced", crd.Spec.Scope)
+	}
+	n := crd.Spec.Names
+	if n.Kind != "FlashSale" || n.ListKind != "FlashSaleList" || n.Plural != "flashsales" || n.Singular != "flashsale" {
+		t.Errorf("names %+v", n)
+	}
+	if len(n.ShortNames) != 1 || n.ShortNames[0] != "fs" {
+		t.Errorf("short names %v, want [fs]", n.ShortNames)
+	}
+	v := servedVersion(t, crd)
+	if v.Subresources == nil || v.Subresources.Status == nil {
+		t.Errorf("status subresource missing")
+	}
+}
+
+func TestCRDPrinterColumns(t *testing.T) {
+	v := servedVersion(t, loadCRD(t))
+	want := []struct{ name, typ, path string }{
+		{"SKU", "string", ".spec.sku"},
+		{"Phase", "string", ".status.phase"},
+		{"Allocation", "integer", ".spec.allocation"},
+		{"Available", "integer", ".status.available"},
+		{"Reserved", "integer", ".status.reserved"},
+		{"Sold", "integer", ".status.sold"},
+		{"Age", "date", ".metadata.creationTimestamp"},
+	}
+	got := v.AdditionalPrinterColumns
+	if len(got) != len(want) {
+		t.Fatalf("got %d printer columns, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		if got[i].Name != w.name || got[i].Type != w.typ || got[i].JSONPath != w.path {
+			t.Errorf("column %d: got %s/%s/%s, want %s/%s/%s", i, got[i].Name, got[i].Type, got[i].JSONPath, w.name, w.typ, w.path)
+		}
+	}
+}
+
+// TestCRDValidationRules checks that each CEL rule sits on the field it
+// guards, so that a regenerated CRD cannot silently lose one.
+func TestCRDValidationRules(t *testing.T) {
+	spec := servedVersion(t, loadCRD(t)).Schema.OpenAPIV3Schema.Properties["spec"]
+	want := []struct {
+		path    []string
+		rule    string
+		message string
+	}{
+		{[]string{"sku"}, "self == oldSelf", "sku is immutable"},
+		{[]string{"shards"}, "self == oldSelf", "shards is immutable"},
+		{[]string{"schedule"}, "self.end > self.start", "schedule.end must be after schedule.start"},
+		{[]string{"reservation", "ttl"}, "duration(self) > duration('0s')", "reservation.ttl must be greater than 0s"},
+		{[]string{"reservation", "gracePeriod"}, "duration(self) >= duration('0s')", "reservation.gracePeriod must not be negative"},
+		{[]string{"sweeper", "interval"}, "duration(self) > duration('0s')", "sweeper.interval must be greater than 0s"},
+	}
+	for _, w := range want {
+		s := spec
+		for _, p := range w.path {
+			var ok bool
+			if s, ok = s.Properties[p]; !ok {
+				t.Fatalf("spec.%s missing from the schema", strings.Join(w.path, "."))
+			}
+		}
+		found := false
+		for _, r := range s.XValidations {
+			if strings.Contains(r.Rule, w.rule) && strings.Contains(r.Message, w.message) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("spec.%s: no rule %q with message %q; have %+v", strings.Join(w.path, "."), w.rule, w.message, s.XValidations)
+		}
+	}
+}
+
+// TestCRDIsValid runs the API server's own CRD validation, which compiles
+// every CEL rule and checks its estimated cost.
+func TestCRDIsValid(t *testing.T) {
+	crd := loadCRD(t)
+	apiextensionsv1.SetObjectDefaults_CustomResourceDefinition(crd)
+	internal := &apiextensions.CustomResourceDefinition{}
+	if err := apiextensionsv1.Convert_v1_CustomResourceDefinition_To_apiextensions_CustomResourceDefinition(crd, internal, nil); err != nil {
+		t.Fatal(err)
+	}
+	if errs := crdvalidation.ValidateCustomResourceDefinition(context.Background(), internal); len(errs) > 0 {
+		t.Fatalf("the API server would refuse the CRD:\n%v", errs.ToAggregate())
+	}
+}
+
+// admission runs a FlashSale through the API server's schema machinery for
+// custom resources: defaulting, OpenAPI validation and CEL rules. The
+// envtest suite does the same against a real API server.
+type admission struct {
+	structural *structuralschema.Structural
+	schema     apiservervalidation.SchemaValidator
+	cel        *cel.Validator
+}
+
+func newAdmission(t *testing.T) *admission {
+	t.Helper()
+	v := servedVersion(t, loadCRD(t))
+	internal := &apiextensions.JSONSchemaProps{}
+	if err := apiextensionsv1.Convert_v1_JSONSchemaProps_To_apiextensions_JSONSchemaProps(v.Schema.OpenAPIV3Schema, internal, nil); err != nil {
+		t.Fatal(err)
+	}
+	ss, err := structuralschema.NewStructural(internal)
+	if err != nil {
+		t.Fatalf("the schema is not structural: %v", err)
+	}
+	sv, _, err := apiservervalidation.NewSchemaValidator(internal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &admission{structural: ss, schema: sv, cel: cel.NewValidator(ss, true, celconfig.PerCallLimit)}
+}
+
+// admit defaults obj in place and validates it, as an update of old when old
+// is not nil.
+func (a *admission) admit(obj, old map[string]any) field.ErrorList {
+	structuraldefaulting.Default(obj, a.structural)
+	var errs field.ErrorList
+	if old == nil {
+		errs = apiservervalidation.ValidateCustomResource(nil, obj, a.schema)
+	} else {
+		errs = apiservervalidation.ValidateCustomResourceUpdate(nil, obj, old, a.schema)
+	}
+	celErrs, _ := a.cel.Validate(context.Background(), nil, a.structural, obj, old, celconfig.RuntimeCELCostBudget)
+	return append(errs, celErrs...)
+}
+
+// minimal is the smallest valid FlashSale: everything else is defaulted.
+func minimal() map[string]any {
+	return map[string]any{
+		"apiVersion": "flashsale.dev/v1alpha1",
+		"kind":       "FlashSale",
+		"metadata":   map[string]any{"name": "ps5-drop", "namespace": "shop"},
+		"spec": map[string]any{
+			"sku":        "itm-ps5-pro",
+			"allocation": int64(1000),
+			"redis":      map[string]any{"secretRef": map[string]any{"name": "shop-redis"}},
+			"postgres":   map[string]any{"secretRef": map[string]any{"name": "shop-ledger"}},
+			"admission":  map[string]any{"secretRef": map[string]any{"name": "waiting-room"}},
+		},
+	}
+}
+
+// with returns minimal() with the value at path (under spec) set, or removed
+// when value is nil.
+func with(value any, path ...string) map[string]any {
+	obj := minimal()
+	fields := append([]string{"spec"}, path...)
+	if value == nil {
+		unstructured.RemoveNestedField(obj, fields...)
+	} else if err := unstructured.SetNestedField(obj, value, fields...); err != nil {
+		panic(err)
+	}
+	return obj
+}
+
+func TestMinimalFlashSaleIsDefaulted(t *testing.T) {
+	a := newAdmission(t)
+	obj := minimal()
+	if errs := a.admit(obj, nil); len(errs) > 0 {
+		t.Fatalf("minimal FlashSale rejected: %v", errs.ToAggregate())
+	}
+	want := map[string]any{
+		"shards":                   int64(v1alpha1.DefaultShards),
+		"maxPerUser":               int64(v1alpha1.DefaultMaxPerUser),
+		"reservation.ttl":          v1alpha1.DefaultReservationTTL,
+		"reservation.gracePeriod":  v1alpha1.DefaultReservationGrace,
+		"reservation.stealProbes":  int64(v1alpha1.DefaultStealProbes),
+		"reservation.replicas":     int64(v1alpha1.DefaultReservationReplicas),
+		"sweeper.interval":         v1alpha1.DefaultSweeperInterval,
+		"redis.mode":               string(v1alpha1.DefaultRedisMode),
+		"postgres.secretRef.key":   v1alpha1.DefaultPostgresSecretKey,
+		"admission.secretRef.key":  v1alpha1.DefaultAdmissionSecretKey,
+		"redis.secretRef.name":     "shop-redis",
+		"postgres.secretRef.name":  "shop-ledger",
+		"admission.secretRef.name": "waiting-room",
+	}
+	for path, w := range want {
+		got, found, err := unstructured.NestedFieldNoCopy(obj, append([]string{"spec"}, strings.Split(path, ".")...)...)
+		if err != nil || !found {
+			t.Errorf("spec.%s not defaulted (err %v)", path, err)
+			continue
+		}
+		if got != w {
+			t.Errorf("spec.%s = %v (%T), want %v (%T)", path, got, got, w, w)
+		}
+	}
+}
+
+func TestInvalidFlashSalesAreRejected(t *testing.T) {
+	a := newAdmission(t)
+	tests := []struct {
+		name string
+		old  map[string]any // nil for a create
+		obj  map[string]any
+		want string // substring of the error
+	}{
+		{"end before start", nil,
+			with(map[string]any{"start": "2026-12-01T10:00:00Z", "end": "2026-12-01T09:00:00Z"}, "schedule"),
+			"schedule.end must be after schedule.start"},
+		{"end equal to start", nil,
+			with(map[string]any{"start": "2026-12-01T09:00:00Z", "end": "2026-12-01T09:00:00Z"}, "schedule"),
+			"schedule.end must be after schedule.start"},
+		{"start not a time", nil,
+			with(map[string]any{"start": "tomorrow"}, "schedule"),
+			"spec.schedule.start"},
+		{"zero shards", nil, with(int64(0), "shards"),
+			"spec.shards in body should be greater than or equal to 1"},
+		{"too many shards", nil, with(int64(1025), "shards"),
+			"spec.shards in body should be less than or equal to 1024"},
+		{"negative allocation", nil, with(int64(-1), "allocation"),
+			"spec.allocation in body should be greater than or equal to 0"},
+		{"allocation above a billion", nil, with(int64(1_000_000_001), "allocation"),
+			"spec.allocation in body should be less than or equal to 1000000000"},
+		{"sku changed", minimal(), with("itm-xbox", "sku"),
+			"sku is immutable"},
+		{"shards changed", minimal(), with(int64(12), "shards"),
+			"shards is immutable"},
+		{"three steal probes", nil, with(int64(3), "reservation", "stealProbes"),
+			"spec.reservation.stealProbes in body should be less than or equal to 2"},
+		{"zero maxPerUser", nil, with(int64(0), "maxPerUser"),
+			"spec.maxPerUser in body should be greater than or equal to 1"},
+		{"unknown redis mode", nil, with("sentinel", "redis", "mode"),
+			`spec.redis.mode: Unsupported value: "sentinel"`},
+		{"zero ttl", nil, with("0s", "reservation", "ttl"),
+			"reservation.ttl must be greater than 0s"},
+		{"ttl not a duration", nil, with("ten minutes", "reservation", "ttl"),
+			"spec.reservation.ttl in body should match"},
+		{"negative grace period", nil, with("-1s", "reservation", "gracePeriod"),
+			"spec.reservation.gracePeriod in body should match"},
+		{"zero sweeper interval", nil, with("0s", "sweeper", "interval"),
+			"sweeper.interval must be greater than 0s"},
+		{"missing sku", nil, with(nil, "sku"),
+			"spec.sku: Required value"},
+		{"empty sku", nil, with("", "sku"),
+			"spec.sku in body should be at least 1 chars long"},
+		{"missing redis", nil, with(nil, "redis"),
+			"spec.redis: Required value"},
+		{"missing ledger secret name", nil, with(nil, "postgres", "secretRef", "name"),
+			"spec.postgres.secretRef.name: Required value"},
+		{"negative replicas", nil, with(int64(-1), "reservation", "replicas"),
+			"spec.reservation.replicas in body should be greater than or equal to 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.old != nil {
+				if errs := a.admit(tt.old, nil); len(errs) > 0 {
+					t.Fatalf("old object rejected: %v", errs.ToAggregate())
+				}
+			}
+			errs := a.admit(tt.obj, tt.old)
+			if len(errs) == 0 {
+				t.Fatalf("accepted, want an error containing %q", tt.want)
+			}
+			if msg := errs.ToAggregate().Error(); !strings.Contains(msg, tt.want) {
+				t.Errorf("error %q does not contain %q", msg, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidUpdatesAreAccepted(t *testing.T) {
+	a := newAdmission(t)
+	old := minimal()
+	if errs := a.admit(old, nil); len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	for name, obj := range map[string]map[string]any{
+		"restock":          with(int64(2000), "allocation"),
+		"pause":            with(true, "paused"),
+		"longer ttl":       with("15m", "reservation", "ttl"),
+		"zero grace":       with("0s", "reservation", "gracePeriod"),
+		"no steal probes":  with(int64(0), "reservation", "stealProbes"),
+		"cluster mode":     with("cluster", "redis", "mode"),
+		"open-ended start": with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),
+		"window": with(map[string]any{
+			"start": "2026-12-01T09:00:00Z", "end": "2026-12-01T09:00:01Z"}, "schedule"),
+	} {
+		if errs := a.admit(obj, old); len(errs) > 0 {
+			t.Errorf("%s rejected: %v", name, errs.ToAggregate())
+		}
+	}
+}

@@ -1,0 +1,468 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FlashSalePhase is the one-word summary of where a FlashSale is in its life.
+// +kubebuilder:validation:Enum=Scheduled;Open;Paused;SoldOut;Ended;Completed;FailClosed;Rebuilding
+type FlashSalePhase string
+
+const (
+	// PhaseScheduled: the sale has a schedule whose start is still ahead.
+	PhaseScheduled FlashSalePhase = "Scheduled"
+	// PhaseOpen: reservations are being admitted.
+	PhaseOpen FlashSalePhase = "Open"
+	// PhasePaused: spec.paused is set; no new reservations are admitted.
+	PhasePaused FlashSalePhase = "Paused"
+	// PhaseSoldOut: every unit is reserved or sold; open reservations may
+	// still expire and return units to stock.
+	PhaseSoldOut FlashSalePhase = "SoldOut"
+	// PhaseEnded: the schedule's end has passed; open reservations may still
+	// be checked out or released.
+	PhaseEnded FlashSalePhase = "Ended"
+	// PhaseCompleted: the sale is over and no reservation is open any more.
+	PhaseCompleted FlashSalePhase = "Completed"
+	// PhaseFailClosed: Redis lost or disagrees with the sale's state; every
+	// shard refuses reservations until the stock is rebuilt from the ledger.
+	PhaseFailClosed FlashSalePhase = "FailClosed"
+	// PhaseRebuilding: the stock is being rebuilt from the ledger.
+	PhaseRebuilding FlashSalePhase = "Rebuilding"
+)
+
+// Condition types reported in status.conditions.
+const (
+	// ConditionReady is True when the sale's children are running and its
+	// state in Redis and PostgreSQL is consistent.
+	ConditionReady = "Ready"
+	// ConditionSeeded is True once the ledger row exists and every Redis
+	// shard holds its stock and meta key for the current epoch.
+	ConditionSeeded = "Seeded"
+	// ConditionAdmitting is True while the sale accepts new reservations.
+	ConditionAdmitting = "Admitting"
+	// ConditionRedisHealthy is True while every Redis shard answers and
+	// carries the current epoch.
+	ConditionRedisHealthy = "RedisHealthy"
+	// ConditionLedgerHealthy is True while PostgreSQL answers.
+	ConditionLedgerHealthy = "LedgerHealthy"
+)
+
+// RedisMode says how the Redis addresses in the Secret are to be used.
+// +kubebuilder:validation:Enum=standalone;cluster
+type RedisMode string
+
+const (
+	// RedisModeStandalone: one Redis server holds every shard.
+	RedisModeStandalone RedisMode = "standalone"
+	// RedisModeCluster: the addresses are seeds of a Redis Cluster; each
+	// shard lives in the slot of its hash tag.
+	RedisModeCluster RedisMode = "cluster"
+)
+
+// Defaults applied by the API server. The CRD markers below carry the same
+// values; a unit test keeps the two in step.
+const (
+	DefaultShards              int32  = 10
+	DefaultMaxPerUser          int32  = 1
+	DefaultReservationTTL             = "10m"
+	DefaultReservationGrace           = "30s"
+	DefaultStealProbes         int32  = 2
+	DefaultReservationReplicas int32  = 2
+	DefaultSweeperInterval            = "30s"
+	DefaultRedisMode                  = RedisModeStandalone
+	DefaultPostgresSecretKey   string = "dsn"
+	DefaultAdmissionSecretKey  string = "hmac-key"
+)
+
+// FlashSaleSpec is the desired state of a flash-sale campaign: one SKU, how
+// many units are for sale, how the stock is split, when the sale runs, and
+// where its Redis, ledger and admission key are.
+type FlashSaleSpec struct {
+	// sku identifies the item on sale. It cannot be changed: create a new
+	// FlashSale to sell another item.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sku is immutable: create a new FlashSale to sell another item"
+	SKU string `json:"sku"`
+
+	// allocation is the number of units for sale. It may be raised to
+	// restock; the controller refuses to lower it below sold + reserved.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000000
+	Allocation int64 `json:"allocation"`
+
+	// shards is the number of Redis stock buckets the allocation is split
+	// into. It cannot be changed once the FlashSale exists.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="shards is immutable: the stock is split into this many Redis buckets once seeded"
+	Shards *int32 `json:"shards,omitempty"`
+
+	// maxPerUser is the number of units one buyer may hold (reserved or
+	// bought) at once, across all shards.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	MaxPerUser *int32 `json:"maxPerUser,omitempty"`
+
+	// schedule bounds the sale in time. Without it the sale is open as soon
+	// as it is seeded and until it is deleted.
+	// +optional
+	Schedule *ScheduleSpec `json:"schedule,omitempty"`
+
+	// paused stops admitting new reservations. Open reservations can still be
+	// checked out and are still released when they expire.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// reservation configures reservation leases and the reservation API
+	// Deployment.
+	// +optional
+	// +kubebuilder:default={}
+	Reservation ReservationSpec `json:"reservation,omitempty"`
+
+	// sweeper configures the process that releases expired reservations.
+	// +optional
+	// +kubebuilder:default={}
+	Sweeper SweeperSpec `json:"sweeper,omitempty"`
+
+	// redis says where the stock shards live.
+	// +required
+	Redis RedisSpec `json:"redis"`
+
+	// postgres says where the ledger, the durable book of record, lives.
+	// +required
+	Postgres PostgresSpec `json:"postgres"`
+
+	// admission says where the key that signs waiting-room admission tokens
+	// is.
+	// +required
+	Admission AdmissionSpec `json:"admission"`
+}
+
+// ScheduleSpec is the time window of a sale. Either bound may be omitted.
+// +kubebuilder:validation:XValidation:rule="!has(self.start) || !has(self.end) || self.end > self.start",message="schedule.end must be after schedule.start"
+type ScheduleSpec struct {
+	// start is when the sale opens (RFC 3339, e.g. 2026-12-01T09:00:00Z).
+	// Without it the sale opens as soon as it is seeded.
+	// +optional
+	Start *metav1.Time `json:"start,omitempty"`
+
+	// end is when the sale stops admitting reservations (RFC 3339). It must
+	// be after start.
+	// +optional
+	End *metav1.Time `json:"end,omitempty"`
+}
+
+// ReservationSpec configures reservation leases and the reservation API.
+type ReservationSpec struct {
+	// ttl is how long a reservation holds its units before it expires and
+	// the sweeper may release them. It must be greater than 0s.
+	// +optional
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="reservation.ttl must be greater than 0s"
+	TTL *metav1.Duration `json:"ttl,omitempty"`
+
+	// gracePeriod is how long after expiry a reservation is still left
+	// alone, to absorb clock skew and in-flight checkouts. It may be 0s.
+	// +optional
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="reservation.gracePeriod must not be negative"
+	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+
+	// stealProbes is how many other shards, at most, a reservation tries
+	// when its home shard is sold out.
+	// +optional
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2
+	StealProbes *int32 `json:"stealProbes,omitempty"`
+
+	// replicas is the number of reservation API pods.
+	// +optional
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=0
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// resources are the compute resources of each reservation API pod.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// SweeperSpec configures the process that releases expired reservations.
+type SweeperSpec struct {
+	// interval is the time between two sweeps. It must be greater than 0s.
+	// +optional
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="sweeper.interval must be greater than 0s"
+	Interval *metav1.Duration `json:"interval,omitempty"`
+}
+
+// RedisSpec says where the stock shards live.
+type RedisSpec struct {
+	// mode is standalone (one server holds every shard) or cluster (the
+	// addresses are seeds of a Redis Cluster).
+	// +optional
+	// +kubebuilder:default=standalone
+	Mode RedisMode `json:"mode,omitempty"`
+
+	// secretRef names a Secret in the FlashSale's namespace with the key
+	// addresses (comma-separated host:port) and the optional keys username
+	// and password.
+	// +required
+	SecretRef SecretNameReference `json:"secretRef"`
+}
+
+// PostgresSpec says where the ledger lives.
+type PostgresSpec struct {
+	// secretRef selects the key of a Secret in the FlashSale's namespace that
+	// holds the PostgreSQL connection string (postgres://...).
+	// +required
+	SecretRef PostgresSecretKeySelector `json:"secretRef"`
+}
+
+// AdmissionSpec says where the admission-token key lives.
+type AdmissionSpec struct {
+	// secretRef selects the key of a Secret in the FlashSale's namespace that
+	// holds the HMAC key shared with the waiting room.
+	// +required
+	SecretRef AdmissionSecretKeySelector `json:"secretRef"`
+}
+
+// SecretNameReference names a Secret in the same namespace.
+type SecretNameReference struct {
+	// name is the name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// PostgresSecretKeySelector selects the key of a Secret in the same
+// namespace that holds a PostgreSQL connection string.
+type PostgresSecretKeySelector struct {
+	// name is the name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// key is the key in the Secret's data.
+	// +optional
+	// +kubebuilder:default=dsn
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key,omitempty"`
+}
+
+// AdmissionSecretKeySelector selects the key of a Secret in the same
+// namespace that holds the admission HMAC key.
+type AdmissionSecretKeySelector struct {
+	// name is the name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// key is the key in the Secret's data.
+	// +optional
+	// +kubebuilder:default=hmac-key
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key,omitempty"`
+}
+
+// FlashSaleStatus is the observed state of a flash-sale campaign. Everything
+// an on-call engineer needs during an incident is here.
+type FlashSaleStatus struct {
+	// phase is the one-word summary of where the sale is.
+	// +optional
+	Phase FlashSalePhase `json:"phase,omitempty"`
+
+	// epoch is the generation of the Redis state. It is bumped by every
+	// rebuild from the ledger; reservations made under an older epoch are
+	// refused by the ledger.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// allocation is the allocation the counts below were taken against.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Allocation int64 `json:"allocation"`
+
+	// available is the number of units still in stock, summed over shards.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int64 `json:"available"`
+
+	// reserved is the number of units held by open reservations.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Reserved int64 `json:"reserved"`
+
+	// sold is the number of units committed in the ledger.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sold int64 `json:"sold"`
+
+	// shards are the counts of each stock shard.
+	// +optional
+	// +listType=map
+	// +listMapKey=index
+	// +kubebuilder:validation:MaxItems=1024
+	Shards []ShardStatus `json:"shards,omitempty"`
+
+	// conditions are the latest observations of the sale's state.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// lastRebuild records the last time the stock was rebuilt from the
+	// ledger.
+	// +optional
+	LastRebuild *RebuildStatus `json:"lastRebuild,omitempty"`
+
+	// observedGeneration is the metadata.generation the status was last
+	// computed from.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// ShardStatus holds the counts of one stock shard.
+type ShardStatus struct {
+	// index is the shard's number, from 0 to shards-1.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1023
+	Index int32 `json:"index"`
+
+	// available is the number of units in the shard's stock.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int64 `json:"available"`
+
+	// reserved is the number of units held by open reservations on the
+	// shard.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Reserved int64 `json:"reserved"`
+}
+
+// RebuildStatus records a rebuild of the Redis stock from the ledger.
+type RebuildStatus struct {
+	// time is when the rebuild finished.
+	// +required
+	Time metav1.Time `json:"time"`
+
+	// reason says why the stock was rebuilt, e.g. "shard 3 meta key missing".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
+
+	// available is the number of units put back in stock.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int64 `json:"available"`
+
+	// reserved is the number of units of still-valid reservations restored.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Reserved int64 `json:"reserved"`
+
+	// sold is the number of committed units counted.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sold int64 `json:"sold"`
+
+	// durationSeconds is how long the rebuild took, in decimal seconds
+	// (e.g. "0.042").
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
+	DurationSeconds string `json:"durationSeconds,omitempty"`
+}
+
+// FlashSale is a flash-sale campaign: one SKU sold from Redis stock shards,
+// with PostgreSQL as the book of record.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=fs
+// +kubebuilder:printcolumn:name="SKU",type=string,JSONPath=`.spec.sku`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Allocation",type=integer,JSONPath=`.spec.allocation`
+// +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.available`
+// +kubebuilder:printcolumn:name="Reserved",type=integer,JSONPath=`.status.reserved`
+// +kubebuilder:printcolumn:name="Sold",type=integer,JSONPath=`.status.sold`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type FlashSale struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state of the sale.
+	// +required
+	Spec FlashSaleSpec `json:"spec"`
+
+	// status is the observed state of the sale, written by the controller.
+	// +optional
+	Status FlashSaleStatus `json:"status,omitempty"`
+}
+
+// FlashSaleList is a list of FlashSales.
+// +kubebuilder:object:root=true
+type FlashSaleList struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	// items are the FlashSales.
+	Items []FlashSale `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&FlashSale{}, &FlashSaleList{})
+}
