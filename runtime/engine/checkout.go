@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// CheckoutResult is the answer to Checkout.
+type CheckoutResult struct {
+	Outcome ledger.CheckoutOutcome
+	Order   ledger.Order
+}
+
+// Checkout commits a reservation for its own user: PENDING → COMMITTED in the ledger
+// while it has not expired by the database clock, idempotent for the same payment
+// token. A payment after expiry never commits; the ledger records it for voiding.
+// The Redis hash is then marked committed (best effort; the sweeper repairs).
+func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken string) (CheckoutResult, error) {
+	if user == "" || paymentToken == "" {
+		return CheckoutResult{}, fmt.Errorf("%w: user and payment token are required", ErrInvalid)
+	}
+	shard, key, err := stock.ParseID(reservationID, e.cfg.Shards)
+	if err != nil {
+		return CheckoutResult{Outcome: ledger.CheckoutNotFound}, nil
+	}
+	out, o, err := e.ledger.Checkout(ctx, e.cfg.CampaignID, reservationID, user, paymentToken)
+	if err != nil {
+		return CheckoutResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if out == ledger.CheckoutCommitted || out == ledger.CheckoutAlreadyCommitted {
+		cctx, cancel := detached(ctx)
+		_, _ = e.store.MarkCommitted(cctx, shard, key)
+		cancel()
+	}
+	return CheckoutResult{Outcome: out, Order: o}, nil
+}
+
+// CancelResult is the answer to Cancel.
+type CancelResult struct {
+	Outcome ledger.CancelOutcome
+	Order   ledger.Order
+}
+
+// Cancel is the buyer's own cancel: SQL first (PENDING → CANCELLED_BY_USER), then
+// the units go back in Redis. When the Redis step fails the sweeper finishes it.
+func (e *Engine) Cancel(ctx context.Context, user, reservationID string) (CancelResult, error) {
+	if user == "" {
+		return CancelResult{}, fmt.Errorf("%w: user is required", ErrInvalid)
+	}
+	shard, key, err := stock.ParseID(reservationID, e.cfg.Shards)
+	if err != nil {
+		return CancelResult{Outcome: ledger.CancelNotFound}, nil
+	}
+	out, o, err := e.ledger.CancelByUser(ctx, e.cfg.CampaignID, reservationID, user)
+	if err != nil {
+		return CancelResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if out == ledger.CancelCancelled || out == ledger.CancelAlreadyCancelled {
+		// The ledger is the book of record: if the Redis step fails (or the shard is
+		// being rebuilt) the sweeper releases the units from the CANCELLED_BY_USER row.
+		cctx, cancel := detached(ctx)
+		defer cancel()
+		if rr, err := e.store.Cancel(cctx, shard, key, user); err == nil {
+			_ = e.afterRelease(cctx, shard, key, rr)
+		}
+	}
+	return CancelResult{Outcome: out, Order: o}, nil
+}

@@ -1,0 +1,138 @@
+// Package engine is the reservation engine of one flash sale: it combines the Redis
+// shards (package stock) with the PostgreSQL ledger (package ledger) into reserve,
+// checkout, cancel, the sweeper pass, seeding, restock and the fail-closed rebuild.
+// The reservation API, the sweeper and the controller all call it.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// Config describes one campaign (one FlashSale).
+type Config struct {
+	CampaignID  string // the FlashSale UID
+	Namespace   string
+	Name        string
+	SKU         string
+	Allocation  int64 // used when the campaign row is first created
+	Shards      int
+	MaxPerUser  int
+	TTL         time.Duration // reservation lifetime
+	Grace       time.Duration // extra time before the sweeper releases
+	StealProbes int           // 0..2 other shards tried when the home shard is sold out
+	IDSecret    []byte        // keys the reservation ids
+}
+
+// Validate reports the first problem with a Config.
+func (c Config) Validate() error {
+	switch {
+	case c.CampaignID == "":
+		return errors.New("campaign id is required")
+	case c.Shards < 1 || c.Shards > 1024:
+		return fmt.Errorf("shards must be 1..1024, got %d", c.Shards)
+	case c.MaxPerUser < 1:
+		return fmt.Errorf("maxPerUser must be at least 1, got %d", c.MaxPerUser)
+	case c.TTL <= 0:
+		return fmt.Errorf("ttl must be positive, got %s", c.TTL)
+	case c.Grace < 0:
+		return fmt.Errorf("grace period must not be negative, got %s", c.Grace)
+	case c.StealProbes < 0 || c.StealProbes > 2:
+		return fmt.Errorf("stealProbes must be 0..2, got %d", c.StealProbes)
+	case len(c.IDSecret) < 16:
+		return errors.New("the reservation id secret must be at least 16 bytes")
+	}
+	return nil
+}
+
+// soldOutMemory is how long a shard seen sold out is skipped by stealing. Releases
+// may refill it; a short memory only costs a brief undersell, never an oversell.
+const soldOutMemory = 250 * time.Millisecond
+
+// Engine runs one campaign. It is safe for concurrent use.
+type Engine struct {
+	cfg      Config
+	store    *stock.Store
+	ledger   *ledger.Ledger
+	mat      *ledger.Materializer
+	soldOut  []atomic.Int64 // unix nanos until which a shard is taken as sold out
+	minEpoch atomic.Int64   // highest epoch seen: shards with an older meta are stale
+	now      func() time.Time
+}
+
+// New builds an engine on a Redis client (standalone or cluster) and an open ledger.
+func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.MaterializerConfig) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{
+		cfg:     cfg,
+		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards),
+		ledger:  l,
+		mat:     l.NewMaterializer(mc),
+		soldOut: make([]atomic.Int64, cfg.Shards),
+		now:     time.Now,
+	}, nil
+}
+
+// Close flushes the materializer.
+func (e *Engine) Close() { e.mat.Close() }
+
+// Config returns the campaign configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Store is the Redis side, for status and tests.
+func (e *Engine) Store() *stock.Store { return e.store }
+
+// Ledger is the PostgreSQL side.
+func (e *Engine) Ledger() *ledger.Ledger { return e.ledger }
+
+// cleanupTimeout bounds the work done after a caller gave up (releasing a unit).
+const cleanupTimeout = 5 * time.Second
+
+// detached keeps a cleanup going when the request's context is cancelled: a unit
+// taken must be given back even if the client went away.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
+func (e *Engine) markSoldOut(shard int) {
+	e.soldOut[shard].Store(e.now().Add(soldOutMemory).UnixNano())
+}
+
+func (e *Engine) knownSoldOut(shard int) bool {
+	return e.now().UnixNano() < e.soldOut[shard].Load()
+}
+
+func (e *Engine) seeEpoch(epoch int64) {
+	for {
+		cur := e.minEpoch.Load()
+		if epoch <= cur || e.minEpoch.CompareAndSwap(cur, epoch) {
+			return
+		}
+	}
+}
+
+// stealOrder picks up to StealProbes random shards other than home, skipping those
+// seen sold out a moment ago.
+func (e *Engine) stealOrder(home int) []int {
+	out := make([]int, 0, e.cfg.StealProbes)
+	for _, s := range rand.Perm(e.cfg.Shards) {
+		if len(out) == e.cfg.StealProbes {
+			break
+		}
+		if s != home && !e.knownSoldOut(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

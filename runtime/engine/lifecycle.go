@@ -1,0 +1,375 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// ErrNeedsRebuild means Redis does not hold what the ledger says it should (shards
+// missing their meta, or a stale epoch): the shards must be rebuilt from the ledger,
+// never seeded afresh.
+var ErrNeedsRebuild = errors.New("redis lost campaign state: rebuild from the ledger required")
+
+// SeedResult says what Seed did.
+type SeedResult struct {
+	Campaign ledger.Campaign
+	Seeded   int  // shards written now
+	Live     bool // every shard was already live: nothing written
+}
+
+// Seed makes sure the ledger row exists and the shards are seeded, once. A shard that
+// exists is never overwritten. Shards are seeded from scratch only for a campaign
+// that has no orders and was never rebuilt; any other gap returns ErrNeedsRebuild
+// (seeding over lost data would sell the sold units again).
+func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
+	c, _, err := e.ledger.EnsureCampaign(ctx, ledger.Campaign{
+		ID: e.cfg.CampaignID, Namespace: e.cfg.Namespace, Name: e.cfg.Name, SKU: e.cfg.SKU,
+		Allocation: e.cfg.Allocation, Shards: e.cfg.Shards,
+	})
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("ledger campaign: %w", err)
+	}
+	if c.Shards != e.cfg.Shards {
+		return SeedResult{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
+	}
+	e.seeEpoch(c.Epoch)
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("redis: %w", err)
+	}
+	present := 0
+	for _, s := range states {
+		if s.Present {
+			present++
+			if s.Epoch != c.Epoch {
+				return SeedResult{Campaign: c}, fmt.Errorf("%w: shard %d has epoch %d, the ledger %d", ErrNeedsRebuild, s.Index, s.Epoch, c.Epoch)
+			}
+		}
+	}
+	if present == len(states) {
+		return SeedResult{Campaign: c, Live: true}, nil
+	}
+	if present > 0 || c.Epoch != 1 {
+		return SeedResult{Campaign: c}, fmt.Errorf("%w: %d of %d shards missing", ErrNeedsRebuild, len(states)-present, len(states))
+	}
+	counts, err := e.ledger.CountsByShard(ctx, c.ID, c.Shards)
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("ledger counts: %w", err)
+	}
+	for _, n := range counts {
+		if n.Committed+n.Pending > 0 {
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: the ledger already has orders", ErrNeedsRebuild)
+		}
+	}
+	res := SeedResult{Campaign: c}
+	for i, units := range c.ShardAllocations {
+		ok, err := e.store.Seed(ctx, i, units, c.Epoch, gate, c.LastChangeID)
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			res.Seeded++
+		}
+	}
+	return res, nil
+}
+
+// SetGate writes the gate state (OPEN, NOT_STARTED, PAUSED, ENDED) of every shard
+// under the ledger's current epoch. Shards without meta are reported via
+// ErrNeedsRebuild.
+func (e *Engine) SetGate(ctx context.Context, state string, epoch int64) error {
+	out, err := e.store.SetGate(ctx, state, epoch)
+	if err != nil {
+		return err
+	}
+	for i, n := range out {
+		switch n {
+		case stock.GateNoMeta:
+			return fmt.Errorf("%w: shard %d has no meta", ErrNeedsRebuild, i)
+		case stock.GateStale:
+			return fmt.Errorf("%w: shard %d carries another epoch than %d", ErrNeedsRebuild, i, epoch)
+		case stock.GateRebuilding:
+			return fmt.Errorf("shard %d is being rebuilt", i)
+		}
+	}
+	return nil
+}
+
+// RebuildReport records one rebuild.
+type RebuildReport struct {
+	Epoch     int64
+	Available int64
+	Reserved  int64
+	Sold      int64
+	Expired   int // pending orders past expiry found by the rebuild and cancelled
+	Duration  time.Duration
+}
+
+// rebuildBatch bounds the reservations sent to Redis per script call.
+const rebuildBatch = 200
+
+// Rebuild reconstructs every shard from the ledger after Redis lost its data:
+// in one transaction the campaign row is locked, the epoch bumped and the committed
+// and still-valid pending orders read; then per shard the old state is wiped, valid
+// pending reservations recreated, the stock written and the meta (with the gate
+// state) written last. Reservations racing it were either counted or fenced.
+func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error) {
+	start := e.now()
+	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
+	if err != nil {
+		return RebuildReport{}, fmt.Errorf("ledger snapshot: %w", err)
+	}
+	c := snap.Campaign
+	if c.Shards != e.cfg.Shards || len(c.ShardAllocations) != c.Shards {
+		return RebuildReport{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
+	}
+	e.seeEpoch(c.Epoch)
+	plans := planRebuild(c, snap.Orders)
+	rep := RebuildReport{Epoch: c.Epoch, Expired: snap.Expired}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, sweepParallel)
+	)
+	for i := range plans {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := e.rebuildShard(ctx, i, c, plans[i], gate)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && first == nil {
+				first = fmt.Errorf("rebuild shard %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return rep, first
+	}
+	for _, p := range plans {
+		rep.Available += p.stock
+		rep.Reserved += p.pendingUnits
+		rep.Sold += p.committed
+	}
+	rep.Duration = e.now().Sub(start)
+	return rep, nil
+}
+
+// shardPlan is what one shard must hold after a rebuild.
+type shardPlan struct {
+	stock, committed, pendingUnits int64
+	pending                        []stock.Reservation
+	users                          map[string]string // users hash fields of users homed here
+}
+
+func planRebuild(c ledger.Campaign, orders []ledger.Order) []shardPlan {
+	plans := make([]shardPlan, c.Shards)
+	held := make([]map[string]int64, c.Shards)
+	for i := range plans {
+		plans[i].users = map[string]string{}
+		held[i] = map[string]int64{}
+	}
+	for _, o := range orders {
+		if o.Shard < 0 || o.Shard >= c.Shards {
+			continue
+		}
+		key := o.ReservationID[len(strconv.Itoa(o.Shard))+1:]
+		home := stock.HomeShard(o.UserID, c.Shards)
+		p := &plans[o.Shard]
+		if o.Status == ledger.StatusCommitted {
+			p.committed += int64(o.Quantity)
+		} else {
+			p.pendingUnits += int64(o.Quantity)
+			p.pending = append(p.pending, stock.Reservation{
+				Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: "R",
+				ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home,
+			})
+		}
+		held[home][o.UserID] += int64(o.Quantity)
+		if o.Shard != home {
+			plans[home].users["p:"+key] = strconv.Itoa(o.Shard) + "|" + strconv.FormatInt(o.ExpiresAt.UnixMilli(), 10)
+		}
+	}
+	for i := range plans {
+		for u, n := range held[i] {
+			plans[i].users[u] = strconv.FormatInt(n, 10)
+		}
+		plans[i].stock = c.ShardAllocations[i] - plans[i].committed - plans[i].pendingUnits
+		sort.Slice(plans[i].pending, func(a, b int) bool { return plans[i].pending[a].Key < plans[i].pending[b].Key })
+	}
+	return plans
+}
+
+func (e *Engine) rebuildShard(ctx context.Context, i int, c ledger.Campaign, p shardPlan, gate string) error {
+	if p.stock < 0 {
+		// The ledger holds more than the shard's allocation: never invent stock.
+		return fmt.Errorf("ledger holds %d committed and %d pending units, more than the allocation %d", p.committed, p.pendingUnits, c.ShardAllocations[i])
+	}
+	if err := e.store.RebuildBegin(ctx, i, c.Epoch); err != nil {
+		return err
+	}
+	for j := 0; j < len(p.pending); j += rebuildBatch {
+		if err := e.store.RebuildRestore(ctx, i, p.pending[j:min(j+rebuildBatch, len(p.pending))]); err != nil {
+			return err
+		}
+	}
+	fields := make([]string, 0, 2*len(p.users))
+	for f, v := range p.users {
+		fields = append(fields, f, v)
+	}
+	for j := 0; j < len(fields); j += 2 * rebuildBatch {
+		if err := e.store.RebuildUsers(ctx, i, fields[j:min(j+2*rebuildBatch, len(fields))]); err != nil {
+			return err
+		}
+	}
+	return e.store.RebuildFinish(ctx, i, p.stock, c.Epoch, gate, c.ShardAllocations[i], c.LastChangeID)
+}
+
+// ApplyAllocation raises the campaign's allocation to target, exactly once: the change
+// is recorded in the ledger with its per-shard deltas, then each shard applies it at
+// most once (its meta remembers the last change id). Repeating the call, or calling
+// it after a crash halfway, finishes what was recorded and adds nothing twice.
+func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (applied bool, err error) {
+	if _, planned, err := e.ledger.PlanAllocationIncrease(ctx, e.cfg.CampaignID, target); err != nil {
+		return false, err
+	} else if planned {
+		applied = true
+	}
+	changes, err := e.ledger.UnappliedChanges(ctx, e.cfg.CampaignID)
+	if err != nil {
+		return applied, err
+	}
+	for _, ch := range changes {
+		for shard, d := range ch.ShardDeltas {
+			if d == 0 {
+				continue
+			}
+			n, err := e.store.Adjust(ctx, shard, ch.ID, d)
+			if err != nil {
+				return applied, err
+			}
+			if n == -1 {
+				return applied, fmt.Errorf("%w: shard %d has no meta", ErrNeedsRebuild, shard)
+			}
+			if n == -2 {
+				return applied, fmt.Errorf("shard %d has not enough stock for change %d", shard, ch.ID)
+			}
+		}
+		if err := e.ledger.MarkChangeApplied(ctx, ch.ID); err != nil {
+			return applied, err
+		}
+		applied = true
+	}
+	return applied, nil
+}
+
+// ShardCounts are one shard's numbers.
+type ShardCounts struct {
+	Index     int
+	Present   bool
+	State     string
+	Epoch     int64
+	Available int64 // Redis stock
+	Reserved  int64 // Redis: units in reserved reservations
+	Sold      int64 // ledger: committed units
+	Pending   int64 // ledger: PENDING units
+}
+
+// Counts are the campaign's numbers for status and audits.
+type Counts struct {
+	Allocation int64 // ledger
+	Epoch      int64 // ledger
+	Available  int64
+	Reserved   int64
+	Sold       int64
+	Pending    int64
+	Shards     []ShardCounts
+}
+
+// Oversold is how many units are sold beyond the allocation (must be 0: I1).
+func (c Counts) Oversold() int64 { return max(0, c.Sold-c.Allocation) }
+
+// Conserved reports available + reserved + sold = allocation (I2, at quiescence).
+func (c Counts) Conserved() bool { return c.Available+c.Reserved+c.Sold == c.Allocation }
+
+// Counts reads Redis (one pipeline) and the ledger (one grouped query).
+func (e *Engine) Counts(ctx context.Context) (Counts, error) {
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return Counts{}, fmt.Errorf("redis: %w", err)
+	}
+	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
+	if err != nil {
+		return Counts{}, fmt.Errorf("ledger: %w", err)
+	}
+	byShard, err := e.ledger.CountsByShard(ctx, e.cfg.CampaignID, e.cfg.Shards)
+	if err != nil {
+		return Counts{}, fmt.Errorf("ledger: %w", err)
+	}
+	out := Counts{Allocation: c.Allocation, Epoch: c.Epoch, Shards: make([]ShardCounts, len(states))}
+	for i, s := range states {
+		sc := ShardCounts{Index: i, Present: s.Present, State: s.State, Epoch: s.Epoch, Available: s.Available, Reserved: s.Reserved}
+		if i < len(byShard) {
+			sc.Sold, sc.Pending = byShard[i].Committed, byShard[i].Pending
+		}
+		out.Available += sc.Available
+		out.Reserved += sc.Reserved
+		out.Sold += sc.Sold
+		out.Pending += sc.Pending
+		out.Shards[i] = sc
+	}
+	return out, nil
+}
+
+// Health is what Check found in Redis.
+type Health struct {
+	Missing []int // shards without meta: Redis lost data
+	Stale   []int // shards whose epoch differs from the ledger's
+	RunIDs  map[string]string
+}
+
+// Lost reports whether Redis no longer holds the campaign's state.
+func (h Health) Lost() bool { return len(h.Missing) > 0 || len(h.Stale) > 0 }
+
+// Check compares every shard's meta with the ledger epoch. The caller compares RunIDs
+// between calls too: a changed run id means the server restarted.
+func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return Health{}, err
+	}
+	var h Health
+	for _, s := range states {
+		switch {
+		case !s.Present:
+			h.Missing = append(h.Missing, s.Index)
+		case s.Epoch != epoch && s.State != stock.StateRebuilding:
+			h.Stale = append(h.Stale, s.Index)
+		}
+	}
+	h.RunIDs, err = e.store.RunIDs(ctx)
+	return h, err
+}
+
+// Delete closes the gates and removes every Redis key of the campaign, then marks
+// the ledger campaign deleted. Orders stay: they are the book of record.
+func (e *Engine) Delete(ctx context.Context) error {
+	if _, err := e.store.SetGate(ctx, stock.StateEnded, 0); err != nil {
+		return err
+	}
+	if _, err := e.store.DeleteAll(ctx); err != nil {
+		return err
+	}
+	return e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID)
+}

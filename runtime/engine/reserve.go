@@ -1,0 +1,262 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// Outcome is the business answer to a reserve call.
+type Outcome string
+
+const (
+	OutcomeReserved Outcome = "RESERVED" // a new reservation, durable in the ledger
+	OutcomeReplayed Outcome = "REPLAYED" // the same request again: the original reservation
+	OutcomeSoldOut  Outcome = "SOLD_OUT"
+	OutcomeLimit    Outcome = "LIMIT_EXCEEDED"
+	OutcomeClosed   Outcome = "CLOSED"  // Reason says why (NOT_STARTED, PAUSED, ENDED, ...)
+	OutcomeBusy     Outcome = "BUSY"    // the same request is still being placed: retry
+	OutcomeExpired  Outcome = "EXPIRED" // this request's reservation is gone (expired or cancelled): use a new request id
+)
+
+// ErrInvalid marks a request the engine refuses before touching anything.
+var ErrInvalid = errors.New("invalid request")
+
+// ErrUnavailable means the reservation could not be made durable (ledger down or
+// fenced by a rebuild, Redis unreachable). Nothing was acknowledged; units taken
+// were given back or are left for the sweeper.
+var ErrUnavailable = errors.New("reservation service unavailable")
+
+// Reservation is an acknowledged reservation.
+type Reservation struct {
+	ID        string
+	Shard     int
+	Quantity  int
+	ExpiresAt time.Time
+	Epoch     int64
+}
+
+// ReserveResult is the answer to Reserve.
+type ReserveResult struct {
+	Outcome     Outcome
+	Reservation Reservation // Reserved and Replayed
+	Reason      string      // Closed: the gate state or NO_META, STALE_EPOCH
+	Held        int64       // Limit: units the user already holds
+	Calls       int         // reserve script calls made (home + steals)
+}
+
+// Reserve takes quantity units for a user; requestID is the client's idempotency key.
+func (e *Engine) Reserve(ctx context.Context, user, requestID string, quantity int) (ReserveResult, error) {
+	if user == "" || requestID == "" {
+		return ReserveResult{}, fmt.Errorf("%w: user and request id are required", ErrInvalid)
+	}
+	if quantity < 1 || quantity > e.cfg.MaxPerUser {
+		return ReserveResult{}, fmt.Errorf("%w: quantity must be 1..%d, got %d", ErrInvalid, e.cfg.MaxPerUser, quantity)
+	}
+	key := stock.ReservationKey(e.cfg.IDSecret, e.cfg.CampaignID, user, requestID)
+	home := stock.HomeShard(user, e.cfg.Shards)
+	mode := stock.ModeHome
+	if e.cfg.StealProbes > 0 && e.cfg.Shards > 1 {
+		mode = stock.ModeClaim
+	}
+	req := stock.ReserveRequest{
+		Shard: home, Home: home, Mode: mode, User: user, Key: key, Quantity: quantity,
+		MaxPerUser: e.cfg.MaxPerUser, TTL: e.cfg.TTL, MinEpoch: e.minEpoch.Load(),
+	}
+	r, err := e.store.Reserve(ctx, req)
+	if err != nil {
+		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	e.seeEpoch(r.Epoch)
+	res := ReserveResult{Calls: 1}
+	switch r.Code {
+	case stock.Reserved:
+		return e.materialize(ctx, res, home, key, user, quantity, r)
+	case stock.Replay:
+		shard := home
+		if r.Extra >= 0 {
+			shard = int(r.Extra)
+		}
+		return e.replay(ctx, res, shard, key, user)
+	case stock.SoldOut:
+		e.markSoldOut(home)
+		res.Outcome = OutcomeSoldOut
+	case stock.Limit:
+		res.Outcome, res.Held = OutcomeLimit, r.Extra
+	case stock.Closed:
+		res.Outcome, res.Reason = OutcomeClosed, r.Status
+	case stock.Busy:
+		res.Outcome = OutcomeBusy
+	case stock.Claimed:
+		e.markSoldOut(home)
+		return e.steal(ctx, res, req)
+	default:
+		return ReserveResult{}, fmt.Errorf("reserve: unexpected script code %v", r.Code)
+	}
+	return res, nil
+}
+
+// steal tries other shards after the home shard was sold out and the user's quota
+// was claimed there. Each probe is its own script call on one shard.
+func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.ReserveRequest) (ReserveResult, error) {
+	home := req.Shard
+	unclaim := func() error {
+		cctx, cancel := detached(ctx)
+		defer cancel()
+		_, err := e.store.Quota(cctx, home, stock.QuotaUnclaim, req.User, req.Key, req.Quantity, 0, 0)
+		return err
+	}
+	for _, t := range e.stealOrder(home) {
+		req.Shard, req.Mode = t, stock.ModeSteal
+		r, err := e.store.Reserve(ctx, req)
+		res.Calls++
+		if err != nil {
+			_ = unclaim()
+			return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		e.seeEpoch(r.Epoch)
+		switch r.Code {
+		case stock.Replay:
+			// An earlier attempt of this request left its reservation here; its own
+			// claim holds the quota, so this attempt's claim is given back.
+			_ = unclaim()
+			return e.replay(ctx, res, t, req.Key, req.User)
+		case stock.Reserved:
+			cctx, cancel := detached(ctx)
+			ok, err := e.store.Quota(cctx, home, stock.QuotaConfirm, req.User, req.Key, req.Quantity, t, r.ExpiryMs)
+			cancel()
+			if err != nil || !ok {
+				// The claim vanished (the home shard lost its data): this reservation has
+				// no quota behind it, so give the unit back rather than risk the limit.
+				e.release(ctx, t, req.Key)
+				return ReserveResult{}, fmt.Errorf("%w: the user's quota on shard %d was lost", ErrUnavailable, home)
+			}
+			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
+		case stock.SoldOut:
+			e.markSoldOut(t)
+		}
+		// Closed or sold out there: try the next shard.
+	}
+	if err := unclaim(); err != nil {
+		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	res.Outcome = OutcomeSoldOut
+	return res, nil
+}
+
+// materialize writes the PENDING row before anyone is told "reserved". When the row
+// is certainly not written, the unit goes back at once; when the commit outcome is
+// unknown, the reservation is left to expire and the sweeper decides from the ledger.
+func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, key, user string, qty int, r stock.ShardResult) (ReserveResult, error) {
+	o := ledger.Order{
+		ReservationID: stock.FormatID(shard, key),
+		CampaignID:    e.cfg.CampaignID,
+		SKU:           e.cfg.SKU,
+		UserID:        user,
+		Shard:         shard,
+		Quantity:      qty,
+		Status:        ledger.StatusPending,
+		Epoch:         r.Epoch,
+		ExpiresAt:     time.UnixMilli(r.ExpiryMs),
+	}
+	err := e.mat.Submit(ctx, o)
+	switch {
+	case err == nil:
+		res.Outcome = OutcomeReserved
+		res.Reservation = Reservation{ID: o.ReservationID, Shard: shard, Quantity: qty, ExpiresAt: o.ExpiresAt, Epoch: r.Epoch}
+		return res, nil
+	case errors.Is(err, ledger.ErrDuplicate):
+		// The ledger already has this request's reservation (its Redis hash was released
+		// or lost): give back what we just took and answer from the book of record.
+		e.release(ctx, shard, key)
+		return e.fromLedger(ctx, res, o.ReservationID, user)
+	case errors.Is(err, ledger.ErrAmbiguous):
+		return ReserveResult{}, fmt.Errorf("%w: ledger commit outcome unknown, the reservation will expire: %v", ErrUnavailable, err)
+	default:
+		e.release(ctx, shard, key)
+		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+}
+
+// replayWait bounds how long a replay waits for the original request's ledger row.
+const (
+	replayWait = time.Second
+	replayPoll = 10 * time.Millisecond
+)
+
+// replay answers a repeated request. Only the original request writes the ledger row
+// (a replay writing it could resurrect a unit the original already gave back), so
+// the replay waits a moment for that row.
+func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, user string) (ReserveResult, error) {
+	id := stock.FormatID(shard, key)
+	deadline := e.now().Add(replayWait)
+	for {
+		o, err := e.ledger.GetOrder(ctx, id)
+		if err == nil {
+			return e.answerFromOrder(res, o, user), nil
+		}
+		if !errors.Is(err, ledger.ErrNotFound) {
+			return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		if e.now().After(deadline) {
+			res.Outcome = OutcomeBusy
+			return res, nil
+		}
+		select {
+		case <-ctx.Done():
+			return ReserveResult{}, ctx.Err()
+		case <-time.After(replayPoll):
+		}
+	}
+}
+
+func (e *Engine) fromLedger(ctx context.Context, res ReserveResult, id, user string) (ReserveResult, error) {
+	o, err := e.ledger.GetOrder(ctx, id)
+	if err != nil {
+		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return e.answerFromOrder(res, o, user), nil
+}
+
+func (e *Engine) answerFromOrder(res ReserveResult, o ledger.Order, user string) ReserveResult {
+	switch {
+	case o.UserID != user || o.CampaignID != e.cfg.CampaignID:
+		// Cannot happen with HMAC-derived ids; refuse rather than reveal anything.
+		res.Outcome = OutcomeExpired
+	case o.Status == ledger.StatusPending || o.Status == ledger.StatusCommitted:
+		res.Outcome = OutcomeReplayed
+		res.Reservation = Reservation{ID: o.ReservationID, Shard: o.Shard, Quantity: o.Quantity, ExpiresAt: o.ExpiresAt, Epoch: o.Epoch}
+	default:
+		res.Outcome = OutcomeExpired
+	}
+	return res
+}
+
+// release gives a reservation's units back (and the user's quota on the home shard
+// when the reservation was stolen). Errors are left to the sweeper, which finds the
+// reservation in the expiry index and decides from the ledger.
+func (e *Engine) release(ctx context.Context, shard int, key string) {
+	cctx, cancel := detached(ctx)
+	defer cancel()
+	_, _ = e.releaseNow(cctx, shard, key)
+}
+
+func (e *Engine) releaseNow(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {
+	rr, err := e.store.Release(ctx, shard, key)
+	if err != nil {
+		return rr, err
+	}
+	return rr, e.afterRelease(ctx, shard, key, rr)
+}
+
+func (e *Engine) afterRelease(ctx context.Context, shard int, key string, rr stock.ReleaseResult) error {
+	if rr.Code != stock.Released || rr.Home == shard || rr.Home < 0 {
+		return nil
+	}
+	_, err := e.store.Quota(ctx, rr.Home, stock.QuotaRelease, rr.User, key, rr.Quantity, 0, 0)
+	return err
+}

@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// SweepBatch is how many expired reservations of a shard one step handles.
+const SweepBatch = 256
+
+// sweepParallel bounds how many shards are swept at once.
+const sweepParallel = 4
+
+// SweepStats counts what one pass did.
+type SweepStats struct {
+	Released  int // units' reservations given back to stock
+	Committed int // committed in the ledger: only Redis was cleaned
+	Abandoned int // no ledger row (the API died before writing it): recorded, released
+	Skipped   int // not yet expired by the database clock, or shard being rebuilt
+}
+
+func (s *SweepStats) add(o SweepStats) {
+	s.Released += o.Released
+	s.Committed += o.Committed
+	s.Abandoned += o.Abandoned
+	s.Skipped += o.Skipped
+}
+
+// Sweep makes one pass over every shard: expired reservations (expiry + grace, by the
+// Redis clock) are cancelled in the ledger first, then released atomically in Redis.
+// Two sweepers running at once release each unit once: the ledger update and the
+// release script are both conditional.
+func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
+	now, err := e.store.Now(ctx)
+	if err != nil {
+		return SweepStats{}, fmt.Errorf("redis time: %w", err)
+	}
+	cutoff := now.Add(-e.cfg.Grace).UnixMilli()
+	var (
+		mu    sync.Mutex
+		total SweepStats
+		first error
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, sweepParallel)
+	)
+	for shard := 0; shard < e.cfg.Shards; shard++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			st, err := e.sweepShard(ctx, shard, cutoff)
+			mu.Lock()
+			defer mu.Unlock()
+			total.add(st)
+			if err != nil && first == nil {
+				first = fmt.Errorf("sweep shard %d: %w", shard, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return total, first
+}
+
+func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (SweepStats, error) {
+	var total SweepStats
+	for {
+		keys, err := e.store.Expired(ctx, shard, cutoff, SweepBatch)
+		if err != nil || len(keys) == 0 {
+			return total, err
+		}
+		st, err := e.sweepBatch(ctx, shard, keys)
+		total.add(st)
+		if err != nil {
+			return total, err
+		}
+		// Skipped ones stay in the index: stop when a batch made no progress.
+		if len(keys) < SweepBatch || st.Skipped == len(keys) {
+			return total, nil
+		}
+	}
+}
+
+func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (SweepStats, error) {
+	var st SweepStats
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = stock.FormatID(shard, k)
+	}
+	status, err := e.ledger.CancelExpired(ctx, e.cfg.CampaignID, ids, e.cfg.Grace)
+	if err != nil {
+		return st, err
+	}
+	// Tokens without a ledger row: the API died between Redis and SQL. Record the
+	// abandonment first, so a late materialization cannot also write a PENDING row.
+	var missing []ledger.Order
+	for i, k := range keys {
+		if _, ok := status[ids[i]]; ok {
+			continue
+		}
+		r, found, err := e.store.GetReservation(ctx, shard, k)
+		if err != nil {
+			return st, err
+		}
+		if !found {
+			continue // already released by someone else: the release below cleans the index
+		}
+		missing = append(missing, ledger.Order{
+			ReservationID: ids[i], CampaignID: e.cfg.CampaignID, SKU: e.cfg.SKU, UserID: r.User,
+			Shard: shard, Quantity: r.Quantity, Status: ledger.StatusAbandoned, Epoch: r.Epoch,
+			ExpiresAt: time.UnixMilli(r.ExpiryMs),
+		})
+	}
+	if len(missing) > 0 {
+		got, err := e.ledger.RecordAbandoned(ctx, missing)
+		if err != nil {
+			return st, err
+		}
+		for id, s := range got {
+			status[id] = s
+			if s == ledger.StatusAbandoned {
+				st.Abandoned++
+			}
+		}
+	}
+	for i, k := range keys {
+		s, ok := status[ids[i]]
+		switch {
+		case !ok, s == ledger.StatusCancelledBySweeper, s == ledger.StatusCancelledByUser, s == ledger.StatusAbandoned:
+			rr, err := e.releaseNow(ctx, shard, k)
+			if err != nil {
+				return st, err
+			}
+			switch rr.Code {
+			case stock.Released:
+				st.Released++
+			case stock.Rebuilding:
+				st.Skipped++
+			}
+		case s == ledger.StatusCommitted:
+			if _, err := e.store.MarkCommitted(ctx, shard, k); err != nil {
+				return st, err
+			}
+			st.Committed++
+		default: // PENDING: not past expiry + grace by the database clock yet
+			st.Skipped++
+		}
+	}
+	return st, nil
+}

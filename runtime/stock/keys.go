@@ -1,0 +1,89 @@
+package stock
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+)
+
+// Keys names the Redis keys of one shard. They all carry the hash tag
+// {fs:<campaign>:<shard>} so a script on the shard touches one cluster slot.
+type Keys struct{ tag string }
+
+// ShardKeys returns the key names of shard n of a campaign (the FlashSale UID).
+func ShardKeys(campaign string, n int) Keys {
+	return Keys{tag: "{fs:" + campaign + ":" + strconv.Itoa(n) + "}"}
+}
+
+func (k Keys) Stock() string          { return k.tag + ":stock" }
+func (k Keys) Meta() string           { return k.tag + ":meta" }
+func (k Keys) Index() string          { return k.tag + ":index" }
+func (k Keys) Users() string          { return k.tag + ":users" }
+func (k Keys) ResPrefix() string      { return k.tag + ":res:" }
+func (k Keys) Res(key string) string  { return k.tag + ":res:" + key }
+func (k Keys) Pattern() string        { return k.tag + ":*" }
+func campaignPattern(c string) string { return "{fs:" + c + ":*}:*" }
+
+// HomeShard maps a user to the shard that holds the user's quota: a stable hash, so
+// every process agrees without coordination.
+func HomeShard(user string, shards int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(user))
+	return int(h.Sum32() % uint32(shards))
+}
+
+// keyBytes is the length of the HMAC prefix kept in a reservation key: 128 bits is
+// unguessable and keeps keys short (Redis memory per reservation matters).
+const keyBytes = 16
+
+// ReservationKey derives the shard-independent part of a reservation id from the
+// campaign, the user and the client's request id with a server-side secret. The same
+// request always yields the same key (idempotency); clients cannot pick Redis keys.
+func ReservationKey(secret []byte, campaign, user, requestID string) string {
+	m := hmac.New(sha256.New, secret)
+	// Lengths are written so that ("ab","c") and ("a","bc") never collide.
+	fmt.Fprintf(m, "%d:%s|%d:%s|%d:%s", len(campaign), campaign, len(user), user, len(requestID), requestID)
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:keyBytes])
+}
+
+// FormatID is the reservation id given to clients: "<shard>.<key>", so checkout and
+// cancel go straight to the shard.
+func FormatID(shard int, key string) string { return strconv.Itoa(shard) + "." + key }
+
+// ErrBadID is returned for a reservation id that is not "<shard>.<key>".
+var ErrBadID = errors.New("malformed reservation id")
+
+// ParseID splits a reservation id and checks it against the shard count.
+func ParseID(id string, shards int) (int, string, error) {
+	s, key, ok := strings.Cut(id, ".")
+	if !ok || len(key) != base64.RawURLEncoding.EncodedLen(keyBytes) {
+		return 0, "", ErrBadID
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n >= shards || strconv.Itoa(n) != s {
+		return 0, "", ErrBadID
+	}
+	if _, err := base64.RawURLEncoding.DecodeString(key); err != nil {
+		return 0, "", ErrBadID
+	}
+	return n, key, nil
+}
+
+// SplitAllocation spreads total units over shards: total/shards each, the remainder
+// one by one over the first shards.
+func SplitAllocation(total int64, shards int) []int64 {
+	out := make([]int64, shards)
+	base, rem := total/int64(shards), total%int64(shards)
+	for i := range out {
+		out[i] = base
+		if int64(i) < rem {
+			out[i]++
+		}
+	}
+	return out
+}

@@ -1,0 +1,20 @@
+-- gate.lua: open, close, pause or end a shard by writing its meta state.
+--
+-- KEYS[1] meta
+-- ARGV[1] state: OPEN | NOT_STARTED | PAUSED | ENDED
+-- ARGV[2] epoch the caller believes current (0: any)
+--
+-- Returns 1 set (or already so), 0 no meta (the shard lost its data: rebuild first),
+--        -1 the meta carries another epoch (the caller is stale), -2 being rebuilt
+local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
+if not cur[1] then
+  return 0
+end
+if cur[1] == 'REBUILDING' then
+  return -2
+end
+if tonumber(ARGV[2]) ~= 0 and tonumber(cur[2]) ~= tonumber(ARGV[2]) then
+  return -1
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[1])
+return 1

@@ -1,0 +1,15 @@
+-- rebuild_finish.lua: last step of a rebuild: write the stock, then the meta with the
+-- gate state. The meta goes last so the shard admits nothing before it is whole.
+--
+-- KEYS[1] stock  KEYS[2] meta
+-- ARGV[1] stock  ARGV[2] epoch  ARGV[3] gate state  ARGV[4] shard allocation
+-- ARGV[5] last applied change id
+--
+-- Returns 1, or -1 when the shard is not being rebuilt under this epoch
+local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
+if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[2]) then
+  return -1
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'alloc', ARGV[4], 'chg', ARGV[5], 'state', ARGV[3])
+return 1

@@ -1,0 +1,91 @@
+-- reserve.lua: take `qty` units from ONE shard's stock for one user, atomically.
+-- Every key shares the shard's hash tag {fs:<campaign>:<shard>}, so the script
+-- touches one Redis Cluster slot.
+--
+-- KEYS[1] stock  string: units available on this shard
+-- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg
+-- KEYS[3] index  zset: reservation key -> expiry (ms since the epoch, Redis clock)
+-- KEYS[4] res    hash of this reservation: u user, q qty, s status (R reserved | C committed),
+--                e expiry ms, p epoch, h home shard of the user
+-- KEYS[5] users  hash (home shard only): <user> -> units the user holds (reserved or
+--                committed); p:<key> -> "<shard>|<expiry>" for a reservation placed on
+--                another shard, or "c" while it is being placed there
+-- ARGV[1] user id
+-- ARGV[2] reservation key (derived by the server, never by the client)
+-- ARGV[3] quantity
+-- ARGV[4] maxPerUser
+-- ARGV[5] business TTL in ms
+-- ARGV[6] backstop TTL of the reservation hash in seconds (the sweeper owns deletion)
+-- ARGV[7] lowest acceptable epoch (0: any)
+-- ARGV[8] mode: home  - this is the user's home shard: replay, limit and stock here
+--               claim - like home, but when sold out, claim the user's quota so the
+--                       caller may try other shards ("steal")
+--               steal - another shard; the quota was claimed on the home shard
+-- ARGV[9] home shard index of the user (stored in the reservation)
+--
+-- Returns {code, expiry, epoch, extra, status}
+--   1 RESERVED  extra = stock left on this shard
+--   2 REPLAY    the same request was reserved before; extra = its shard (-1: here),
+--               status = R or C. Nothing is consumed.
+--   3 SOLD_OUT
+--   4 LIMIT     extra = units the user already holds
+--   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, REBUILDING, STALE_EPOCH
+--   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim)
+--   7 BUSY      the same request is being placed on another shard right now
+local state = redis.call('HMGET', KEYS[2], 'state', 'epoch')
+if not state[1] then
+  return {5, 0, 0, 0, 'NO_META'}
+end
+local epoch = tonumber(state[2]) or 0
+if state[1] ~= 'OPEN' then
+  return {5, 0, epoch, 0, state[1]}
+end
+if epoch < tonumber(ARGV[7]) then
+  return {5, 0, epoch, 0, 'STALE_EPOCH'}
+end
+
+local user, key, mode = ARGV[1], ARGV[2], ARGV[8]
+local qty = tonumber(ARGV[3])
+
+local prev = redis.call('HMGET', KEYS[4], 'e', 's')
+if prev[1] then
+  return {2, tonumber(prev[1]), epoch, -1, prev[2]}
+end
+
+if mode ~= 'steal' then
+  local ptr = redis.call('HGET', KEYS[5], 'p:' .. key)
+  if ptr then
+    if ptr == 'c' then
+      return {7, 0, epoch, 0, ''}
+    end
+    local sep = string.find(ptr, '|', 1, true)
+    return {2, tonumber(string.sub(ptr, sep + 1)), epoch, tonumber(string.sub(ptr, 1, sep - 1)), 'R'}
+  end
+  local held = tonumber(redis.call('HGET', KEYS[5], user) or '0')
+  if held + qty > tonumber(ARGV[4]) then
+    return {4, 0, epoch, held, ''}
+  end
+end
+
+local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
+if stock < qty then
+  if mode == 'claim' then
+    redis.call('HINCRBY', KEYS[5], user, qty)
+    redis.call('HSET', KEYS[5], 'p:' .. key, 'c')
+    return {6, 0, epoch, 0, ''}
+  end
+  return {3, 0, epoch, 0, ''}
+end
+
+local now = redis.call('TIME')
+local expiry = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[5])
+local expiryText = string.format('%.0f', expiry)
+redis.call('DECRBY', KEYS[1], qty)
+redis.call('HINCRBY', KEYS[2], 'rsv', qty)
+redis.call('HSET', KEYS[4], 'u', user, 'q', qty, 's', 'R', 'e', expiryText, 'p', epoch, 'h', ARGV[9])
+redis.call('EXPIRE', KEYS[4], ARGV[6])
+redis.call('ZADD', KEYS[3], expiryText, key)
+if mode ~= 'steal' then
+  redis.call('HINCRBY', KEYS[5], user, qty)
+end
+return {1, expiry, epoch, stock - qty, 'R'}

@@ -1,0 +1,492 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Gate states stored in a shard's meta. Only OPEN admits reservations.
+const (
+	StateOpen       = "OPEN"
+	StateNotStarted = "NOT_STARTED"
+	StatePaused     = "PAUSED"
+	StateEnded      = "ENDED"
+	StateRebuilding = "REBUILDING"
+)
+
+// Closed reasons returned by the reserve script besides the gate states.
+const (
+	ReasonNoMeta     = "NO_META"
+	ReasonStaleEpoch = "STALE_EPOCH"
+)
+
+// DefaultBackstop is the TTL of a reservation hash: a safety net only. The business
+// TTL lives in the expiry index and the sweeper deletes released reservations.
+const DefaultBackstop = 24 * time.Hour
+
+// Code is the outcome of one reserve script call on one shard.
+type Code int
+
+const (
+	Reserved Code = 1
+	Replay   Code = 2
+	SoldOut  Code = 3
+	Limit    Code = 4
+	Closed   Code = 5
+	Claimed  Code = 6
+	Busy     Code = 7
+)
+
+func (c Code) String() string {
+	switch c {
+	case Reserved:
+		return "RESERVED"
+	case Replay:
+		return "REPLAY"
+	case SoldOut:
+		return "SOLD_OUT"
+	case Limit:
+		return "LIMIT"
+	case Closed:
+		return "CLOSED"
+	case Claimed:
+		return "CLAIMED"
+	case Busy:
+		return "BUSY"
+	}
+	return "CODE_" + strconv.Itoa(int(c))
+}
+
+// Mode tells the reserve script which part of the per-user logic runs on this shard.
+type Mode string
+
+const (
+	ModeHome  Mode = "home"  // the user's home shard, no stealing
+	ModeClaim Mode = "claim" // home shard; on sold out, claim the quota for stealing
+	ModeSteal Mode = "steal" // another shard; the quota was claimed on the home shard
+)
+
+// Store runs the scripts of one campaign's shards.
+type Store struct {
+	rdb      redis.UniversalClient
+	campaign string
+	shards   []Keys
+	backstop time.Duration
+}
+
+// New returns the Store of a campaign with the given number of shards.
+func New(rdb redis.UniversalClient, campaign string, shards int) *Store {
+	ks := make([]Keys, shards)
+	for i := range ks {
+		ks[i] = ShardKeys(campaign, i)
+	}
+	return &Store{rdb: rdb, campaign: campaign, shards: ks, backstop: DefaultBackstop}
+}
+
+// Shards is the number of shards.
+func (s *Store) Shards() int { return len(s.shards) }
+
+// Client is the Redis client the store runs on.
+func (s *Store) Client() redis.UniversalClient { return s.rdb }
+
+// Keys returns the key names of shard n.
+func (s *Store) Keys(n int) Keys { return s.shards[n] }
+
+// ShardResult is what the reserve script said.
+type ShardResult struct {
+	Code     Code
+	ExpiryMs int64  // Redis clock, ms since the Unix epoch
+	Epoch    int64  // the shard's epoch
+	Extra    int64  // stock left (Reserved), shard (Replay, -1 = this one), units held (Limit)
+	Status   string // R/C (Replay) or the closed reason (Closed)
+}
+
+// ReserveRequest is one reserve script call.
+type ReserveRequest struct {
+	Shard, Home int
+	Mode        Mode
+	User, Key   string
+	Quantity    int
+	MaxPerUser  int
+	TTL         time.Duration
+	MinEpoch    int64
+}
+
+// Reserve runs the reserve script on one shard.
+func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, error) {
+	k := s.shards[r.Shard]
+	v, err := reserveScript.Run(ctx, s.rdb,
+		[]string{k.Stock(), k.Meta(), k.Index(), k.Res(r.Key), k.Users()},
+		r.User, r.Key, r.Quantity, r.MaxPerUser, r.TTL.Milliseconds(),
+		int64(s.backstop/time.Second), r.MinEpoch, string(r.Mode), r.Home,
+	).Slice()
+	if err != nil {
+		return ShardResult{}, fmt.Errorf("reserve on shard %d: %w", r.Shard, err)
+	}
+	if len(v) != 5 {
+		return ShardResult{}, fmt.Errorf("reserve on shard %d: unexpected reply %v", r.Shard, v)
+	}
+	return ShardResult{
+		Code:     Code(toInt(v[0])),
+		ExpiryMs: toInt(v[1]),
+		Epoch:    toInt(v[2]),
+		Extra:    toInt(v[3]),
+		Status:   toString(v[4]),
+	}, nil
+}
+
+// ReleaseCode is the outcome of release.lua and cancel.lua.
+type ReleaseCode int
+
+const (
+	NotFound    ReleaseCode = 0
+	Released    ReleaseCode = 1
+	NotReserved ReleaseCode = 2 // committed
+	WrongUser   ReleaseCode = 3
+	Rebuilding  ReleaseCode = 4
+)
+
+// ReleaseResult says what a release did; when Home differs from the shard, the
+// caller gives the user's quota back on the home shard (Quota with QuotaRelease).
+type ReleaseResult struct {
+	Code     ReleaseCode
+	User     string
+	Quantity int
+	Home     int
+}
+
+// Release gives a reserved reservation's units back, once.
+func (s *Store) Release(ctx context.Context, shard int, key string) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, key)
+}
+
+// Cancel is Release for the reservation's own user only.
+func (s *Store) Cancel(ctx context.Context, shard int, key, user string) (ReleaseResult, error) {
+	return s.release(ctx, cancelScript, shard, key, user)
+}
+
+func (s *Store) release(ctx context.Context, script *redis.Script, shard int, key string, extra ...any) (ReleaseResult, error) {
+	k := s.shards[shard]
+	args := append([]any{key, shard}, extra...)
+	v, err := script.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Res(key), k.Users()}, args...).Slice()
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release on shard %d: %w", shard, err)
+	}
+	if len(v) != 4 {
+		return ReleaseResult{}, fmt.Errorf("release on shard %d: unexpected reply %v", shard, v)
+	}
+	return ReleaseResult{Code: ReleaseCode(toInt(v[0])), User: toString(v[1]), Quantity: int(toInt(v[2])), Home: int(toInt(v[3]))}, nil
+}
+
+// Quota operations on the home shard, for reservations placed on other shards.
+const (
+	QuotaConfirm = "confirm"
+	QuotaUnclaim = "unclaim"
+	QuotaRelease = "release"
+)
+
+// Quota runs quota.lua on the user's home shard. It reports whether it changed
+// anything (false: already done, or lost with the data).
+func (s *Store) Quota(ctx context.Context, home int, op, user, key string, qty int, shard int, expiryMs int64) (bool, error) {
+	ptr := strconv.Itoa(shard) + "|" + strconv.FormatInt(expiryMs, 10)
+	n, err := quotaScript.Run(ctx, s.rdb, []string{s.shards[home].Users()}, op, user, key, qty, ptr).Int()
+	if err != nil {
+		return false, fmt.Errorf("quota %s on shard %d: %w", op, home, err)
+	}
+	return n == 1, nil
+}
+
+// MarkCommitted marks a reservation committed and takes it out of the expiry index.
+// It returns 1 (marked), 2 (already committed) or 0 (no such reservation).
+func (s *Store) MarkCommitted(ctx context.Context, shard int, key string) (int, error) {
+	k := s.shards[shard]
+	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key)}, key).Int()
+	if err != nil {
+		return 0, fmt.Errorf("commit mark on shard %d: %w", shard, err)
+	}
+	return n, nil
+}
+
+// Seed writes a shard's first stock and meta; it never touches a live shard and
+// reports whether it seeded.
+func (s *Store) Seed(ctx context.Context, shard int, units, epoch int64, state string, lastChange int64) (bool, error) {
+	k := s.shards[shard]
+	n, err := seedScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, units, epoch, state, lastChange).Int()
+	if err != nil {
+		return false, fmt.Errorf("seed shard %d: %w", shard, err)
+	}
+	return n == 1, nil
+}
+
+// Gate outcomes per shard.
+const (
+	GateSet        = 1
+	GateNoMeta     = 0
+	GateStale      = -1
+	GateRebuilding = -2
+)
+
+// ErrBadState is returned for a gate state the scripts do not know.
+var ErrBadState = errors.New("unknown gate state")
+
+// SetGate writes the gate state of every shard and returns the per-shard outcome
+// (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
+func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
+	switch state {
+	case StateOpen, StateNotStarted, StatePaused, StateEnded:
+	default:
+		return nil, fmt.Errorf("%w: %q", ErrBadState, state)
+	}
+	out := make([]int, len(s.shards))
+	for i, k := range s.shards {
+		n, err := gateScript.Run(ctx, s.rdb, []string{k.Meta()}, state, epoch).Int()
+		if err != nil {
+			return nil, fmt.Errorf("gate shard %d: %w", i, err)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// Adjust applies one recorded allocation change to a shard exactly once: 1 applied,
+// 0 already applied, -1 no meta, -2 not enough stock for a negative delta.
+func (s *Store) Adjust(ctx context.Context, shard int, changeID, delta int64) (int, error) {
+	k := s.shards[shard]
+	n, err := adjustScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, changeID, delta).Int()
+	if err != nil {
+		return 0, fmt.Errorf("adjust shard %d: %w", shard, err)
+	}
+	return n, nil
+}
+
+// Expired lists up to limit reservation keys of a shard whose expiry is at or before
+// beforeMs (Redis clock).
+func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit int) ([]string, error) {
+	return s.rdb.ZRangeByScore(ctx, s.shards[shard].Index(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(beforeMs, 10), Count: int64(limit),
+	}).Result()
+}
+
+// Reservation is a reservation hash as stored in Redis.
+type Reservation struct {
+	Key      string
+	Shard    int
+	User     string
+	Quantity int
+	Status   string // R or C
+	ExpiryMs int64
+	Epoch    int64
+	Home     int
+}
+
+// GetReservation reads a reservation hash; ok is false when it does not exist.
+func (s *Store) GetReservation(ctx context.Context, shard int, key string) (Reservation, bool, error) {
+	m, err := s.rdb.HGetAll(ctx, s.shards[shard].Res(key)).Result()
+	if err != nil {
+		return Reservation{}, false, err
+	}
+	if len(m) == 0 {
+		return Reservation{}, false, nil
+	}
+	return Reservation{
+		Key: key, Shard: shard, User: m["u"], Status: m["s"],
+		Quantity: atoi(m["q"]), ExpiryMs: atoi64(m["e"]), Epoch: atoi64(m["p"]), Home: atoi(m["h"]),
+	}, true, nil
+}
+
+// Now is the Redis server's clock, the one expiries are measured with.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	return s.rdb.Time(ctx).Result()
+}
+
+// ShardState is what a shard holds right now.
+type ShardState struct {
+	Index      int
+	Present    bool // the meta exists; false after Redis lost its data
+	State      string
+	Epoch      int64
+	Available  int64 // stock
+	Reserved   int64 // units in RESERVED reservations
+	Allocation int64 // units given to this shard (seed + changes)
+	LastChange int64
+}
+
+// State reads every shard's stock and meta in one pipeline: cheap enough to run
+// every few seconds during a storm.
+func (s *Store) State(ctx context.Context) ([]ShardState, error) {
+	pipe := s.rdb.Pipeline()
+	stocks := make([]*redis.StringCmd, len(s.shards))
+	metas := make([]*redis.SliceCmd, len(s.shards))
+	for i, k := range s.shards {
+		stocks[i] = pipe.Get(ctx, k.Stock())
+		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]ShardState, len(s.shards))
+	for i := range s.shards {
+		st := ShardState{Index: i}
+		if v, err := stocks[i].Int64(); err == nil {
+			st.Available = v
+		}
+		m := metas[i].Val()
+		if len(m) == 5 && m[0] != nil {
+			st.Present = true
+			st.State = toString(m[0])
+			st.Epoch = atoi64(toString(m[1]))
+			st.Reserved = atoi64(toString(m[2]))
+			st.Allocation = atoi64(toString(m[3]))
+			st.LastChange = atoi64(toString(m[4]))
+		}
+		out[i] = st
+	}
+	return out, nil
+}
+
+// RunIDs returns the run_id of every Redis server holding shards (every master of a
+// cluster). A changed run_id means the server restarted and may have lost its data.
+func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	collect := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		out[c.Options().Addr] = infoField(info, "run_id")
+		return nil
+	}
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex // ForEachMaster calls in parallel
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return collect(ctx, m)
+		})
+		return out, err
+	case *redis.Client:
+		return out, collect(ctx, c)
+	default:
+		return nil, fmt.Errorf("unsupported redis client %T", s.rdb)
+	}
+}
+
+// DeleteAll removes every key of the campaign (all shards), for a deleted FlashSale.
+func (s *Store) DeleteAll(ctx context.Context) (int, error) {
+	deleted := 0
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, campaignPattern(s.campaign), 500).Iterator()
+		for iter.Next(ctx) {
+			// One key per call: keys of different shards live in different slots.
+			if err := c.Unlink(ctx, iter.Val()).Err(); err != nil {
+				return err
+			}
+			deleted++
+		}
+		return iter.Err()
+	}
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex // ForEachMaster calls in parallel
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return scan(ctx, m)
+		})
+		return deleted, err
+	case *redis.Client:
+		return deleted, scan(ctx, c)
+	default:
+		return 0, fmt.Errorf("unsupported redis client %T", s.rdb)
+	}
+}
+
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		return atoi64(x)
+	}
+	return 0
+}
+
+func toString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	}
+	return ""
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+func atoi64(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
+
+// RebuildBegin closes shard n for a rebuild under the new epoch and wipes it.
+func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
+	k := s.shards[n]
+	return rebuildBeginScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Users()}, epoch, k.ResPrefix()).Err()
+}
+
+// RebuildRestore recreates still-valid pending reservations on shard n.
+func (s *Store) RebuildRestore(ctx context.Context, n int, rs []Reservation) error {
+	k := s.shards[n]
+	keys := []string{k.Meta(), k.Index()}
+	args := []any{int64(s.backstop / time.Second)}
+	for _, r := range rs {
+		keys = append(keys, k.Res(r.Key))
+		args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home)
+	}
+	got, err := rebuildRestoreScript.Run(ctx, s.rdb, keys, args...).Int()
+	if err == nil && got != len(rs) {
+		err = fmt.Errorf("restore on shard %d: shard is not being rebuilt", n)
+	}
+	return err
+}
+
+// RebuildUsers restores users-hash fields (field, value pairs) on shard n.
+func (s *Store) RebuildUsers(ctx context.Context, n int, fields []string) error {
+	if len(fields) == 0 {
+		return nil
+	}
+	k := s.shards[n]
+	args := make([]any, len(fields))
+	for i, f := range fields {
+		args[i] = f
+	}
+	got, err := rebuildUsersScript.Run(ctx, s.rdb, []string{k.Meta(), k.Users()}, args...).Int()
+	if err == nil && got < 0 {
+		err = fmt.Errorf("restore users on shard %d: shard is not being rebuilt", n)
+	}
+	return err
+}
+
+// RebuildFinish writes the stock and then the meta (gate state) of shard n.
+func (s *Store) RebuildFinish(ctx context.Context, n int, units, epoch int64, gate string, alloc, lastChange int64) error {
+	k := s.shards[n]
+	got, err := rebuildFinishScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, units, epoch, gate, alloc, lastChange).Int()
+	if err == nil && got != 1 {
+		err = fmt.Errorf("finish shard %d: shard is not being rebuilt under epoch %d", n, epoch)
+	}
+	return err
+}
