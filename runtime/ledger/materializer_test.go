@@ -1,0 +1,438 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+)
+
+// batchStats records what OnBatch saw.
+type batchStats struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (s *batchStats) hook(size int, _ time.Duration) {
+	s.mu.Lock()
+	s.sizes = append(s.sizes, size)
+	s.mu.Unlock()
+}
+
+func (s *batchStats) summary() (batches, rows, largest int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.sizes {
+		rows += n
+		largest = max(largest, n)
+	}
+	return len(s.sizes), rows, largest
+}
+
+// submitAll submits every order from its own goroutine, released together,
+// and returns the outcomes in order.
+func submitAll(ctx context.Context, m *Materializer, orders []Order) []error {
+	errs := make([]error, len(orders))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, o := range orders {
+		wg.Go(func() {
+			<-start
+			errs[i] = m.Submit(ctx, o)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
+
+func TestMaterializerConcurrentSubmits(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10_000, 10)
+	var stats batchStats
+	m := l.NewMaterializer(MaterializerConfig{OnBatch: stats.hook})
+	defer m.Close()
+
+	const n = 2000
+	orders := make([]Order, n)
+	for i := range orders {
+		orders[i] = pendingOrder(c, uniqueID("user"), i%10, time.Hour)
+	}
+	for i, err := range submitAll(ctx, m, orders) {
+		if err != nil {
+			t.Fatalf("Submit %s: %v", orders[i].ReservationID, err)
+		}
+	}
+	var rows int
+	if err := l.Pool().QueryRow(ctx, sqlTestCountOrders, c.ID).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n {
+		t.Fatalf("%d rows durable, want %d", rows, n)
+	}
+	batches, sent, largest := stats.summary()
+	if sent != n {
+		t.Errorf("OnBatch saw %d rows, want %d", sent, n)
+	}
+	if largest <= 1 || batches >= n {
+		t.Errorf("no group commit: %d batches, largest %d", batches, largest)
+	}
+	t.Logf("%d rows in %d batches, largest %d", n, batches, largest)
+
+	got, err := l.GetOrder(ctx, orders[7].ReservationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := orders[7]
+	if got.Status != StatusPending || got.UserID != want.UserID || got.Shard != want.Shard || got.Quantity != 1 ||
+		got.Epoch != c.Epoch || got.SKU != c.SKU || !got.ExpiresAt.Equal(want.ExpiresAt.Truncate(time.Microsecond)) || got.PaymentToken != "" {
+		t.Errorf("stored %+v, submitted %+v", got, want)
+	}
+}
+
+// One wave mixing new rows, rows that already exist, stale epochs and an
+// unknown campaign: every caller must get its own row's outcome, even when
+// they share a batch.
+func TestMaterializerOutcomesPerRow(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 1000, 4)
+	other := newCampaign(t, l, 1000, 4)
+	var stats batchStats
+	m := l.NewMaterializer(MaterializerConfig{MaxWait: 20 * time.Millisecond, OnBatch: stats.hook})
+	defer m.Close()
+
+	existing := make([]Order, 50)
+	for i := range existing {
+		existing[i] = pendingOrder(c, "u", i%4, time.Hour)
+	}
+	for i, err := range submitAll(ctx, m, existing) {
+		if err != nil {
+			t.Fatalf("seed %d: %v", i, err)
+		}
+	}
+
+	type kind int
+	const (
+		fresh kind = iota
+		dup
+		stale
+		unknown
+	)
+	var orders []Order
+	var kinds []kind
+	for i := range 400 {
+		var o Order
+		var k kind
+		switch i % 4 {
+		case 0, 1:
+			o, k = pendingOrder(c, "u", i%4, time.Hour), fresh
+			if i%8 == 1 {
+				o = pendingOrder(other, "u", i%4, time.Hour)
+			}
+		case 2:
+			o, k = existing[i/8], dup
+		case 3:
+			if i%8 == 3 {
+				o, k = pendingOrder(c, "u", 0, time.Hour), stale
+				o.Epoch = c.Epoch + 1
+			} else {
+				o, k = pendingOrder(c, "u", 0, time.Hour), unknown
+				o.CampaignID = "no-such-campaign"
+			}
+		}
+		orders, kinds = append(orders, o), append(kinds, k)
+	}
+	for i, err := range submitAll(ctx, m, orders) {
+		id := orders[i].ReservationID
+		switch kinds[i] {
+		case fresh:
+			if err != nil {
+				t.Errorf("fresh %s: %v", id, err)
+			}
+		case dup:
+			if !errors.Is(err, ErrDuplicate) {
+				t.Errorf("existing %s: %v, want ErrDuplicate", id, err)
+			}
+		case stale, unknown:
+			if !errors.Is(err, ErrFenced) {
+				t.Errorf("fenced %s: %v, want ErrFenced", id, err)
+			}
+			if orderExists(t, l, id) {
+				t.Errorf("fenced %s was written", id)
+			}
+		}
+	}
+	if _, _, largest := stats.summary(); largest <= 1 {
+		t.Errorf("largest batch %d: outcomes were never mixed in one batch", largest)
+	}
+}
+
+func TestMaterializerSameIDTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	c := newCampaign(t, l, 100, 1)
+	m := l.NewMaterializer(MaterializerConfig{MaxWait: 20 * time.Millisecond})
+	defer m.Close()
+	for range 20 {
+		o := pendingOrder(c, "u", 0, time.Hour)
+		var ok, dup int
+		for _, err := range submitAll(testCtx(t), m, []Order{o, o, o}) {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, ErrDuplicate):
+				dup++
+			default:
+				t.Fatal(err)
+			}
+		}
+		if ok != 1 || dup != 2 {
+			t.Fatalf("same id three times: %d written, %d duplicates", ok, dup)
+		}
+	}
+}
+
+func TestMaterializerFencedByEpoch(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	m := l.NewMaterializer(MaterializerConfig{})
+	defer m.Close()
+
+	if _, err := l.BeginRebuild(ctx, c.ID, 0); err != nil { // epoch 1 → 2
+		t.Fatal(err)
+	}
+	stale := pendingOrder(c, "u", 0, time.Hour) // epoch 1
+	if err := m.Submit(ctx, stale); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale epoch: %v, want ErrFenced", err)
+	}
+	if orderExists(t, l, stale.ReservationID) {
+		t.Fatal("fenced row was written")
+	}
+	current := pendingOrder(c, "u", 0, time.Hour)
+	current.Epoch = 2
+	if err := m.Submit(ctx, current); err != nil {
+		t.Fatalf("current epoch: %v", err)
+	}
+}
+
+func TestMaterializerValidatesAndCancels(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	c := newCampaign(t, l, 100, 2)
+	m := l.NewMaterializer(MaterializerConfig{})
+	defer m.Close()
+
+	bad := pendingOrder(c, "u", 0, time.Hour)
+	bad.Status = StatusCommitted
+	if err := m.Submit(testCtx(t), bad); err == nil {
+		t.Error("COMMITTED row accepted")
+	}
+	bad = pendingOrder(c, "u", 0, time.Hour)
+	bad.Quantity = 0
+	if err := m.Submit(testCtx(t), bad); err == nil {
+		t.Error("quantity 0 accepted")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	o := pendingOrder(c, "u", 0, time.Hour)
+	if err := m.Submit(ctx, o); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled ctx: %v", err)
+	}
+	if orderExists(t, l, o.ReservationID) {
+		t.Error("row of a cancelled Submit was written")
+	}
+}
+
+func TestMaterializerCloseFlushes(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	c := newCampaign(t, l, 1000, 2)
+	// A long MaxWait: the queued rows are only sent because Close flushes them.
+	m := l.NewMaterializer(MaterializerConfig{MaxWait: time.Minute, MaxBatch: 1000})
+	orders := make([]Order, 100)
+	for i := range orders {
+		orders[i] = pendingOrder(c, "u", 0, time.Hour)
+	}
+	var errs []error
+	done := make(chan struct{})
+	go func() {
+		errs = submitAll(testCtx(t), m, orders)
+		close(done)
+	}()
+	time.Sleep(200 * time.Millisecond) // let the submits queue up
+	closed := time.Now()
+	m.Close()
+	<-done
+	if d := time.Since(closed); d > 10*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, ErrClosed) {
+			t.Errorf("Submit %d: %v", i, err)
+		}
+		if (err == nil) != orderExists(t, l, orders[i].ReservationID) {
+			t.Errorf("Submit %d returned %v but the row exists: %v", i, err, err != nil)
+		}
+	}
+	if err := m.Submit(testCtx(t), pendingOrder(c, "u", 0, time.Hour)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Submit after Close: %v", err)
+	}
+	m.Close() // idempotent
+}
+
+// Submissions under epoch E racing BeginRebuild: every row is either in the
+// rebuild's snapshot (it committed before) or was fenced, never both, never
+// neither.
+func TestMaterializerRacingRebuild(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 1_000_000, 10)
+	m := l.NewMaterializer(MaterializerConfig{Concurrency: 4, MaxBatch: 64})
+	defer m.Close()
+
+	type result struct {
+		id  string
+		err error
+	}
+	var (
+		mu        sync.Mutex
+		results   []result
+		committed atomic.Int64
+		stop      atomic.Bool
+		wg        sync.WaitGroup
+	)
+	for g := range 64 {
+		wg.Go(func() {
+			// Keep submitting epoch-1 rows until well after the rebuild.
+			for !stop.Load() {
+				o := pendingOrder(c, uniqueID("user"), g%10, time.Hour)
+				err := m.Submit(ctx, o)
+				if err == nil {
+					committed.Add(1)
+				}
+				mu.Lock()
+				results = append(results, result{o.ReservationID, err})
+				mu.Unlock()
+			}
+		})
+	}
+	for committed.Load() < 500 { // the rebuild lands mid-stream
+		time.Sleep(time.Millisecond)
+	}
+	snap, err := l.BeginRebuild(ctx, c.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+
+	if snap.PreviousEpoch != 1 || snap.Campaign.Epoch != 2 {
+		t.Fatalf("epochs: previous %d, new %d", snap.PreviousEpoch, snap.Campaign.Epoch)
+	}
+	inSnapshot := make(map[string]bool, len(snap.Orders))
+	for _, o := range snap.Orders {
+		inSnapshot[o.ReservationID] = true
+	}
+	var written, fenced int
+	for _, r := range results {
+		switch {
+		case r.err == nil:
+			written++
+			if !inSnapshot[r.id] {
+				t.Errorf("%s committed but missing from the rebuild snapshot (oversell)", r.id)
+			}
+		case errors.Is(r.err, ErrFenced):
+			fenced++
+			if inSnapshot[r.id] {
+				t.Errorf("%s fenced but counted by the rebuild", r.id)
+			}
+			if orderExists(t, l, r.id) {
+				t.Errorf("%s fenced but written", r.id)
+			}
+		default:
+			t.Errorf("%s: unexpected outcome %v", r.id, r.err)
+		}
+	}
+	if written != len(snap.Orders) {
+		t.Errorf("%d rows acknowledged, snapshot holds %d", written, len(snap.Orders))
+	}
+	if written == 0 || fenced == 0 {
+		t.Fatalf("race not exercised: %d written, %d fenced", written, fenced)
+	}
+	t.Logf("%d written before the rebuild, %d fenced after it", written, fenced)
+}
+
+// PostgreSQL stopped: Submit fails cleanly (not nil, not a duplicate) and
+// writes nothing; restarted: Submit works again on the same Ledger.
+func TestMaterializerPostgresDown(t *testing.T) {
+	t.Parallel()
+	pg := testharness.PostgresT(t) // its own server: stopping it must not disturb other tests
+	l := openLedger(t, newDSN(t, pg))
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 1000, 2)
+	m := l.NewMaterializer(MaterializerConfig{Timeout: 2 * time.Second})
+	defer m.Close()
+	if err := m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	down := make([]Order, 20)
+	for i := range down {
+		down[i] = pendingOrder(c, "u", i%2, time.Hour)
+	}
+	for i, err := range submitAll(ctx, m, down) {
+		if err == nil || errors.Is(err, ErrDuplicate) || errors.Is(err, ErrFenced) {
+			t.Fatalf("Submit with PostgreSQL down: %v", err)
+		}
+		if i == 0 {
+			t.Logf("with PostgreSQL down: %v", err)
+		}
+	}
+
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Connections from before the restart are discarded as they fail; the
+	// first submits may still meet one of them.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Submit still failing after restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	after := make([]Order, 50)
+	for i := range after {
+		after[i] = pendingOrder(c, "u", i%2, time.Hour)
+	}
+	for i, err := range submitAll(ctx, m, after) {
+		if err != nil {
+			t.Fatalf("Submit %d after restart: %v", i, err)
+		}
+	}
+	for _, o := range down {
+		if orderExists(t, l, o.ReservationID) {
+			t.Errorf("%s failed while PostgreSQL was down but exists", o.ReservationID)
+		}
+	}
+}

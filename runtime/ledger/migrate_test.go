@@ -1,0 +1,101 @@
+package ledger
+
+import (
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func countVersions(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(testCtx(t), sqlTestCountVersions).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestOpenPoolSize(t *testing.T) {
+	t.Parallel()
+	dsn := newDSN(t, testPG)
+	if got := openLedger(t, dsn).Pool().Config().MaxConns; got != defaultMaxConns {
+		t.Errorf("default MaxConns = %d, want %d", got, defaultMaxConns)
+	}
+	if got := openLedger(t, dsn+"&pool_max_conns=5").Pool().Config().MaxConns; got != 5 {
+		t.Errorf("MaxConns with pool_max_conns=5 = %d", got)
+	}
+}
+
+func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t) // Open migrates once
+	migs, err := loadMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(migs) == 0 || migs[0].version != 1 {
+		t.Fatalf("migrations: %+v", migs)
+	}
+	for range 2 {
+		if err := Migrate(testCtx(t), l.Pool()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countVersions(t, l.Pool()); n != len(migs) {
+		t.Fatalf("%d versions recorded, want %d", n, len(migs))
+	}
+	for _, table := range []string{"flashsale_campaigns", "flashsale_shards", "flashsale_orders",
+		"flashsale_late_payments", "flashsale_allocation_changes", "flashsale_schema_migrations"} {
+		var ok bool
+		if err := l.Pool().QueryRow(testCtx(t), `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			t.Errorf("table %s missing", table)
+		}
+	}
+}
+
+func TestMigrateConcurrent(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(testCtx(t), newDSN(t, testPG)+"&pool_max_conns=10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const n = 10
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			errs[i] = Migrate(testCtx(t), pool)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Migrate #%d: %v", i, err)
+		}
+	}
+	migs, _ := loadMigrations()
+	if got := countVersions(t, pool); got != len(migs) {
+		t.Fatalf("%d versions recorded, want %d", got, len(migs))
+	}
+}
+
+func TestMigrateRefusesEditedMigration(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	if _, err := l.Pool().Exec(testCtx(t), `UPDATE flashsale_schema_migrations SET checksum = 'edited' WHERE version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	err := Migrate(testCtx(t), l.Pool())
+	if err == nil || !strings.Contains(err.Error(), "changed after it was applied") {
+		t.Fatalf("Migrate after edit: %v", err)
+	}
+}
