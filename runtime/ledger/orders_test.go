@@ -1,0 +1,435 @@
+package ledger
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func latePayments(t *testing.T, l *Ledger, id string) []string {
+	t.Helper()
+	rows, err := l.Pool().Query(testCtx(t), sqlTestLatePayments, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestGetOrderNotFound(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	if _, err := l.GetOrder(testCtx(t), "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetOrder(unknown): %v", err)
+	}
+}
+
+func TestCheckout(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	other := newCampaign(t, l, 100, 2)
+	o := insertOrder(t, l, pendingOrder(c, "alice", 1, 0), time.Hour)
+
+	check := func(campaign, id, user, token string, want CheckoutOutcome) Order {
+		t.Helper()
+		got, order, err := l.Checkout(ctx, campaign, id, user, token)
+		if err != nil {
+			t.Fatalf("Checkout(%s, %s, %s): %v", id, user, token, err)
+		}
+		if got != want {
+			t.Fatalf("Checkout(%s, %s, %s) = %v, want %v", id, user, token, got, want)
+		}
+		return order
+	}
+
+	// Another user, another campaign, an unknown id: not found, and the row is untouched.
+	if got := check(c.ID, o.ReservationID, "mallory", "pay-m", CheckoutNotFound); got != (Order{}) {
+		t.Errorf("not-found checkout revealed %+v", got)
+	}
+	check(other.ID, o.ReservationID, "alice", "pay-1", CheckoutNotFound)
+	check(c.ID, "no-such-reservation", "alice", "pay-1", CheckoutNotFound)
+	mustStatus(t, l, o.ReservationID, StatusPending)
+	if lp := latePayments(t, l, o.ReservationID); len(lp) != 0 {
+		t.Errorf("late payments for a not-found checkout: %v", lp)
+	}
+
+	got := check(c.ID, o.ReservationID, "alice", "pay-1", CheckoutCommitted)
+	if got.Status != StatusCommitted || got.PaymentToken != "pay-1" || got.Shard != 1 {
+		t.Errorf("committed order %+v", got)
+	}
+	check(c.ID, o.ReservationID, "alice", "pay-1", CheckoutAlreadyCommitted)
+	if got := check(c.ID, o.ReservationID, "alice", "pay-2", CheckoutConflict); got.PaymentToken != "pay-1" {
+		t.Errorf("conflict changed the token: %+v", got)
+	}
+	check(c.ID, o.ReservationID, "mallory", "pay-1", CheckoutNotFound)
+	stored, _ := l.GetOrder(ctx, o.ReservationID)
+	if stored.PaymentToken != "pay-1" {
+		t.Errorf("stored token %q", stored.PaymentToken)
+	}
+
+	if _, _, err := l.Checkout(ctx, c.ID, o.ReservationID, "alice", ""); err == nil {
+		t.Error("empty payment token accepted")
+	}
+}
+
+// I7: a payment after expiry never commits; it is recorded for voiding.
+func TestCheckoutAfterExpiry(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	o := insertOrder(t, l, pendingOrder(c, "bob", 0, 0), -time.Second)
+
+	for range 2 { // a retried late payment is recorded once
+		got, order, err := l.Checkout(ctx, c.ID, o.ReservationID, "bob", "pay-late")
+		if err != nil || got != CheckoutExpired {
+			t.Fatalf("Checkout after expiry = %v, %v", got, err)
+		}
+		if order.Status != StatusPending {
+			t.Errorf("expired order reported as %s", order.Status)
+		}
+	}
+	mustStatus(t, l, o.ReservationID, StatusPending)
+	if lp := latePayments(t, l, o.ReservationID); !slices.Equal(lp, []string{"PENDING"}) {
+		t.Fatalf("late payments %v", lp)
+	}
+	if got, _, _ := l.Checkout(ctx, c.ID, o.ReservationID, "bob", "pay-late-2"); got != CheckoutExpired {
+		t.Fatalf("second token: %v", got)
+	}
+	if lp := latePayments(t, l, o.ReservationID); len(lp) != 2 {
+		t.Fatalf("late payments %v, want two tokens", lp)
+	}
+	// Another user's late payment is not recorded against this reservation.
+	if got, _, _ := l.Checkout(ctx, c.ID, o.ReservationID, "eve", "pay-eve"); got != CheckoutNotFound {
+		t.Fatalf("other user after expiry: %v", got)
+	}
+
+	// Cancelled and abandoned rows answer expired too, with the status recorded.
+	for _, st := range []Status{StatusCancelledByUser, StatusCancelledBySweeper, StatusAbandoned} {
+		r := pendingOrder(c, "bob", 1, 0)
+		r.Status = st
+		r = insertOrder(t, l, r, time.Hour)
+		got, _, err := l.Checkout(ctx, c.ID, r.ReservationID, "bob", "pay-x")
+		if err != nil || got != CheckoutExpired {
+			t.Fatalf("checkout of %s row = %v, %v", st, got, err)
+		}
+		mustStatus(t, l, r.ReservationID, st)
+		if lp := latePayments(t, l, r.ReservationID); !slices.Equal(lp, []string{string(st)}) {
+			t.Errorf("late payments for %s row: %v", st, lp)
+		}
+	}
+}
+
+// Checkout racing the sweeper at the expiry edge: every row ends COMMITTED
+// (and was committed before it expired) or CANCELLED_BY_SWEEPER, and each
+// caller's answer matches the row.
+func TestCheckoutRacingSweeper(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10_000, 4)
+	const n = 300
+	orders := make([]Order, n)
+	ids := make([]string, n)
+	for i := range orders {
+		// Expiries spread over 150–450 ms from now by the database clock.
+		orders[i] = insertOrder(t, l, pendingOrder(c, uniqueID("user"), i%4, 0), 150*time.Millisecond+time.Duration(i)*time.Millisecond)
+		ids[i] = orders[i].ReservationID
+	}
+	outcomes := make([]CheckoutOutcome, n)
+	var wg sync.WaitGroup
+	for i, o := range orders {
+		wg.Go(func() {
+			time.Sleep(time.Duration(rand.IntN(600)) * time.Millisecond)
+			got, _, err := l.Checkout(ctx, c.ID, o.ReservationID, o.UserID, "pay-"+o.ReservationID)
+			if err != nil {
+				t.Error(err)
+			}
+			outcomes[i] = got
+		})
+	}
+	for range 4 { // several sweepers, grace 0
+		wg.Go(func() {
+			for end := time.Now().Add(800 * time.Millisecond); time.Now().Before(end); {
+				if _, err := l.CancelExpired(ctx, c.ID, ids, 0); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	if _, err := l.CancelExpired(ctx, c.ID, ids, 0); err != nil { // the last pass after every checkout
+		t.Fatal(err)
+	}
+
+	var committed, cancelled int
+	for i, id := range ids {
+		o, err := l.GetOrder(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch o.Status {
+		case StatusCommitted:
+			committed++
+			if outcomes[i] != CheckoutCommitted {
+				t.Errorf("%s committed but the caller was told %v", id, outcomes[i])
+			}
+			if !o.UpdatedAt.Before(o.ExpiresAt) {
+				t.Errorf("%s committed at %v, after its expiry %v (I7)", id, o.UpdatedAt, o.ExpiresAt)
+			}
+		case StatusCancelledBySweeper:
+			cancelled++
+			if outcomes[i] != CheckoutExpired {
+				t.Errorf("%s cancelled but the caller was told %v", id, outcomes[i])
+			}
+			if len(latePayments(t, l, id)) != 1 {
+				t.Errorf("%s: refused payment not recorded", id)
+			}
+		default:
+			t.Errorf("%s ended %s", id, o.Status)
+		}
+	}
+	if committed == 0 || cancelled == 0 {
+		t.Fatalf("edge not exercised: %d committed, %d cancelled", committed, cancelled)
+	}
+	t.Logf("%d committed before expiry, %d cancelled by the sweeper", committed, cancelled)
+}
+
+func TestCancelByUser(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	row := func(st Status) Order {
+		o := pendingOrder(c, "carol", 0, 0)
+		o.Status = st
+		if st == StatusCommitted {
+			o.PaymentToken = "pay"
+		}
+		return insertOrder(t, l, o, time.Hour)
+	}
+	cancel := func(id, user string, want CancelOutcome) Order {
+		t.Helper()
+		got, o, err := l.CancelByUser(ctx, c.ID, id, user)
+		if err != nil || got != want {
+			t.Fatalf("CancelByUser(%s, %s) = %v, %v; want %v", id, user, got, err, want)
+		}
+		return o
+	}
+
+	p := row(StatusPending)
+	cancel(p.ReservationID, "mallory", CancelNotFound)
+	mustStatus(t, l, p.ReservationID, StatusPending)
+	if o := cancel(p.ReservationID, "carol", CancelCancelled); o.Status != StatusCancelledByUser {
+		t.Errorf("cancelled order %+v", o)
+	}
+	cancel(p.ReservationID, "carol", CancelAlreadyCancelled)
+	cancel(row(StatusCommitted).ReservationID, "carol", CancelCommitted)
+	cancel(row(StatusCancelledBySweeper).ReservationID, "carol", CancelGone)
+	cancel(row(StatusAbandoned).ReservationID, "carol", CancelGone)
+	cancel("no-such-reservation", "carol", CancelNotFound)
+	if got, _, _ := l.CancelByUser(ctx, "other-campaign", row(StatusPending).ReservationID, "carol"); got != CancelNotFound {
+		t.Errorf("cancel through another campaign: %v", got)
+	}
+
+	// Expired but not yet swept: the user may still cancel.
+	old := pendingOrder(c, "carol", 1, 0)
+	old = insertOrder(t, l, old, -time.Minute)
+	cancel(old.ReservationID, "carol", CancelCancelled)
+}
+
+func TestCancelExpired(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	other := newCampaign(t, l, 100, 2)
+	const grace = 10 * time.Minute
+	pastGrace := insertOrder(t, l, pendingOrder(c, "u", 0, 0), -time.Hour)
+	inGrace := insertOrder(t, l, pendingOrder(c, "u", 0, 0), -time.Minute)
+	valid := insertOrder(t, l, pendingOrder(c, "u", 1, 0), time.Hour)
+	paid := pendingOrder(c, "u", 1, 0)
+	paid.Status, paid.PaymentToken = StatusCommitted, "pay"
+	paid = insertOrder(t, l, paid, -time.Hour)
+	foreign := insertOrder(t, l, pendingOrder(other, "u", 0, 0), -time.Hour)
+	ids := []string{pastGrace.ReservationID, inGrace.ReservationID, valid.ReservationID, paid.ReservationID,
+		foreign.ReservationID, "no-such-reservation"}
+
+	want := map[string]Status{
+		pastGrace.ReservationID: StatusCancelledBySweeper,
+		inGrace.ReservationID:   StatusPending,
+		valid.ReservationID:     StatusPending,
+		paid.ReservationID:      StatusCommitted,
+	}
+	// Two sweepers at once both see the cancelled row as CANCELLED_BY_SWEEPER.
+	var wg sync.WaitGroup
+	got := make([]map[string]Status, 2)
+	for i := range got {
+		wg.Go(func() {
+			var err error
+			if got[i], err = l.CancelExpired(ctx, c.ID, ids, grace); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range got {
+		if !mapsEqual(got[i], want) {
+			t.Errorf("sweeper %d saw %v, want %v", i, got[i], want)
+		}
+	}
+	mustStatus(t, l, foreign.ReservationID, StatusPending)
+
+	// With no grace the row inside the grace window goes too.
+	again, err := l.CancelExpired(ctx, c.ID, ids, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again[inGrace.ReservationID] != StatusCancelledBySweeper || again[valid.ReservationID] != StatusPending {
+		t.Errorf("grace 0: %v", again)
+	}
+	if m, err := l.CancelExpired(ctx, c.ID, nil, 0); err != nil || len(m) != 0 {
+		t.Errorf("no ids: %v %v", m, err)
+	}
+}
+
+func mapsEqual(a, b map[string]Status) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRecordAbandoned(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	m := l.NewMaterializer(MaterializerConfig{})
+	defer m.Close()
+
+	materialized := pendingOrder(c, "u", 0, time.Hour)
+	if err := m.Submit(ctx, materialized); err != nil {
+		t.Fatal(err)
+	}
+	lost := []Order{pendingOrder(c, "u", 0, -time.Minute), pendingOrder(c, "v", 1, -time.Minute), materialized}
+
+	// Two sweepers record the same reservations at once.
+	var wg sync.WaitGroup
+	got := make([]map[string]Status, 2)
+	for i := range got {
+		wg.Go(func() {
+			var err error
+			if got[i], err = l.RecordAbandoned(ctx, lost); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	want := map[string]Status{
+		lost[0].ReservationID:      StatusAbandoned,
+		lost[1].ReservationID:      StatusAbandoned,
+		materialized.ReservationID: StatusPending, // the late writer won: do not release
+	}
+	for i := range got {
+		if !mapsEqual(got[i], want) {
+			t.Errorf("sweeper %d saw %v, want %v", i, got[i], want)
+		}
+	}
+	stored, err := l.GetOrder(ctx, lost[1].ReservationID)
+	if err != nil || stored.UserID != "v" || stored.Shard != 1 || stored.PaymentToken != "" {
+		t.Errorf("abandoned row %+v %v", stored, err)
+	}
+	// A materializer arriving after the sweeper finds the row taken.
+	if err := m.Submit(ctx, lost[0]); !errors.Is(err, ErrDuplicate) {
+		t.Errorf("late materialize of an abandoned reservation: %v", err)
+	}
+	mustStatus(t, l, lost[0].ReservationID, StatusAbandoned)
+}
+
+func TestCountsByShard(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 3)
+	other := newCampaign(t, l, 100, 3)
+	add := func(camp Campaign, shard, qty int, st Status, expiresIn time.Duration) {
+		o := pendingOrder(camp, "u", shard, 0)
+		o.Quantity, o.Status = qty, st
+		if st == StatusCommitted {
+			o.PaymentToken = "pay"
+		}
+		insertOrder(t, l, o, expiresIn)
+	}
+	add(c, 0, 2, StatusCommitted, time.Hour)
+	add(c, 0, 1, StatusCommitted, time.Hour)
+	add(c, 0, 1, StatusPending, time.Hour)
+	add(c, 0, 3, StatusPending, -time.Hour) // expired, not yet swept: Redis still holds it
+	add(c, 2, 1, StatusPending, time.Hour)
+	add(c, 2, 5, StatusCancelledBySweeper, time.Hour)
+	add(c, 2, 5, StatusCancelledByUser, time.Hour)
+	add(c, 2, 5, StatusAbandoned, time.Hour)
+	add(other, 1, 7, StatusCommitted, time.Hour)
+
+	got, err := l.CountsByShard(ctx, c.ID, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ShardCounts{{Committed: 3, Pending: 4}, {}, {Pending: 1}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("counts %v, want %v", got, want)
+	}
+	if _, err := l.CountsByShard(ctx, c.ID, 2); err == nil {
+		t.Error("an order in shard 2 of a 2-shard count went unnoticed")
+	}
+
+	// The counts must be answerable from the partial covering index, not a
+	// scan of every order ever taken.
+	conn, err := l.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `RESET enable_seqscan`)
+	rows, err := conn.Query(ctx, `EXPLAIN `+sqlCountsByShard, c.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan += line + "\n"
+	}
+	if !strings.Contains(plan, "Index Only Scan using flashsale_orders_live_idx") {
+		t.Errorf("counts plan does not use the covering index:\n%s", plan)
+	}
+}
