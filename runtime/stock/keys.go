@@ -73,17 +73,3 @@ func ParseID(id string, shards int) (int, string, error) {
 	}
 	return n, key, nil
 }
-
-// SplitAllocation spreads total units over shards: total/shards each, the remainder
-// one by one over the first shards.
-func SplitAllocation(total int64, shards int) []int64 {
-	out := make([]int64, shards)
-	base, rem := total/int64(shards), total%int64(shards)
-	for i := range out {
-		out[i] = base
-		if int64(i) < rem {
-			out[i]++
-		}
-	}
-	return out
-}

@@ -1,0 +1,255 @@
+package engine_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// Shared servers, started once for the package. Tests that kill or empty a server
+// start their own.
+var (
+	sharedRedis   *testharness.Redis
+	sharedCluster *testharness.RedisCluster
+	sharedPG      *testharness.Postgres
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		var err error
+		if sharedRedis, err = testharness.StartRedis(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if sharedCluster, err = testharness.StartRedisCluster(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if sharedPG, err = testharness.StartPostgres(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	_ = testharness.CloseAll()
+	os.Exit(code)
+}
+
+// backend is one kind of Redis deployment the engine must work on.
+type backend struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+}
+
+func backends() []backend {
+	return []backend{
+		{"standalone", func(t *testing.T) redis.UniversalClient { return standaloneClient(t, sharedRedis.Addr()) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return clusterClient(t, sharedCluster.Addrs()) }},
+	}
+}
+
+func standaloneClient(t *testing.T, addr string) redis.UniversalClient {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func clusterClient(t *testing.T, addrs []string) redis.UniversalClient {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// forEachBackend runs a test on standalone Redis and on the Redis Cluster.
+func forEachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) { f(t, b.client(t)) })
+	}
+}
+
+// fixture is one campaign on a fresh ledger database.
+type fixture struct {
+	t   *testing.T
+	e   *engine.Engine
+	l   *ledger.Ledger
+	rdb redis.UniversalClient
+	cfg engine.Config
+	pg  *testharness.Postgres
+}
+
+type option func(*engine.Config)
+
+func withAllocation(n int64) option          { return func(c *engine.Config) { c.Allocation = n } }
+func withShards(n int) option                { return func(c *engine.Config) { c.Shards = n } }
+func withMaxPerUser(n int) option            { return func(c *engine.Config) { c.MaxPerUser = n } }
+func withTTL(ttl, grace time.Duration) option { return func(c *engine.Config) { c.TTL, c.Grace = ttl, grace } }
+func withSteal(n int) option                 { return func(c *engine.Config) { c.StealProbes = n } }
+
+func randomID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newFixture(t *testing.T, rdb redis.UniversalClient, opts ...option) *fixture {
+	return newFixtureOn(t, rdb, sharedPG, opts...)
+}
+
+func newFixtureOn(t *testing.T, rdb redis.UniversalClient, pg *testharness.Postgres, opts ...option) *fixture {
+	t.Helper()
+	cfg := engine.Config{
+		CampaignID: "c-" + randomID(), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",
+		Allocation: 100, Shards: 4, MaxPerUser: 1, TTL: time.Minute, Grace: 0, StealProbes: 2,
+		IDSecret: []byte("0123456789abcdef0123456789abcdef"),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	dsn, err := pg.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	f := &fixture{t: t, e: e, l: l, rdb: rdb, cfg: cfg, pg: pg}
+	if _, err := e.Seed(context.Background(), stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) counts() engine.Counts {
+	f.t.Helper()
+	c, err := f.e.Counts(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+// redisHeld sums what Redis says is available or held in reservations (I1, Redis side):
+// stock + units in RESERVED hashes, read from the hashes themselves, not from counters.
+func (f *fixture) redisHeld() (stockUnits, reservedUnits int64) {
+	f.t.Helper()
+	ctx := context.Background()
+	s := f.e.Store()
+	for i := 0; i < s.Shards(); i++ {
+		k := s.Keys(i)
+		n, err := f.rdb.Get(ctx, k.Stock()).Int64()
+		if err != nil && err != redis.Nil {
+			f.t.Fatal(err)
+		}
+		stockUnits += n
+		keys, err := f.rdb.ZRange(ctx, k.Index(), 0, -1).Result()
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for _, key := range keys {
+			r, ok, err := s.GetReservation(ctx, i, key)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			if ok && r.Status == "R" {
+				reservedUnits += int64(r.Quantity)
+			}
+		}
+	}
+	return stockUnits, reservedUnits
+}
+
+// assertNoOversell checks I1 from both sides: committed ≤ allocation in the ledger,
+// and Σ stock + reserved + committed ≤ allocation.
+func (f *fixture) assertNoOversell() engine.Counts {
+	f.t.Helper()
+	c := f.counts()
+	if c.Sold > c.Allocation {
+		f.t.Fatalf("I1 violated: %d units committed of %d", c.Sold, c.Allocation)
+	}
+	if c.Available+c.Reserved+c.Sold > c.Allocation {
+		f.t.Fatalf("I1 violated: available %d + reserved %d + sold %d > allocation %d", c.Available, c.Reserved, c.Sold, c.Allocation)
+	}
+	return c
+}
+
+// assertConserved checks I2 at quiescence, with the reserved units counted from the
+// reservation hashes and cross-checked against the ledger's PENDING units.
+func (f *fixture) assertConserved() engine.Counts {
+	f.t.Helper()
+	c := f.assertNoOversell()
+	st, rs := f.redisHeld()
+	if st != c.Available || rs != c.Reserved {
+		f.t.Fatalf("shard counters disagree with the hashes: stock %d/%d reserved %d/%d", c.Available, st, c.Reserved, rs)
+	}
+	if !c.Conserved() {
+		f.t.Fatalf("I2 violated: available %d + reserved %d + sold %d != allocation %d", c.Available, c.Reserved, c.Sold, c.Allocation)
+	}
+	if c.Pending != c.Reserved {
+		f.t.Fatalf("ledger PENDING units %d != Redis reserved units %d", c.Pending, c.Reserved)
+	}
+	return c
+}
+
+func (f *fixture) reserve(user, req string, qty int) engine.ReserveResult {
+	f.t.Helper()
+	r, err := f.e.Reserve(context.Background(), user, req, qty)
+	if err != nil {
+		f.t.Fatalf("reserve %s/%s: %v", user, req, err)
+	}
+	return r
+}
+
+func (f *fixture) sweepUntilQuiet() engine.SweepStats {
+	f.t.Helper()
+	var total engine.SweepStats
+	for range 20 {
+		st, err := f.e.Sweep(context.Background())
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		total.Released += st.Released
+		total.Committed += st.Committed
+		total.Abandoned += st.Abandoned
+		if st.Released+st.Committed+st.Abandoned+st.Skipped == 0 {
+			return total
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return total
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) inc()         { c.n.Add(1) }
+func (c *counter) value() int64 { return c.n.Load() }
