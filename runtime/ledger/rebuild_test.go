@@ -1,0 +1,102 @@
+package ledger
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestBeginRebuild(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 30, 3)
+	const grace = 10 * time.Minute
+	add := func(shard int, st Status, expiresIn time.Duration) Order {
+		o := pendingOrder(c, "u", shard, 0)
+		o.Status = st
+		if st == StatusCommitted {
+			o.PaymentToken = "pay"
+		}
+		return insertOrder(t, l, o, expiresIn)
+	}
+	committed := add(0, StatusCommitted, -time.Hour) // paid: expiry no longer matters
+	valid := add(1, StatusPending, time.Hour)
+	inGrace := add(2, StatusPending, -time.Minute)
+	expired := add(2, StatusPending, -time.Hour)
+	add(1, StatusCancelledByUser, time.Hour)
+	add(1, StatusAbandoned, -time.Hour)
+
+	snap, err := l.BeginRebuild(ctx, c.ID, grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.PreviousEpoch != 1 || snap.Campaign.Epoch != 2 {
+		t.Errorf("epochs: previous %d, new %d", snap.PreviousEpoch, snap.Campaign.Epoch)
+	}
+	if !slices.Equal(snap.Campaign.ShardAllocations, []int64{10, 10, 10}) {
+		t.Errorf("shard allocations %v", snap.Campaign.ShardAllocations)
+	}
+	if snap.Expired != 1 {
+		t.Errorf("expired %d, want 1", snap.Expired)
+	}
+	mustStatus(t, l, expired.ReservationID, StatusCancelledBySweeper)
+	var ids []string
+	for _, o := range snap.Orders {
+		ids = append(ids, o.ReservationID)
+	}
+	want := []string{committed.ReservationID, valid.ReservationID, inGrace.ReservationID} // by shard
+	if !slices.Equal(ids, want) {
+		t.Errorf("snapshot orders %v, want %v", ids, want)
+	}
+	stored, _ := l.GetCampaign(ctx, c.ID)
+	if stored.Epoch != 2 {
+		t.Errorf("stored epoch %d", stored.Epoch)
+	}
+
+	again, err := l.BeginRebuild(ctx, c.ID, grace)
+	if err != nil || again.PreviousEpoch != 2 || again.Campaign.Epoch != 3 || again.Expired != 0 {
+		t.Errorf("second rebuild: %+v %v", again, err)
+	}
+
+	if _, err := l.BeginRebuild(ctx, "no-such-campaign", grace); !errors.Is(err, ErrCampaignNotFound) {
+		t.Errorf("rebuild of unknown campaign: %v", err)
+	}
+	if err := l.MarkCampaignDeleted(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.BeginRebuild(ctx, c.ID, grace); !errors.Is(err, ErrCampaignNotFound) {
+		t.Errorf("rebuild of deleted campaign: %v", err)
+	}
+}
+
+// A rebuild writes stock from the shard allocations, which already include
+// every planned change: those changes must not be applied to Redis again.
+func TestBeginRebuildAbsorbsPlannedChanges(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10, 3)
+	if _, ok, err := l.PlanAllocationIncrease(ctx, c.ID, 15); err != nil || !ok {
+		t.Fatalf("plan: %v %v", ok, err)
+	}
+	snap, err := l.BeginRebuild(ctx, c.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(snap.Campaign.ShardAllocations, []int64{5, 5, 5}) || snap.Campaign.Allocation != 15 {
+		t.Errorf("snapshot campaign %+v", snap.Campaign)
+	}
+	if pending, err := l.UnappliedChanges(ctx, c.ID); err != nil || len(pending) != 0 {
+		t.Errorf("unapplied after rebuild: %v %v", pending, err)
+	}
+	// A change planned after the rebuild is Redis's to apply.
+	ch, ok, err := l.PlanAllocationIncrease(ctx, c.ID, 16)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if pending, _ := l.UnappliedChanges(ctx, c.ID); len(pending) != 1 || pending[0].ID != ch.ID {
+		t.Errorf("unapplied %v, want change %d", pending, ch.ID)
+	}
+}
