@@ -1,0 +1,420 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// stormWorkers bounds live goroutines (the race detector allows 8128).
+const stormWorkers = 400
+
+// storm runs buyers users against the engine, each with one request, from many
+// goroutines, and returns the acknowledged reservations. onResult may be nil.
+func storm(t *testing.T, f *fixture, buyers int, prefix string, onResult func(engine.ReserveResult, error)) []engine.Reservation {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		acked []engine.Reservation
+		next  atomic.Int64
+		wg    sync.WaitGroup
+	)
+	for range stormWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(buyers) {
+					return
+				}
+				r, err := f.e.Reserve(context.Background(), fmt.Sprintf("%s-%d", prefix, i), "req", 1)
+				if onResult != nil {
+					onResult(r, err)
+				}
+				if err == nil && r.Outcome == engine.OutcomeReserved {
+					mu.Lock()
+					acked = append(acked, r.Reservation)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return acked
+}
+
+// The storm of the issue: 10,000 concurrent buyers on 1,000 units in 10 shards with
+// stealProbes 2. No oversell at any sampled moment, every unit reserved by the end,
+// conservation exact, every acknowledgement in the ledger.
+func TestStorm(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(1000), withShards(10), withSteal(2))
+		stop := make(chan struct{})
+		var samples atomic.Int64
+		var sampler sync.WaitGroup
+		sampler.Add(1)
+		go func() {
+			defer sampler.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				c, err := f.e.Counts(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if c.Available < 0 || c.Available+c.Reserved+c.Sold > c.Allocation || c.Pending > c.Allocation {
+					t.Errorf("I1 violated mid-storm: %+v", c)
+				}
+				samples.Add(1)
+			}
+		}()
+		outcomes := map[engine.Outcome]int{}
+		var omu sync.Mutex
+		acked := storm(t, f, 10_000, "buyer", func(r engine.ReserveResult, err error) {
+			if err != nil {
+				t.Errorf("reserve: %v", err)
+				return
+			}
+			omu.Lock()
+			outcomes[r.Outcome]++
+			omu.Unlock()
+		})
+		close(stop)
+		sampler.Wait()
+		if samples.Load() == 0 {
+			t.Fatal("no sample taken during the storm")
+		}
+		if len(acked) != 1000 {
+			t.Fatalf("%d reservations acknowledged for 1000 units (outcomes %v)", len(acked), outcomes)
+		}
+		if outcomes[engine.OutcomeSoldOut] != 9000 {
+			t.Fatalf("outcomes %v", outcomes)
+		}
+		c := f.assertConserved()
+		if c.Available != 0 || c.Reserved != 1000 || c.Pending != 1000 {
+			t.Fatalf("counts %+v", c)
+		}
+		seen := map[string]bool{}
+		for _, r := range acked {
+			if seen[r.ID] {
+				t.Fatalf("reservation %s acknowledged twice", r.ID)
+			}
+			seen[r.ID] = true
+			if s := orderStatus(t, f, r.ID); s != ledger.StatusPending {
+				t.Fatalf("I3: acknowledged %s has ledger status %q", r.ID, s)
+			}
+		}
+		t.Logf("%d samples, outcomes %v", samples.Load(), outcomes)
+	})
+}
+
+// Failure matrix: Redis restarted empty mid-storm. Every shard closes at once (no
+// meta), the rebuild from the ledger restores exact counts, the storm goes on, and
+// reservations acknowledged before the loss still check out.
+func TestRedisLostMidStormThenRebuilt(t *testing.T) {
+	for _, b := range []struct {
+		name    string
+		restart func(t *testing.T) (redis.UniversalClient, func() error)
+	}{
+		{"standalone", func(t *testing.T) (redis.UniversalClient, func() error) {
+			r := testharness.RedisT(t)
+			return standaloneClient(t, r.Addr()), r.RestartEmpty
+		}},
+		{"cluster", func(t *testing.T) (redis.UniversalClient, func() error) {
+			c := testharness.RedisClusterT(t)
+			return clusterClient(t, c.Addrs()), c.RestartEmpty
+		}},
+	} {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, restartEmpty := b.restart(t)
+			f := newFixture(t, rdb, withAllocation(600), withShards(6), withMaxPerUser(1))
+			ctx := context.Background()
+			before := storm(t, f, 300, "early", nil)
+			if len(before) != 300 {
+				t.Fatalf("%d acknowledged before the loss", len(before))
+			}
+			// Commit some of them so the rebuild has sold units to account for.
+			for i, r := range before[:100] {
+				if co, err := f.e.Checkout(ctx, userOf(t, f, r.ID), r.ID, fmt.Sprintf("pay-%d", i)); err != nil || co.Outcome != ledger.CheckoutCommitted {
+					t.Fatalf("checkout: %v %v", co.Outcome, err)
+				}
+			}
+			var closed, unavailable, after atomic.Int64
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				storm(t, f, 400, "during", func(r engine.ReserveResult, err error) {
+					switch {
+					case errors.Is(err, engine.ErrUnavailable):
+						unavailable.Add(1)
+					case err != nil:
+						t.Errorf("reserve: %v", err)
+					case r.Outcome == engine.OutcomeClosed:
+						closed.Add(1)
+					case r.Outcome == engine.OutcomeReserved:
+						after.Add(1)
+					}
+				})
+			}()
+			time.Sleep(20 * time.Millisecond)
+			if err := restartEmpty(); err != nil {
+				t.Fatal(err)
+			}
+			// Every shard is closed at once: no meta anywhere.
+			eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+			h, err := f.e.Check(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !h.Lost() || len(h.Missing) != f.cfg.Shards {
+				t.Fatalf("health after loss: %+v", h)
+			}
+			if r, err := f.e.Reserve(ctx, "probe", "p", 1); err != nil || r.Outcome != engine.OutcomeClosed || r.Reason != stock.ReasonNoMeta {
+				t.Fatalf("reserve on lost redis: %+v %v", r, err)
+			}
+			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
+				t.Fatalf("seed after loss must refuse: %v", err)
+			}
+			rep, err := f.e.Rebuild(ctx, stock.StateOpen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Epoch != 2 || rep.Sold != 100 {
+				t.Fatalf("rebuild report %+v", rep)
+			}
+			wg.Wait()
+			f.sweepUntilQuiet()
+			c := f.assertConserved()
+			if c.Sold != 100 || c.Epoch != 2 {
+				t.Fatalf("counts %+v", c)
+			}
+			t.Logf("during the loss: %d closed, %d unavailable, %d reserved; rebuild %+v", closed.Load(), unavailable.Load(), after.Load(), rep)
+			// Acknowledged before the loss and not yet paid: still checkout-able.
+			for i, r := range before[100:] {
+				co, err := f.e.Checkout(ctx, userOf(t, f, r.ID), r.ID, fmt.Sprintf("pay-late-%d", i))
+				if err != nil || co.Outcome != ledger.CheckoutCommitted {
+					t.Fatalf("checkout of %s acknowledged before the loss: %v %v", r.ID, co.Outcome, err)
+				}
+			}
+			// And the per-user limit survived the rebuild.
+			if r := f.reserve(userOf(t, f, before[0].ID), "another", 1); r.Outcome != engine.OutcomeLimit {
+				t.Fatalf("limit after rebuild: %s", r.Outcome)
+			}
+			c = f.assertConserved()
+			if c.Sold != 300 {
+				t.Fatalf("sold %d, want 300", c.Sold)
+			}
+		})
+	}
+}
+
+func userOf(t *testing.T, f *fixture, id string) string {
+	t.Helper()
+	o, err := f.l.GetOrder(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.UserID
+}
+
+// Failure matrix: a materialization racing a rebuild is counted or refused, never
+// both, never neither. Reservations keep flowing while rebuilds run (without data
+// loss, the worst case for fencing); at the end Redis and the ledger agree exactly.
+func TestMaterializationRacingRebuild(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(3000), withShards(4), withMaxPerUser(1))
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		var refused, acked atomic.Int64
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			storm(t, f, 2500, "racer", func(r engine.ReserveResult, err error) {
+				switch {
+				case errors.Is(err, engine.ErrUnavailable):
+					refused.Add(1)
+				case err != nil:
+					t.Errorf("reserve: %v", err)
+				case r.Outcome == engine.OutcomeReserved:
+					acked.Add(1)
+				}
+			})
+		}()
+		for range 3 {
+			time.Sleep(30 * time.Millisecond)
+			if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Wait()
+		f.sweepUntilQuiet()
+		c := f.assertConserved()
+		if c.Pending != acked.Load() {
+			t.Fatalf("ledger has %d pending units, %d were acknowledged", c.Pending, acked.Load())
+		}
+		t.Logf("acknowledged %d, refused %d, epoch %d", acked.Load(), refused.Load(), c.Epoch)
+	})
+}
+
+// Failure matrix: PostgreSQL down. Reserve fails cleanly (ErrUnavailable), the unit
+// comes back at once, nothing is acknowledged; after a restart it works again.
+func TestLedgerDown(t *testing.T) {
+	pg := testharness.PostgresT(t)
+	f := newFixtureOn(t, standaloneClient(t, sharedRedis.Addr()), pg, withAllocation(10))
+	ctx := context.Background()
+	if r := f.reserve("nina", "r1", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatal(r.Outcome)
+	}
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := f.e.Reserve(c, fmt.Sprintf("olga-%d", i), "r", 1)
+		cancel()
+		if !errors.Is(err, engine.ErrUnavailable) {
+			t.Fatalf("reserve with the ledger down: %v", err)
+		}
+	}
+	st, err := f.e.Store().State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var avail, rsv int64
+	for _, s := range st {
+		avail += s.Available
+		rsv += s.Reserved
+	}
+	if avail != 9 || rsv != 1 {
+		t.Fatalf("units not given back: available %d reserved %d", avail, rsv)
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "reserve after the ledger is back", func() bool {
+		r, err := f.e.Reserve(ctx, "olga-0", "r", 1)
+		return err == nil && r.Outcome == engine.OutcomeReserved
+	})
+	f.assertConserved()
+}
+
+// Scripts run by SHA and reload themselves after NOSCRIPT (Redis restarted with
+// its data, so the script cache is empty but the shards are live).
+func TestNoScriptAfterRestartWithData(t *testing.T) {
+	r := testharness.RedisT(t)
+	rdb := standaloneClient(t, r.Addr())
+	f := newFixture(t, rdb, withAllocation(10))
+	ctx := context.Background()
+	f.reserve("pia", "r", 1)
+	if err := r.RestartWithData(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+	if ok, err := rdb.ScriptExists(ctx, stock.ReserveScript().Hash()).Result(); err != nil || ok[0] {
+		t.Fatalf("script cache survived the restart (%v, %v): the test would prove nothing", ok, err)
+	}
+	if h, err := f.e.Check(ctx, 1); err != nil || h.Lost() {
+		t.Fatalf("data should have survived: %+v %v", h, err)
+	}
+	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeReserved {
+		t.Fatalf("after NOSCRIPT: %s", res.Outcome)
+	}
+	if res := f.reserve("pia", "r", 1); res.Outcome != engine.OutcomeReplayed {
+		t.Fatalf("replay after restart: %s", res.Outcome)
+	}
+	f.assertConserved()
+}
+
+// Restock adds the delta exactly once, also when repeated or resumed.
+func TestRestockExactlyOnce(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(10), withShards(3))
+		ctx := context.Background()
+		reserveMany(t, f, "r", 4)
+		for range 3 {
+			if _, err := f.e.ApplyAllocation(ctx, 510); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := f.assertConserved()
+		if c.Allocation != 510 || c.Available != 506 {
+			t.Fatalf("counts %+v", c)
+		}
+		// A change recorded in the ledger but not yet applied to Redis (a crash in
+		// between) is finished by the next call, once.
+		if _, planned, err := f.l.PlanAllocationIncrease(ctx, f.cfg.CampaignID, 600); err != nil || !planned {
+			t.Fatal(planned, err)
+		}
+		for range 2 {
+			if _, err := f.e.ApplyAllocation(ctx, 600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c = f.assertConserved()
+		if c.Allocation != 600 || c.Available != 596 {
+			t.Fatalf("counts %+v", c)
+		}
+		// A rebuild after the change keeps it exactly once too.
+		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.e.ApplyAllocation(ctx, 600); err != nil {
+			t.Fatal(err)
+		}
+		if c := f.assertConserved(); c.Available != 596 {
+			t.Fatalf("counts after rebuild %+v", c)
+		}
+		if _, err := f.e.ApplyAllocation(ctx, 5); err == nil {
+			t.Fatal("a decrease must be refused here")
+		}
+	})
+}
+
+func TestDeleteKeepsLedger(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(10))
+		ctx := context.Background()
+		ids := reserveMany(t, f, "d", 3)
+		if err := f.e.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, err := f.e.Store().State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st {
+			if s.Present || s.Available != 0 {
+				t.Fatalf("shard %d still there: %+v", s.Index, s)
+			}
+		}
+		if n, _ := f.e.Store().DeleteAll(ctx); n != 0 {
+			t.Fatalf("%d keys left after delete", n)
+		}
+		for _, id := range ids {
+			if s := orderStatus(t, f, id); s != ledger.StatusPending {
+				t.Fatalf("ledger row %s: %s", id, s)
+			}
+		}
+		c, err := f.l.GetCampaign(ctx, f.cfg.CampaignID)
+		if err != nil || c.DeletedAt == nil {
+			t.Fatalf("campaign %+v %v", c, err)
+		}
+	})
+}
