@@ -102,6 +102,10 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9::bigint * interval '1 microse
 	sqlTestOrderExists   = `SELECT EXISTS (SELECT 1 FROM flashsale_orders WHERE reservation_id = $1)`
 	sqlTestLatePayments  = `SELECT order_status FROM flashsale_late_payments WHERE reservation_id = $1 ORDER BY id`
 	sqlTestCountVersions = `SELECT count(*) FROM flashsale_schema_migrations`
+	sqlTestTableExists   = `SELECT to_regclass($1) IS NOT NULL`
+	sqlTestEditChecksum  = `UPDATE flashsale_schema_migrations SET checksum = 'edited' WHERE version = 1`
+	sqlTestNoSeqScan     = `SET enable_seqscan = off`
+	sqlTestExplain       = `EXPLAIN `
 )
 
 // insertOrder writes o directly with expires_at = DB now() + expiresIn.

@@ -49,7 +49,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	for _, table := range []string{"flashsale_campaigns", "flashsale_shards", "flashsale_orders",
 		"flashsale_late_payments", "flashsale_allocation_changes", "flashsale_schema_migrations"} {
 		var ok bool
-		if err := l.Pool().QueryRow(testCtx(t), `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&ok); err != nil {
+		if err := l.Pool().QueryRow(testCtx(t), sqlTestTableExists, table).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		if !ok {
@@ -91,7 +91,7 @@ func TestMigrateConcurrent(t *testing.T) {
 func TestMigrateRefusesEditedMigration(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
-	if _, err := l.Pool().Exec(testCtx(t), `UPDATE flashsale_schema_migrations SET checksum = 'edited' WHERE version = 1`); err != nil {
+	if _, err := l.Pool().Exec(testCtx(t), sqlTestEditChecksum); err != nil {
 		t.Fatal(err)
 	}
 	err := Migrate(testCtx(t), l.Pool())
