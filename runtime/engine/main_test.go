@@ -81,7 +81,7 @@ func forEachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient
 
 // fixture is one campaign on a fresh ledger database.
 type fixture struct {
-	t   *testing.T
+	t   testing.TB
 	e   *engine.Engine
 	l   *ledger.Ledger
 	rdb redis.UniversalClient
@@ -91,11 +91,13 @@ type fixture struct {
 
 type option func(*engine.Config)
 
-func withAllocation(n int64) option          { return func(c *engine.Config) { c.Allocation = n } }
-func withShards(n int) option                { return func(c *engine.Config) { c.Shards = n } }
-func withMaxPerUser(n int) option            { return func(c *engine.Config) { c.MaxPerUser = n } }
-func withTTL(ttl, grace time.Duration) option { return func(c *engine.Config) { c.TTL, c.Grace = ttl, grace } }
-func withSteal(n int) option                 { return func(c *engine.Config) { c.StealProbes = n } }
+func withAllocation(n int64) option { return func(c *engine.Config) { c.Allocation = n } }
+func withShards(n int) option       { return func(c *engine.Config) { c.Shards = n } }
+func withMaxPerUser(n int) option   { return func(c *engine.Config) { c.MaxPerUser = n } }
+func withTTL(ttl, grace time.Duration) option {
+	return func(c *engine.Config) { c.TTL, c.Grace = ttl, grace }
+}
+func withSteal(n int) option { return func(c *engine.Config) { c.StealProbes = n } }
 
 func randomID() string {
 	b := make([]byte, 8)
@@ -103,11 +105,11 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-func newFixture(t *testing.T, rdb redis.UniversalClient, opts ...option) *fixture {
+func newFixture(t testing.TB, rdb redis.UniversalClient, opts ...option) *fixture {
 	return newFixtureOn(t, rdb, sharedPG, opts...)
 }
 
-func newFixtureOn(t *testing.T, rdb redis.UniversalClient, pg *testharness.Postgres, opts ...option) *fixture {
+func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postgres, opts ...option) *fixture {
 	t.Helper()
 	cfg := engine.Config{
 		CampaignID: "c-" + randomID(), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -17,7 +18,23 @@ type Keys struct{ tag string }
 
 // ShardKeys returns the key names of shard n of a campaign (the FlashSale UID).
 func ShardKeys(campaign string, n int) Keys {
-	return Keys{tag: "{fs:" + campaign + ":" + strconv.Itoa(n) + "}"}
+	return Keys{tag: "{fs:" + CampaignTag(campaign) + ":" + strconv.Itoa(n) + "}"}
+}
+
+// CampaignTag is the campaign's name inside keys: a UUID (a Kubernetes UID) is
+// written as its 16 bytes in base64url (22 characters instead of 36), because the
+// name is repeated in every reservation key and Redis memory per reservation counts.
+// Anything else is used as it is.
+func CampaignTag(campaign string) string {
+	raw := strings.ReplaceAll(campaign, "-", "")
+	if len(campaign) != 36 || len(raw) != 32 {
+		return campaign
+	}
+	b, err := hex.DecodeString(raw)
+	if err != nil {
+		return campaign
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 func (k Keys) Stock() string          { return k.tag + ":stock" }
@@ -27,7 +44,7 @@ func (k Keys) Users() string          { return k.tag + ":users" }
 func (k Keys) ResPrefix() string      { return k.tag + ":res:" }
 func (k Keys) Res(key string) string  { return k.tag + ":res:" + key }
 func (k Keys) Pattern() string        { return k.tag + ":*" }
-func campaignPattern(c string) string { return "{fs:" + c + ":*}:*" }
+func campaignPattern(c string) string { return "{fs:" + CampaignTag(c) + ":*}:*" }
 
 // HomeShard maps a user to the shard that holds the user's quota: a stable hash, so
 // every process agrees without coordination.
@@ -37,9 +54,9 @@ func HomeShard(user string, shards int) int {
 	return int(h.Sum32() % uint32(shards))
 }
 
-// keyBytes is the length of the HMAC prefix kept in a reservation key: 128 bits is
+// keyBytes is the length of the HMAC prefix kept in a reservation key: 96 bits is
 // unguessable and keeps keys short (Redis memory per reservation matters).
-const keyBytes = 16
+const keyBytes = 12
 
 // ReservationKey derives the shard-independent part of a reservation id from the
 // campaign, the user and the client's request id with a server-side secret. The same
