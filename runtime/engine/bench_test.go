@@ -16,7 +16,7 @@ import (
 )
 
 // benchParallelism multiplies GOMAXPROCS into the number of concurrent buyers.
-const benchParallelism = 128
+const benchParallelism = 32
 
 // BenchmarkReserve measures reservations/s through the whole engine (reserve script,
 // epoch-fenced group commit into PostgreSQL) side by side with the raw reserve

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // MaterializerConfig tunes the group-commit writer. Zero values take defaults.
@@ -32,26 +33,28 @@ const (
 	defaultMaterializeTTL = 5 * time.Second
 )
 
-const (
-	// Locks the campaign rows against an epoch bump (BeginRebuild takes FOR
-	// UPDATE) until this batch commits: a batch is either counted by a rebuild
-	// or sees the new epoch. ORDER BY keeps lock order stable across batches.
-	sqlLockCampaignEpochs = `SELECT campaign_id, epoch, deleted_at IS NOT NULL
-FROM flashsale_campaigns
-WHERE campaign_id = ANY($1::text[])
-ORDER BY campaign_id
-FOR SHARE`
-
-	// One statement for the whole batch; rows that already exist are skipped
-	// and simply not returned.
-	sqlInsertPending = `INSERT INTO flashsale_orders
+// sqlInsertPending writes a batch in ONE statement (one round trip, its own
+// transaction): the CTE share-locks the campaign rows, so a rebuild's FOR UPDATE
+// waits for this statement to commit, or this statement waits for the rebuild and
+// then sees the new epoch. Only rows whose epoch matches their live campaign are
+// inserted; rows that already exist are skipped. Neither kind is returned.
+const sqlInsertPending = `WITH live AS (
+    SELECT campaign_id, epoch FROM flashsale_campaigns
+    WHERE campaign_id = ANY($9::text[]) AND deleted_at IS NULL
+    ORDER BY campaign_id
+    FOR SHARE)
+INSERT INTO flashsale_orders
     (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
 SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'PENDING', t.e, t.x
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
     AS t(r, c, s, u, sh, q, e, x)
+JOIN live ON live.campaign_id = t.c AND live.epoch = t.e
 ON CONFLICT (reservation_id) DO NOTHING
 RETURNING reservation_id`
-)
+
+// sqlExistingOrders tells, for rows the insert skipped, which already existed
+// (duplicates); the others were fenced.
+const sqlExistingOrders = `SELECT reservation_id FROM flashsale_orders WHERE reservation_id = ANY($1::text[])`
 
 // Materializer writes PENDING order rows in batches: many concurrent Submits
 // share one transaction, so PostgreSQL sees a few commits per millisecond
@@ -267,107 +270,71 @@ func (m *Materializer) write(batch []*pendingRow) {
 
 // insertBatch returns one outcome per row (rows have distinct ids).
 func (m *Materializer) insertBatch(ctx context.Context, rows []*pendingRow) []error {
-	results := make([]error, len(rows))
-	failAll := func(err error) []error {
-		for i := range results {
-			results[i] = err
-		}
-		return results
-	}
-
-	tx, err := m.l.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return failAll(fmt.Errorf("ledger: materialize: begin: %w", err))
-	}
-	// After a successful Commit this is a no-op; before it, an error here
-	// changes nothing: an uncommitted transaction never becomes durable.
-	defer func() { _ = tx.Rollback(context.Background()) }()
-
-	campaigns := make([]string, 0, 1)
-	for _, r := range rows {
-		if !slices.Contains(campaigns, r.o.CampaignID) {
-			campaigns = append(campaigns, r.o.CampaignID)
-		}
-	}
-	type campaignState struct {
-		epoch   int64
-		deleted bool
-	}
-	current := make(map[string]campaignState, len(campaigns))
-	lockRows, err := tx.Query(ctx, sqlLockCampaignEpochs, campaigns)
-	if err != nil {
-		return failAll(fmt.Errorf("ledger: materialize: lock campaigns: %w", err))
-	}
-	var id string
-	var st campaignState
-	if _, err := pgx.ForEachRow(lockRows, []any{&id, &st.epoch, &st.deleted}, func() error {
-		current[id] = st
-		return nil
-	}); err != nil {
-		return failAll(fmt.Errorf("ledger: materialize: lock campaigns: %w", err))
-	}
-
 	n := len(rows)
 	ids, camps, skus, users := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	shards, qtys := make([]int32, 0, n), make([]int32, 0, n)
 	epochs, expires := make([]int64, 0, n), make([]time.Time, 0, n)
-	pending := make(map[string]int, n) // reservation id → index in rows, for rows sent to INSERT
-	var written []int                  // indexes of rows the INSERT returned
-	for i, r := range rows {
+	var campaigns []string
+	for _, r := range rows {
 		o := r.o
-		c, ok := current[o.CampaignID]
-		switch {
-		case !ok:
-			results[i] = fmt.Errorf("%w: %s: campaign %s does not exist", ErrFenced, o.ReservationID, o.CampaignID)
-			continue
-		case c.deleted:
-			results[i] = fmt.Errorf("%w: %s: campaign %s is deleted", ErrFenced, o.ReservationID, o.CampaignID)
-			continue
-		case c.epoch != o.Epoch:
-			results[i] = fmt.Errorf("%w: %s: epoch %d, campaign %s is at %d", ErrFenced, o.ReservationID, o.Epoch, o.CampaignID, c.epoch)
-			continue
-		}
-		pending[o.ReservationID] = i
 		ids, camps, skus, users = append(ids, o.ReservationID), append(camps, o.CampaignID), append(skus, o.SKU), append(users, o.UserID)
 		shards, qtys = append(shards, int32(o.Shard)), append(qtys, int32(o.Quantity))
 		epochs, expires = append(epochs, o.Epoch), append(expires, o.ExpiresAt)
+		if !slices.Contains(campaigns, o.CampaignID) {
+			campaigns = append(campaigns, o.CampaignID)
+		}
 	}
-	if len(ids) == 0 {
-		return results // everything fenced; the rollback releases the locks
-	}
-
-	inserted, err := tx.Query(ctx, sqlInsertPending, ids, camps, skus, users, shards, qtys, epochs, expires)
+	results := make([]error, n)
+	inserted, err := m.l.pool.Query(ctx, sqlInsertPending, ids, camps, skus, users, shards, qtys, epochs, expires, campaigns)
+	returned := make(map[string]bool, n)
 	if err == nil {
-		returned := make(map[string]bool, len(ids))
+		var id string
 		_, err = pgx.ForEachRow(inserted, []any{&id}, func() error {
 			returned[id] = true
 			return nil
 		})
-		if err == nil {
-			for rid, i := range pending {
-				if returned[rid] {
-					written = append(written, i)
-				} else {
-					results[i] = fmt.Errorf("%w: %s", ErrDuplicate, rid)
-				}
-			}
-		}
 	}
 	if err != nil {
-		// The statement failed as a whole; fenced rows keep their outcome.
-		for _, i := range pending {
-			results[i] = fmt.Errorf("ledger: materialize: insert: %w", err)
+		// A statement the server refused, or one never sent, changed nothing;
+		// any other failure may have hit the implicit commit.
+		var pgErr *pgconn.PgError
+		definite := errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
+		for i, r := range rows {
+			if definite {
+				results[i] = fmt.Errorf("ledger: materialize %s: %w", r.o.ReservationID, err)
+			} else {
+				results[i] = fmt.Errorf("%w: %s: %w", ErrAmbiguous, r.o.ReservationID, err)
+			}
 		}
 		return results
 	}
-	if len(written) == 0 {
+	var skipped []string
+	for _, r := range rows {
+		if !returned[r.o.ReservationID] {
+			skipped = append(skipped, r.o.ReservationID)
+		}
+	}
+	if len(skipped) == 0 {
 		return results
 	}
-
-	// Up to here nothing can have become durable. From here on it might have.
-	if err := tx.Commit(ctx); err != nil {
-		for _, i := range written {
-			results[i] = fmt.Errorf("%w: %s: %w", ErrAmbiguous, rows[i].o.ReservationID, err)
+	// Skipped rows were certainly not written by this batch; tell duplicates from
+	// fenced rows.
+	existing := map[string]bool{}
+	if ex, err := m.l.pool.Query(ctx, sqlExistingOrders, skipped); err == nil {
+		var id string
+		_, _ = pgx.ForEachRow(ex, []any{&id}, func() error {
+			existing[id] = true
+			return nil
+		})
+	}
+	for i, r := range rows {
+		id := r.o.ReservationID
+		switch {
+		case returned[id]:
+		case existing[id]:
+			results[i] = fmt.Errorf("%w: %s", ErrDuplicate, id)
+		default:
+			results[i] = fmt.Errorf("%w: %s: campaign %s is not at epoch %d (rebuilt, deleted or missing)", ErrFenced, id, r.o.CampaignID, r.o.Epoch)
 		}
 	}
 	return results
