@@ -1,0 +1,209 @@
+// Package config is the configuration of the data-plane processes (reserve,
+// sweeper): flags with defaults from environment variables, which is how the
+// controller configures their pods, and secrets read from the environment or from
+// files, never from flags and never logged.
+package config
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/pflag"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// Environment variables set by the controller on the reserve and sweeper pods.
+// Each secret may instead be given as a file: the same name with a _FILE suffix.
+const (
+	EnvCampaignID     = "FLASHSALE_CAMPAIGN_ID"
+	EnvNamespace      = "FLASHSALE_NAMESPACE"
+	EnvName           = "FLASHSALE_NAME"
+	EnvSKU            = "FLASHSALE_SKU"
+	EnvShards         = "FLASHSALE_SHARDS"
+	EnvMaxPerUser     = "FLASHSALE_MAX_PER_USER"
+	EnvTTL            = "FLASHSALE_TTL"
+	EnvGracePeriod    = "FLASHSALE_GRACE_PERIOD"
+	EnvStealProbes    = "FLASHSALE_STEAL_PROBES"
+	EnvRedisMode      = "FLASHSALE_REDIS_MODE"
+	EnvRedisAddresses = "FLASHSALE_REDIS_ADDRESSES"
+	EnvRedisUsername  = "FLASHSALE_REDIS_USERNAME"
+	EnvRedisPassword  = "FLASHSALE_REDIS_PASSWORD" // secret
+	EnvPostgresDSN    = "FLASHSALE_POSTGRES_DSN"   // secret
+	EnvAdmissionKey   = "FLASHSALE_ADMISSION_KEY"  // secret
+	FileSuffix        = "_FILE"
+)
+
+// Redis modes.
+const (
+	RedisStandalone = "standalone"
+	RedisCluster    = "cluster"
+)
+
+// Redis says how to reach the shards.
+type Redis struct {
+	Mode      string
+	Addresses []string
+	Username  string
+	Password  string
+}
+
+// Client returns a client for the mode: a cluster client, or a plain client on the
+// first address. Timeouts are short: a reservation must fail fast, not hang.
+func (r Redis) Client() redis.UniversalClient {
+	if r.Mode == RedisCluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: r.Addresses, Username: r.Username, Password: r.Password,
+			DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+			PoolSize: 128,
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Addr: r.Addresses[0], Username: r.Username, Password: r.Password,
+		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		PoolSize: 128,
+	})
+}
+
+// Campaign is what a data-plane process needs to serve one FlashSale.
+type Campaign struct {
+	ID, Namespace, Name, SKU string
+	Shards                   int
+	MaxPerUser               int
+	StealProbes              int
+	TTL, GracePeriod         time.Duration
+	Redis                    Redis
+	PostgresDSN              string
+	AdmissionKey             []byte
+
+	redisAddresses string
+	envErrs        []error // malformed environment values, reported by Complete
+}
+
+// AddFlags registers the campaign flags; their defaults come from the environment.
+func (c *Campaign) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ID, "campaign-id", os.Getenv(EnvCampaignID), "FlashSale UID: the campaign identity in Redis keys and the ledger (env "+EnvCampaignID+")")
+	fs.StringVar(&c.Namespace, "namespace", os.Getenv(EnvNamespace), "namespace of the FlashSale (env "+EnvNamespace+")")
+	fs.StringVar(&c.Name, "name", os.Getenv(EnvName), "name of the FlashSale (env "+EnvName+")")
+	fs.StringVar(&c.SKU, "sku", os.Getenv(EnvSKU), "SKU on sale (env "+EnvSKU+")")
+	fs.IntVar(&c.Shards, "shards", c.envInt(EnvShards, 10), "number of stock shards (env "+EnvShards+")")
+	fs.IntVar(&c.MaxPerUser, "max-per-user", c.envInt(EnvMaxPerUser, 1), "units one user may hold (env "+EnvMaxPerUser+")")
+	fs.IntVar(&c.StealProbes, "steal-probes", c.envInt(EnvStealProbes, 2), "other shards tried when the home shard is sold out, 0-2 (env "+EnvStealProbes+")")
+	fs.DurationVar(&c.TTL, "ttl", c.envDuration(EnvTTL, 10*time.Minute), "reservation lifetime (env "+EnvTTL+")")
+	fs.DurationVar(&c.GracePeriod, "grace-period", c.envDuration(EnvGracePeriod, 30*time.Second), "time after expiry before the sweeper releases (env "+EnvGracePeriod+")")
+	fs.StringVar(&c.Redis.Mode, "redis-mode", envString(EnvRedisMode, RedisStandalone), "standalone or cluster (env "+EnvRedisMode+")")
+	fs.StringVar(&c.redisAddresses, "redis-addresses", os.Getenv(EnvRedisAddresses), "comma-separated host:port list (env "+EnvRedisAddresses+")")
+	fs.StringVar(&c.Redis.Username, "redis-username", os.Getenv(EnvRedisUsername), "Redis ACL user (env "+EnvRedisUsername+")")
+}
+
+// Complete reads the secrets and checks everything, naming the flag or variable
+// that is wrong.
+func (c *Campaign) Complete() error {
+	errs := append([]error(nil), c.envErrs...)
+	need := func(v, flag, env string) {
+		if strings.TrimSpace(v) == "" {
+			errs = append(errs, fmt.Errorf("--%s (or %s) is required", flag, env))
+		}
+	}
+	need(c.ID, "campaign-id", EnvCampaignID)
+	need(c.SKU, "sku", EnvSKU)
+	need(c.redisAddresses, "redis-addresses", EnvRedisAddresses)
+	for _, a := range strings.Split(c.redisAddresses, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			c.Redis.Addresses = append(c.Redis.Addresses, a)
+		}
+	}
+	if c.Redis.Mode != RedisStandalone && c.Redis.Mode != RedisCluster {
+		errs = append(errs, fmt.Errorf("--redis-mode must be %q or %q, got %q", RedisStandalone, RedisCluster, c.Redis.Mode))
+	}
+	pw, err := Secret(EnvRedisPassword)
+	errs = append(errs, err)
+	c.Redis.Password = pw
+	c.PostgresDSN, err = Secret(EnvPostgresDSN)
+	errs = append(errs, err)
+	need(c.PostgresDSN, "(no flag: a secret)", EnvPostgresDSN+" or "+EnvPostgresDSN+FileSuffix)
+	key, err := Secret(EnvAdmissionKey)
+	errs = append(errs, err)
+	c.AdmissionKey = []byte(key)
+	if len(c.AdmissionKey) < 16 {
+		errs = append(errs, fmt.Errorf("the admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKey, EnvAdmissionKey, FileSuffix))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return c.EngineConfig().Validate()
+}
+
+// EngineConfig is the engine's view of the campaign.
+func (c *Campaign) EngineConfig() engine.Config {
+	return engine.Config{
+		CampaignID: c.ID, Namespace: c.Namespace, Name: c.Name, SKU: c.SKU,
+		Shards: c.Shards, MaxPerUser: c.MaxPerUser, StealProbes: c.StealProbes,
+		TTL: c.TTL, Grace: c.GracePeriod, IDSecret: DeriveIDSecret(c.AdmissionKey),
+	}
+}
+
+// DeriveIDSecret derives the key of reservation ids from the admission key, so the
+// reserve replicas agree on ids without another Secret.
+func DeriveIDSecret(admissionKey []byte) []byte {
+	m := hmac.New(sha256.New, admissionKey)
+	m.Write([]byte("flashsale reservation id v1"))
+	return m.Sum(nil)
+}
+
+// Secret reads a secret from the environment variable env, or from the file named
+// by env_FILE. Setting both is an error; neither gives "".
+func Secret(env string) (string, error) {
+	v, file := os.Getenv(env), os.Getenv(env+FileSuffix)
+	switch {
+	case v != "" && file != "":
+		return "", fmt.Errorf("set %s or %s%s, not both", env, env, FileSuffix)
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s%s: %w", env, FileSuffix, err)
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+	return v, nil
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func (c *Campaign) envInt(name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q is not an integer", name, s))
+		return def
+	}
+	return v
+}
+
+func (c *Campaign) envDuration(name string, def time.Duration) time.Duration {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 10m, 30s)", name, s))
+		return def
+	}
+	return v
+}

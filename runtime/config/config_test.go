@@ -1,0 +1,97 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func parse(t *testing.T, env map[string]string, args ...string) (*Campaign, error) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var c Campaign
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	c.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return &c, c.Complete()
+}
+
+func validEnv() map[string]string {
+	return map[string]string{
+		EnvCampaignID: "6f1c1f4e-0000-4000-8000-000000000001", EnvSKU: "itm-1",
+		EnvRedisAddresses: "127.0.0.1:6379, 127.0.0.1:6380", EnvPostgresDSN: "postgres://x@127.0.0.1/db",
+		EnvAdmissionKey: "0123456789abcdef-key", EnvShards: "4", EnvTTL: "2m",
+	}
+}
+
+func TestFromEnvironment(t *testing.T) {
+	c, err := parse(t, validEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Shards != 4 || c.TTL.Minutes() != 2 || len(c.Redis.Addresses) != 2 || c.Redis.Addresses[1] != "127.0.0.1:6380" {
+		t.Fatalf("%+v", c)
+	}
+	ec := c.EngineConfig()
+	if string(ec.IDSecret) == string(c.AdmissionKey) || len(ec.IDSecret) != 32 {
+		t.Fatal("the id secret must be derived, not the admission key itself")
+	}
+}
+
+func TestFlagsOverrideEnvironment(t *testing.T) {
+	c, err := parse(t, validEnv(), "--shards=7", "--redis-mode=cluster")
+	if err != nil || c.Shards != 7 || c.Redis.Mode != RedisCluster {
+		t.Fatalf("%+v %v", c, err)
+	}
+}
+
+func TestSecretFromFile(t *testing.T) {
+	env := validEnv()
+	delete(env, EnvAdmissionKey)
+	f := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(f, []byte("from-a-file-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env[EnvAdmissionKey+FileSuffix] = f
+	c, err := parse(t, env)
+	if err != nil || string(c.AdmissionKey) != "from-a-file-0123456789" {
+		t.Fatalf("%q %v", c.AdmissionKey, err)
+	}
+}
+
+func TestBadConfigurationIsNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name, env, value, want string
+	}{
+		{"missing campaign", EnvCampaignID, "", EnvCampaignID},
+		{"missing redis", EnvRedisAddresses, "", EnvRedisAddresses},
+		{"bad shards", EnvShards, "ten", EnvShards},
+		{"bad ttl", EnvTTL, "forever", EnvTTL},
+		{"zero ttl", EnvTTL, "0s", "ttl"},
+		{"bad mode", EnvRedisMode, "sentinel", "redis-mode"},
+		{"short key", EnvAdmissionKey, "short", EnvAdmissionKey},
+		{"no dsn", EnvPostgresDSN, "", EnvPostgresDSN},
+		{"steal probes", EnvStealProbes, "3", "stealProbes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := validEnv()
+			env[tc.env] = tc.value
+			_, err := parse(t, env)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v should name %s", err, tc.want)
+			}
+		})
+	}
+	env := validEnv()
+	env[EnvAdmissionKey+FileSuffix] = "/nonexistent"
+	if _, err := parse(t, env); err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("both env and file: %v", err)
+	}
+}
