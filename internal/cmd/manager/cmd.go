@@ -1,0 +1,170 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+// Package manager is the `flashsale manager` command: the operator's control
+// plane, a controller-runtime manager that reconciles FlashSale objects.
+package manager
+
+import (
+	"context"
+	goflag "flag"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/internal/version"
+)
+
+// LeaderElectionID names the Lease that elects the active manager.
+const LeaderElectionID = "flashsale-manager.flashsale.dev"
+
+// Options are the manager's settings, one per flag.
+type Options struct {
+	// MetricsBindAddress serves Prometheus metrics; "0" disables them.
+	MetricsBindAddress string
+	// HealthProbeBindAddress serves /healthz and /readyz.
+	HealthProbeBindAddress string
+	// LeaderElect makes the manager wait for the Lease before reconciling.
+	LeaderElect bool
+	// LeaderElectionNamespace holds the Lease; empty means the pod's own
+	// namespace (required when running outside a cluster with LeaderElect).
+	LeaderElectionNamespace string
+	// Namespaces limits the watched namespaces; empty means all.
+	Namespaces []string
+}
+
+// DefaultOptions are the flag defaults.
+func DefaultOptions() Options {
+	return Options{
+		MetricsBindAddress:     ":8080",
+		HealthProbeBindAddress: ":8081",
+	}
+}
+
+// NewScheme returns the scheme of every type the manager reads or writes.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(flashsalev1alpha1.AddToScheme(s))
+	return s
+}
+
+// NewCmd returns the `manager` command.
+func NewCmd() *cobra.Command {
+	opts := DefaultOptions()
+	zapOpts := zap.Options{}
+
+	cmd := &cobra.Command{
+		Use:   "manager",
+		Short: "Run the operator: reconcile FlashSale objects",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			cfg, err := config.GetConfig()
+			if err != nil {
+				return fmt.Errorf("loading the Kubernetes client configuration: %w", err)
+			}
+			return Run(cmd.Context(), cfg, opts)
+		},
+	}
+
+	f := cmd.Flags()
+	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", opts.MetricsBindAddress,
+		`address the metrics endpoint binds to; "0" disables it`)
+	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", opts.HealthProbeBindAddress,
+		"address the /healthz and /readyz probes bind to")
+	f.BoolVar(&opts.LeaderElect, "leader-elect", opts.LeaderElect,
+		"elect one active manager through a Lease")
+	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace,
+		"namespace of the leader-election Lease (default: the pod's namespace)")
+	f.StringSliceVar(&opts.Namespaces, "namespaces", opts.Namespaces,
+		"comma-separated namespaces to watch (default: all)")
+
+	// --kubeconfig and the zap logging flags are Go flags.
+	goflags := goflag.NewFlagSet("manager", goflag.ContinueOnError)
+	config.RegisterFlags(goflags)
+	zapOpts.BindFlags(goflags)
+	f.AddGoFlagSet(goflags)
+
+	return cmd
+}
+
+// Run starts the manager and blocks until ctx is cancelled (SIGINT or
+// SIGTERM), then stops it and returns nil, or returns the error that stopped
+// it.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	log := ctrl.Log.WithName("manager")
+
+	cacheOpts := cache.Options{}
+	if ns := watchedNamespaces(opts.Namespaces); len(ns) > 0 {
+		cacheOpts.DefaultNamespaces = make(map[string]cache.Config, len(ns))
+		for _, n := range ns {
+			cacheOpts.DefaultNamespaces[n] = cache.Config{}
+		}
+	}
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        NewScheme(),
+		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsBindAddress},
+		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
+		LeaderElection:                opts.LeaderElect,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         cacheOpts,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding the health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding the readiness check: %w", err)
+	}
+
+	log.Info("starting", "version", version.Version, "commit", version.GitCommit,
+		"namespaces", watchedNamespaces(opts.Namespaces), "leaderElect", opts.LeaderElect)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running the manager: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// watchedNamespaces trims the --namespaces values and drops empty ones, so
+// that "--namespaces=" means all namespaces.
+func watchedNamespaces(in []string) []string {
+	var out []string
+	for _, n := range in {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
