@@ -31,6 +31,7 @@ import (
 	structuraldefaulting "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"sigs.k8s.io/yaml"
@@ -353,6 +354,65 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 	} {
 		if errs := a.admit(obj, old); len(errs) > 0 {
 			t.Errorf("%s rejected: %v", name, errs.ToAggregate())
+		}
+	}
+}
+
+// TestSamplesAreValid admits every FlashSale in config/samples and checks
+// that the samples' kustomization lists every sample file.
+func TestSamplesAreValid(t *testing.T) {
+	a := newAdmission(t)
+	dir := filepath.Join("..", "..", "config", "samples")
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kustomization struct {
+		Resources []string `json:"resources"`
+	}
+	listed := map[string]bool{}
+	flashSales := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f) == "kustomization.yaml" {
+			if err := yaml.Unmarshal(data, &kustomization); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			for _, r := range kustomization.Resources {
+				listed[r] = true
+			}
+			continue
+		}
+		// Decode as the API server does: integers as int64, not float64.
+		js, err := yaml.YAMLToJSON(data)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		obj := map[string]any{}
+		if err := utiljson.Unmarshal(js, &obj); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if obj["kind"] != "FlashSale" {
+			continue
+		}
+		flashSales++
+		typed := &v1alpha1.FlashSale{}
+		if err := yaml.UnmarshalStrict(data, typed); err != nil {
+			t.Errorf("%s does not decode into a FlashSale: %v", f, err)
+		}
+		if errs := a.admit(obj, nil); len(errs) > 0 {
+			t.Errorf("%s is rejected: %v", f, errs.ToAggregate())
+		}
+	}
+	if flashSales < 2 {
+		t.Errorf("found %d sample FlashSales, want the ps5-drop and the scheduled drop", flashSales)
+	}
+	for _, f := range files {
+		if b := filepath.Base(f); b != "kustomization.yaml" && !listed[b] {
+			t.Errorf("%s is missing from config/samples/kustomization.yaml", b)
 		}
 	}
 }
