@@ -1,0 +1,99 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Code is a stable error code: clients switch on it, so codes are never renamed.
+type Code string
+
+// Error codes and the statuses they are sent with (see docs/api.md).
+const (
+	CodeSoldOut          Code = "SOLD_OUT"           // 410
+	CodeNotStarted       Code = "NOT_STARTED"        // 425
+	CodeEnded            Code = "ENDED"              // 410
+	CodePaused           Code = "PAUSED"             // 503 + Retry-After
+	CodeClosed           Code = "CLOSED"             // 503 + Retry-After
+	CodeLimitExceeded    Code = "LIMIT_EXCEEDED"     // 409
+	CodeRateLimited      Code = "RATE_LIMITED"       // 429 + Retry-After
+	CodeAdmissionInvalid Code = "ADMISSION_INVALID"  // 401 bad or expired token, 403 token for another SKU or user
+	CodeBadRequest       Code = "BAD_REQUEST"        // 400
+	CodeTooLarge         Code = "TOO_LARGE"          // 413
+	CodeNotFound         Code = "NOT_FOUND"          // 404
+	CodeExpired          Code = "EXPIRED"            // 410
+	CodeConflict         Code = "CONFLICT"           // 409
+	CodeMethodNotAllowed Code = "METHOD_NOT_ALLOWED" // 405
+	CodeUnavailable      Code = "UNAVAILABLE"        // 503 + Retry-After
+)
+
+// Retry-After values, in seconds. Short: a flash sale is over in minutes, and the
+// waiting room in front paces retries anyway.
+const (
+	retryClosed      = 2
+	retryUnavailable = 1
+)
+
+// apiError is an answer that is not a success.
+type apiError struct {
+	status     int
+	code       Code
+	message    string
+	retryAfter int // seconds; 0 = no header
+}
+
+// ErrorBody is the JSON body of every error.
+type ErrorBody struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func errorf(status int, code Code, message string) *apiError {
+	return &apiError{status: status, code: code, message: message}
+}
+
+func (e *apiError) retry(seconds int) *apiError {
+	e.retryAfter = seconds
+	return e
+}
+
+func badRequest(message string) *apiError {
+	return errorf(http.StatusBadRequest, CodeBadRequest, message)
+}
+
+func notFound(message string) *apiError {
+	return errorf(http.StatusNotFound, CodeNotFound, message)
+}
+
+func unavailable(message string) *apiError {
+	return errorf(http.StatusServiceUnavailable, CodeUnavailable, message).retry(retryUnavailable)
+}
+
+// write sends the error and returns its code for the metrics.
+func (e *apiError) write(w http.ResponseWriter) string {
+	if e.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.retryAfter))
+	}
+	if e.status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="flashsale", error="invalid_token"`)
+	}
+	writeJSON(w, e.status, ErrorBody{Code: e.code, Message: e.message})
+	return string(e.code)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only our own response types get here; they always marshal.
+		status, b = http.StatusInternalServerError, []byte(`{"code":"UNAVAILABLE","message":"response encoding failed"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if h.Get("Cache-Control") == "" {
+		h.Set("Cache-Control", "no-store")
+	}
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,347 @@
+// Package api is the HTTP server of one FlashSale (`flashsale reserve`): the buyer
+// routes (reserve, checkout, cancel) behind admission tokens and a per-user rate
+// limit, the public availability route, health probes and Prometheus metrics. It
+// turns the engine's outcomes into stable error codes; docs/api.md is its contract.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultRequestTimeout    = 5 * time.Second
+	DefaultAvailabilityCache = 200 * time.Millisecond
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 10 * time.Second
+	DefaultIdleTimeout       = 60 * time.Second
+	DefaultShutdownTimeout   = 25 * time.Second // inside Kubernetes' default 30 s grace period
+)
+
+// readyTimeout bounds one readiness probe's Redis and ledger checks.
+const readyTimeout = 2 * time.Second
+
+// Config configures a Server. Zero durations and sizes take the defaults above.
+type Config struct {
+	Engine       *engine.Engine // required; the server closes it when Serve returns
+	AdmissionKey []byte         // required: the HMAC key of admission tokens
+	Metrics      *Metrics       // nil: NewMetrics()
+	Logger       *slog.Logger   // nil: discard
+
+	Addr string // for Start, e.g. ":8080"
+
+	// RateLimit is each user's sustained requests per second on the buyer routes
+	// and RateBurst the bucket size; a RateLimit of 0 disables the limit.
+	RateLimit float64
+	RateBurst int
+
+	RequestTimeout    time.Duration // deadline of the Redis and SQL work of one request
+	MaxBodyBytes      int64
+	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration // whole request, body included
+	WriteTimeout      time.Duration // default: RequestTimeout + 5s, so an answer is not cut off
+	IdleTimeout       time.Duration
+	ShutdownTimeout   time.Duration // how long in-flight requests may take to finish
+	// DrainDelay keeps serving with /readyz failing for a while after the stop
+	// signal, so load balancers stop routing here before the listener closes.
+	DrainDelay time.Duration
+
+	Now func() time.Time // for tests; nil: time.Now
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.RequestTimeout, DefaultRequestTimeout)
+	def(&c.AvailabilityCache, DefaultAvailabilityCache)
+	def(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&c.ReadTimeout, DefaultReadTimeout)
+	def(&c.WriteTimeout, c.RequestTimeout+5*time.Second)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	def(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.RateBurst <= 0 {
+		c.RateBurst = max(1, int(2*c.RateLimit))
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Server serves one FlashSale. Build it with New, run it with Start or Serve.
+type Server struct {
+	cfg     Config
+	engine  *engine.Engine
+	sku     string
+	metrics *Metrics
+	log     *slog.Logger
+	limiter *limiter
+	mux     *http.ServeMux
+	routes  []Route
+
+	draining atomic.Bool
+
+	snapSem chan struct{} // one shard read at a time; waiters honour their context
+	snap    *stockSnapshot
+}
+
+// Route is one registered route, as docs/openapi.yaml documents it.
+type Route struct {
+	Name    string // metrics label
+	Method  string
+	Pattern string // path, with {parameters}
+	handler func(http.ResponseWriter, *http.Request) string
+}
+
+// New checks the configuration and builds the routes.
+func New(cfg Config) (*Server, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("api: an engine is required")
+	}
+	if len(cfg.AdmissionKey) < admission.MinKeyLen {
+		return nil, admission.ErrKey
+	}
+	if cfg.RateLimit < 0 || cfg.RateBurst < 0 {
+		return nil, fmt.Errorf("api: rate limit %v/s burst %d must not be negative", cfg.RateLimit, cfg.RateBurst)
+	}
+	cfg.defaults()
+	s := &Server{
+		cfg:     cfg,
+		engine:  cfg.Engine,
+		sku:     cfg.Engine.Config().SKU,
+		metrics: cfg.Metrics,
+		log:     cfg.Logger,
+		limiter: newLimiter(cfg.RateLimit, cfg.RateBurst),
+		snapSem: make(chan struct{}, 1),
+	}
+	s.routes = []Route{
+		{"reserve", http.MethodPost, "/api/v1/flash-sale/reserve", s.reserve},
+		{"checkout", http.MethodPost, "/api/v1/flash-sale/checkout", s.checkout},
+		{"cancel", http.MethodDelete, "/api/v1/flash-sale/reservations/{reservation_id}", s.cancel},
+		{"availability", http.MethodGet, "/api/v1/flash-sale/items/{item_id}/availability", s.availability},
+		{"healthz", http.MethodGet, "/healthz", s.healthz},
+		{"readyz", http.MethodGet, "/readyz", s.readyz},
+		{"metrics", http.MethodGet, "/metrics", s.metricsHandler()},
+	}
+	s.metrics.reg.MustRegister(stockCollector{s})
+	s.mux = http.NewServeMux()
+	allowed := map[string][]string{}
+	for _, rt := range s.routes {
+		s.mux.Handle(rt.Method+" "+rt.Pattern, s.instrument(rt.Name, rt.handler))
+		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
+	}
+	// The mux's own 404 and 405 answers are plain text; ours keep the error format.
+	for pattern, methods := range allowed {
+		if slices.Contains(methods, http.MethodGet) {
+			methods = append(methods, http.MethodHead)
+		}
+		sort.Strings(methods)
+		s.mux.Handle(pattern, s.instrument("other", methodNotAllowed(strings.Join(methods, ", "))))
+	}
+	s.mux.Handle("/", s.instrument("other", func(w http.ResponseWriter, r *http.Request) string {
+		return notFound("no such route").write(w)
+	}))
+	return s, nil
+}
+
+func methodNotAllowed(allow string) func(http.ResponseWriter, *http.Request) string {
+	return func(w http.ResponseWriter, r *http.Request) string {
+		w.Header().Set("Allow", allow)
+		return errorf(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "use "+allow+" on this route").write(w)
+	}
+}
+
+// Routes lists the registered routes.
+func (s *Server) Routes() []Route { return append([]Route(nil), s.routes...) }
+
+// Handler is the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Metrics returns the server's metrics.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+func (s *Server) instrument(route string, h func(http.ResponseWriter, *http.Request) string) http.Handler {
+	latency := s.metrics.latency.WithLabelValues(route)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		code := h(w, r)
+		latency.Observe(time.Since(start).Seconds())
+		s.metrics.requests.WithLabelValues(route, code).Inc()
+	})
+}
+
+func (s *Server) metricsHandler() func(http.ResponseWriter, *http.Request) string {
+	h := promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+		Timeout:       5 * time.Second,
+	})
+	return func(w http.ResponseWriter, r *http.Request) string {
+		h.ServeHTTP(w, r)
+		return "OK"
+	}
+}
+
+// Start listens on Config.Addr and serves until ctx is cancelled (see Serve).
+func (s *Server) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		s.engine.Close()
+		return fmt.Errorf("api: listen on %s: %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on ln until ctx is cancelled, then shuts down gracefully: /readyz
+// fails at once, after DrainDelay the listener closes, in-flight requests finish
+// (a reservation whose ledger row is written gets its answer) within
+// ShutdownTimeout, and last the engine is closed, which flushes the group-commit
+// writer. It returns nil after a clean shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	defer s.engine.Close()
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		WriteTimeout:      s.cfg.WriteTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Requests must outlive the stop signal: Shutdown drains them, and a
+		// cancelled context would abort reservations that are being written.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.log.Info("serving", "addr", ln.Addr().String(), "sku", s.sku, "campaign", s.engine.Config().CampaignID)
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("api: serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	s.log.Info("stopping: draining in-flight requests", "drainDelay", s.cfg.DrainDelay.String(), "timeout", s.cfg.ShutdownTimeout.String())
+	if s.cfg.DrainDelay > 0 {
+		time.Sleep(s.cfg.DrainDelay)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		_ = srv.Close()
+		err = fmt.Errorf("api: requests still running after %s: %w", s.cfg.ShutdownTimeout, err)
+	}
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	s.log.Info("stopped")
+	return err
+}
+
+// stockSnapshot is one read of every shard.
+type stockSnapshot struct {
+	at        time.Time
+	shards    []stock.ShardState
+	available int64
+	status    string
+}
+
+// snapshot returns the shards as read at most AvailabilityCache ago.
+func (s *Server) snapshot(ctx context.Context) (*stockSnapshot, error) {
+	select {
+	case s.snapSem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.snapSem }()
+	now := s.cfg.Now()
+	if s.snap != nil && now.Sub(s.snap.at) < s.cfg.AvailabilityCache {
+		return s.snap, nil
+	}
+	states, err := s.engine.Store().State(ctx)
+	if err != nil {
+		return nil, err
+	}
+	snap := &stockSnapshot{at: now, shards: states}
+	for _, st := range states {
+		snap.available += st.Available
+	}
+	snap.status = saleStatus(states, snap.available)
+	s.snap = snap
+	return snap, nil
+}
+
+// Sale statuses reported by the availability route.
+const (
+	StatusOpen       = "OPEN"
+	StatusSoldOut    = "SOLD_OUT"
+	StatusNotStarted = "NOT_STARTED"
+	StatusPaused     = "PAUSED"
+	StatusEnded      = "ENDED"
+	StatusClosed     = "CLOSED" // shards missing or being rebuilt
+)
+
+// saleStatus folds the shards' gates (the controller sets them all alike) into one.
+func saleStatus(shards []stock.ShardState, available int64) string {
+	state := stock.StateOpen
+	for _, sh := range shards {
+		switch {
+		case !sh.Present || sh.State == stock.StateRebuilding:
+			return StatusClosed
+		case sh.State != stock.StateOpen:
+			state = sh.State
+		}
+	}
+	switch state {
+	case stock.StateOpen:
+		if available <= 0 {
+			return StatusSoldOut
+		}
+		return StatusOpen
+	case stock.StateNotStarted:
+		return StatusNotStarted
+	case stock.StatePaused:
+		return StatusPaused
+	case stock.StateEnded:
+		return StatusEnded
+	}
+	return StatusClosed
+}
+
+// limitBody refuses a declared oversize body at once and caps what is read.
+func (s *Server) limitBody(w http.ResponseWriter, r *http.Request) (io.Reader, *apiError) {
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, errorf(http.StatusRequestEntityTooLarge, CodeTooLarge, fmt.Sprintf("the body exceeds %d bytes", s.cfg.MaxBodyBytes))
+	}
+	return http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), nil
+}

@@ -1,0 +1,322 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+func TestReserveCheckoutCancel(t *testing.T) {
+	f := newFixture(t, withAllocation(10), withShards(3))
+	ctx := context.Background()
+
+	// A new reservation: 201, durable in the ledger before the answer.
+	r := f.call(http.MethodPost, reservePath, f.token("alice"), reserveBody("alice", "req-1", 1))
+	if r.status != http.StatusCreated {
+		t.Fatalf("reserve: %d %s", r.status, r.body)
+	}
+	var res ReservationBody
+	r.decode(t, &res)
+	if res.Status != "reserved" || res.ReservationID == "" {
+		t.Fatalf("body %s", r.body)
+	}
+	exp, err := time.Parse(time.RFC3339, res.ExpiresAt)
+	if err != nil || time.Until(exp) < 50*time.Second || time.Until(exp) > 61*time.Second {
+		t.Fatalf("expires_at %q is not about a TTL away (%v)", res.ExpiresAt, err)
+	}
+	if o, err := f.l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "alice" {
+		t.Fatalf("ledger row %+v, %v", o, err)
+	}
+
+	// The same request again: 200 and the very same body.
+	again := f.call(http.MethodPost, reservePath, f.token("alice"), reserveBody("alice", "req-1", 1))
+	if again.status != http.StatusOK || string(again.body) != string(r.body) {
+		t.Fatalf("replay: %d %s, want 200 %s", again.status, again.body, r.body)
+	}
+	if c := f.assertConserved(); c.Reserved != 1 {
+		t.Fatalf("replay took another unit: %+v", c)
+	}
+
+	// Checkout: 200, and the same payment token again is the same answer.
+	for range 2 {
+		co := f.checkout("alice", res.ReservationID, "pay-1")
+		var ob OrderBody
+		if co.status != http.StatusOK {
+			t.Fatalf("checkout: %d %s", co.status, co.body)
+		}
+		co.decode(t, &ob)
+		if ob.OrderID != res.ReservationID || ob.Status != "confirmed" {
+			t.Fatalf("checkout body %s", co.body)
+		}
+	}
+
+	// Cancel another reservation: 200, the unit is back; a retried cancel is 200 too.
+	bob := f.reserve("bob", "req-1", 2)
+	for range 2 {
+		c := f.call(http.MethodDelete, cancelPath(bob.ReservationID), f.token("bob"), nil)
+		if c.status != http.StatusOK || strings.TrimSpace(string(c.body)) != `{"status":"cancelled"}` {
+			t.Fatalf("cancel: %d %s", c.status, c.body)
+		}
+	}
+	if o, _ := f.l.GetOrder(ctx, bob.ReservationID); o.Status != ledger.StatusCancelledByUser {
+		t.Fatalf("cancelled row says %s", o.Status)
+	}
+	c := f.assertConserved()
+	if c.Sold != 1 || c.Reserved != 0 || c.Available != 9 {
+		t.Fatalf("counts %+v", c)
+	}
+
+	// Availability: no token, the Redis figure.
+	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+	var ab AvailabilityBody
+	av.decode(t, &ab)
+	if av.status != http.StatusOK || ab.ItemID != testSKU || ab.Available != 9 || ab.Status != StatusOpen {
+		t.Fatalf("availability: %d %s", av.status, av.body)
+	}
+}
+
+func TestReserveOutcomes(t *testing.T) {
+	f := newFixture(t, withAllocation(2), withShards(1), withMaxPerUser(1))
+
+	f.reserve("u1", "k", 1)
+	// Limit: u1 already holds its one unit.
+	r := f.call(http.MethodPost, reservePath, f.token("u1"), reserveBody("u1", "k2", 1))
+	if e := r.errorBody(t); r.status != http.StatusConflict || e.Code != CodeLimitExceeded {
+		t.Fatalf("limit: %d %s", r.status, r.body)
+	}
+	f.reserve("u2", "k", 1)
+	// Sold out.
+	r = f.call(http.MethodPost, reservePath, f.token("u3"), reserveBody("u3", "k", 1))
+	if e := r.errorBody(t); r.status != http.StatusGone || e.Code != CodeSoldOut {
+		t.Fatalf("sold out: %d %s", r.status, r.body)
+	}
+	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+	if !strings.Contains(string(av.body), `"available":0,"status":"SOLD_OUT"`) {
+		t.Fatalf("availability when sold out: %s", av.body)
+	}
+
+	// Expired: the request's reservation was cancelled; its key cannot be reused.
+	u2 := f.call(http.MethodPost, reservePath, f.token("u2"), reserveBody("u2", "k", 1))
+	var b ReservationBody
+	u2.decode(t, &b)
+	if c := f.call(http.MethodDelete, cancelPath(b.ReservationID), f.token("u2"), nil); c.status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", c.status, c.body)
+	}
+	r = f.call(http.MethodPost, reservePath, f.token("u2"), reserveBody("u2", "k", 1))
+	if e := r.errorBody(t); r.status != http.StatusGone || e.Code != CodeExpired {
+		t.Fatalf("reuse of a cancelled request: %d %s", r.status, r.body)
+	}
+	f.assertConserved()
+}
+
+func TestCheckoutAfterExpiry(t *testing.T) {
+	f := newFixture(t, withAllocation(5), withTTL(time.Second))
+	res := f.reserve("late", "k", 1)
+	time.Sleep(1500 * time.Millisecond)
+	r := f.checkout("late", res.ReservationID, "pay-late")
+	e := r.errorBody(t)
+	if r.status != http.StatusGone || e.Code != CodeExpired || !strings.Contains(e.Message, "voided") {
+		t.Fatalf("late checkout: %d %s", r.status, r.body)
+	}
+	if o, _ := f.l.GetOrder(context.Background(), res.ReservationID); o.Status == ledger.StatusCommitted {
+		t.Fatal("a late payment committed (I7)")
+	}
+}
+
+// The gates the controller sets answer with their own codes, and the 503s say
+// when to come back.
+func TestClosedGates(t *testing.T) {
+	f := newFixture(t, withAllocation(10), withShards(2))
+	for _, tc := range []struct {
+		gate       string
+		status     int
+		code       Code
+		retryAfter bool
+		avail      string
+	}{
+		{stock.StateNotStarted, http.StatusTooEarly, CodeNotStarted, false, StatusNotStarted},
+		{stock.StatePaused, http.StatusServiceUnavailable, CodePaused, true, StatusPaused},
+		{stock.StateEnded, http.StatusGone, CodeEnded, false, StatusEnded},
+	} {
+		t.Run(tc.gate, func(t *testing.T) {
+			f.setGate(tc.gate)
+			before := f.counts()
+			r := f.call(http.MethodPost, reservePath, f.token("u"), reserveBody("u", "k-"+tc.gate, 1))
+			if e := r.errorBody(t); r.status != tc.status || e.Code != tc.code {
+				t.Fatalf("%d %s, want %d %s", r.status, r.body, tc.status, tc.code)
+			}
+			if got := r.header.Get("Retry-After"); (got != "") != tc.retryAfter {
+				t.Fatalf("Retry-After %q, want one: %v", got, tc.retryAfter)
+			}
+			if !sameCounts(before, f.counts()) {
+				t.Fatal("a closed gate changed the stock")
+			}
+			time.Sleep(DefaultAvailabilityCache)
+			av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+			if !strings.Contains(string(av.body), `"status":"`+tc.avail+`"`) {
+				t.Fatalf("availability: %s", av.body)
+			}
+		})
+	}
+
+	t.Run("shard lost its meta", func(t *testing.T) {
+		f.setGate(stock.StateOpen)
+		// Fail closed: a shard without meta (Redis lost data) refuses everything.
+		for i := range 2 {
+			if err := f.rdb.Del(context.Background(), f.e.Store().Keys(i).Meta()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := f.call(http.MethodPost, reservePath, f.token("u"), reserveBody("u", "k-lost", 1))
+		if e := r.errorBody(t); r.status != http.StatusServiceUnavailable || e.Code != CodeClosed || r.header.Get("Retry-After") == "" {
+			t.Fatalf("%d %s %v", r.status, r.body, r.header)
+		}
+		time.Sleep(DefaultAvailabilityCache)
+		av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+		if !strings.Contains(string(av.body), `"status":"CLOSED"`) {
+			t.Fatalf("availability: %s", av.body)
+		}
+	})
+}
+
+func TestRateLimit(t *testing.T) {
+	f := newFixture(t, withRateLimit(1, 2))
+	ask := func(user string) response {
+		return f.checkout(user, "0.AAAAAAAAAAAAAAAAAAAAAAAA", "pay")
+	}
+	for range 2 {
+		if r := ask("eager"); r.status != http.StatusNotFound {
+			t.Fatalf("within the burst: %d %s", r.status, r.body)
+		}
+	}
+	before := f.redisCmds.Load()
+	r := ask("eager")
+	if e := r.errorBody(t); r.status != http.StatusTooManyRequests || e.Code != CodeRateLimited {
+		t.Fatalf("over the limit: %d %s", r.status, r.body)
+	}
+	if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 1 || s > 2 {
+		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
+	}
+	if f.redisCmds.Load() != before {
+		t.Fatal("a rate-limited request reached Redis")
+	}
+	// Other buyers are not affected; the eager one is back after a second.
+	if r := ask("patient"); r.status != http.StatusNotFound {
+		t.Fatalf("another user: %d %s", r.status, r.body)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if r := ask("eager"); r.status != http.StatusNotFound {
+		t.Fatalf("after refill: %d %s", r.status, r.body)
+	}
+}
+
+func TestLimiter(t *testing.T) {
+	l := newLimiter(10, 3)
+	now := time.Unix(1000, 0)
+	for i := range 3 {
+		if ok, _ := l.allow("a", now); !ok {
+			t.Fatalf("request %d within the burst refused", i)
+		}
+	}
+	ok, wait := l.allow("a", now)
+	if ok || wait != 100*time.Millisecond {
+		t.Fatalf("over the burst: %v, wait %s", ok, wait)
+	}
+	if ok, _ := l.allow("a", now.Add(100*time.Millisecond)); !ok {
+		t.Fatal("one token refilled after 1/rate")
+	}
+	// Idle users are forgotten as new ones arrive.
+	for i := range 10 * sweepEvery * limiterShards / 8 {
+		l.allow("user-"+strconv.Itoa(i), now.Add(time.Duration(i)*time.Millisecond))
+	}
+	if n := l.size(); n > 2*sweepEvery*limiterShards {
+		t.Fatalf("%d buckets kept", n)
+	}
+	if newLimiter(0, 5) != nil {
+		t.Fatal("rate 0 must disable the limit")
+	}
+	var off *limiter
+	if ok, _ := off.allow("x", now); !ok {
+		t.Fatal("a disabled limiter refused")
+	}
+}
+
+func TestProbesAndMetrics(t *testing.T) {
+	f := newFixture(t, withAllocation(10))
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if r := f.call(http.MethodGet, p, "", nil); r.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", p, r.status, r.body)
+		}
+	}
+	f.reserve("m", "k", 1)
+	f.call(http.MethodPost, reservePath, "", reserveBody("m", "k", 1)) // 401
+
+	m := f.call(http.MethodGet, "/metrics", "", nil)
+	if m.status != http.StatusOK {
+		t.Fatalf("/metrics: %d", m.status)
+	}
+	for _, want := range []string{
+		`flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`,
+		`flashsale_api_requests_total{code="ADMISSION_INVALID",route="reserve"} 1`,
+		`flashsale_api_request_duration_seconds_bucket{route="reserve",le=`,
+		`flashsale_reserve_script_calls_total 1`,
+		`flashsale_redis_script_duration_seconds_count{script="reserve"}`,
+		`flashsale_ledger_batch_size_count`,
+		`flashsale_stock_available{shard="0"}`,
+		`flashsale_stock_reserved{shard=`,
+		`flashsale_shard_open{shard="3"} 1`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if n, err := testutil.GatherAndCount(f.srv.Metrics().Registry(), "flashsale_ledger_batch_size"); err != nil || n != 1 {
+		t.Fatalf("batch size histogram: %d series, %v", n, err)
+	}
+}
+
+func TestReadinessNeedsTheCampaign(t *testing.T) {
+	f := newFixture(t)
+	// A process started before the controller created the campaign is not ready;
+	// it never creates the campaign itself.
+	cfg := f.e.Config()
+	cfg.CampaignID = "c-" + randomID()
+	e, err := engine.New(cfg, f.rdb, f.l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	early, err := New(Config{Engine: e, AdmissionKey: testKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	early.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not in the ledger") {
+		t.Fatalf("readyz without the campaign: %d %s", rec.Code, rec.Body)
+	}
+	if _, err := f.l.GetCampaign(context.Background(), cfg.CampaignID); err == nil {
+		t.Fatal("the readiness probe created the campaign")
+	}
+
+	if err := f.l.MarkCampaignDeleted(context.Background(), f.e.Config().CampaignID); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.call(http.MethodGet, "/readyz", "", nil); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("readyz for a deleted campaign: %d %s", r.status, r.body)
+	}
+	if r := f.call(http.MethodGet, "/healthz", "", nil); r.status != http.StatusOK {
+		t.Fatalf("healthz: %d", r.status)
+	}
+}
