@@ -1,0 +1,103 @@
+package sweeper
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func newLock(t *testing.T, dsn, campaign string) *AdvisoryLock {
+	t.Helper()
+	a, err := NewAdvisoryLock(dsn, campaign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Release(context.Background()) })
+	return a
+}
+
+func acquire(t *testing.T, a *AdvisoryLock) bool {
+	t.Helper()
+	ok, _ := a.Acquire(context.Background())
+	return ok
+}
+
+func TestAdvisoryLockOneLeader(t *testing.T) {
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn += "&pool_max_conns=4" // the ledger's DSN may carry pool settings
+	ctx := context.Background()
+	a, b := newLock(t, dsn, "c-1"), newLock(t, dsn, "c-1")
+	if !acquire(t, a) {
+		t.Fatal("first candidate did not get the free lock")
+	}
+	for range 3 {
+		if !acquire(t, a) {
+			t.Fatal("the holder lost the lock")
+		}
+		if acquire(t, b) {
+			t.Fatal("two leaders")
+		}
+	}
+	// Another campaign's sweeper has its own lock.
+	if !acquire(t, newLock(t, dsn, "c-2")) {
+		t.Fatal("campaigns share a lock")
+	}
+	// Release hands over at once: the session-level lock taken once is gone
+	// (pg_try_advisory_lock is reentrant, so a leak would show here).
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !acquire(t, b) {
+		t.Fatal("the lock was not free after Release")
+	}
+	if acquire(t, a) {
+		t.Fatal("two leaders after the hand-over")
+	}
+}
+
+// When the lock's connection dies the server drops the lock; the old holder
+// learns it at its next Acquire and another replica takes over.
+func TestAdvisoryLockConnectionLoss(t *testing.T) {
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, b := newLock(t, dsn, "c-x"), newLock(t, dsn, "c-x")
+	if !acquire(t, a) {
+		t.Fatal("no leader")
+	}
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var killed bool
+	err = admin.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND (classid::bigint << 32 | objid::bigint) = $1`,
+		AdvisoryLockKey("c-x")).Scan(&killed)
+	if err != nil || !killed {
+		t.Fatalf("terminating the holder's session: %v %v", killed, err)
+	}
+	ok, err := a.Acquire(ctx)
+	if ok || err == nil {
+		t.Fatalf("the holder still leads after its connection died (%v, %v)", ok, err)
+	}
+	if !acquire(t, b) {
+		t.Fatal("the other replica did not take over")
+	}
+	if acquire(t, a) {
+		t.Fatal("the old holder took the lock back while held")
+	}
+}
+
+func TestAdvisoryLockUnreachable(t *testing.T) {
+	a := newLock(t, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", "c")
+	if ok, err := a.Acquire(context.Background()); ok || err == nil {
+		t.Fatalf("leading without a database: %v %v", ok, err)
+	}
+}

@@ -1,0 +1,62 @@
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestServeProbesAndMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	NewMetrics(reg).setLeader(true)
+	var readyErr error = errors.New("redis: connection refused")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, ln, Handler(reg, func(context.Context) error { return readyErr }))
+	}()
+	base := "http://" + ln.Addr().String()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz %d", code)
+	}
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "connection refused") {
+		t.Fatalf("/readyz %d %q", code, body)
+	}
+	readyErr = nil // no request is in flight: no race
+	if code, _ := get("/readyz"); code != 200 {
+		t.Fatalf("/readyz %d once ready", code)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "flashsale_sweeper_leader 1") {
+		t.Fatalf("/metrics %d:\n%s", code, body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+}

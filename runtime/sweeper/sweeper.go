@@ -1,0 +1,133 @@
+// Package sweeper runs the engine's sweep pass of one campaign on an interval,
+// on the one replica that holds the leadership (a Kubernetes Lease or a
+// PostgreSQL advisory lock), with Prometheus metrics and health endpoints.
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// Pass is one sweep over every shard (engine.Engine.Sweep).
+type Pass func(ctx context.Context) (engine.SweepStats, error)
+
+// Elector decides which replica sweeps.
+//
+// Correctness never depends on it: the engine's sweep is safe with two
+// sweepers at once (the ledger cancel and the release script are both
+// conditional, so a unit is released once). Leadership only saves the
+// duplicate work of several replicas scanning the same shards.
+type Elector interface {
+	// Acquire is called before every pass: it takes leadership or confirms it
+	// is still held, and reports whether this replica should sweep now.
+	Acquire(ctx context.Context) (bool, error)
+	// Release gives leadership up; called once, after the last pass.
+	Release(ctx context.Context) error
+	// Kind names the mechanism for logs ("lease", "advisory-lock").
+	Kind() string
+}
+
+// DefaultPassTimeout bounds one pass. It stays under Kubernetes' default
+// termination grace period (30s), so a SIGTERM that waits for the current
+// pass never turns into a SIGKILL in the middle of it.
+const DefaultPassTimeout = 25 * time.Second
+
+// releaseTimeout bounds giving up the lock or Lease on shutdown.
+const releaseTimeout = 5 * time.Second
+
+// Runner sweeps every Interval while it leads.
+type Runner struct {
+	Pass        Pass
+	Elector     Elector
+	Interval    time.Duration
+	PassTimeout time.Duration // 0 means DefaultPassTimeout
+	Metrics     *Metrics      // may be nil
+	Log         *slog.Logger  // may be nil
+}
+
+// Run sweeps until ctx is cancelled. A pass in progress when ctx is cancelled
+// runs to its end (it is not interrupted half way between the ledger and
+// Redis); then leadership is released and Run returns nil.
+func (r *Runner) Run(ctx context.Context) error {
+	if r.Pass == nil || r.Elector == nil {
+		return errors.New("sweeper: Pass and Elector are required")
+	}
+	if r.Interval <= 0 {
+		return errors.New("sweeper: the interval must be positive")
+	}
+	log := r.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	leading := false
+	timer := time.NewTimer(0) // the first pass runs at once
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return r.release(log, leading)
+		case <-timer.C:
+		}
+		now, err := r.Elector.Acquire(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("leader election", "kind", r.Elector.Kind(), "err", err)
+		}
+		if now != leading {
+			leading = now
+			if leading {
+				log.Info("leading: this replica sweeps", "kind", r.Elector.Kind())
+			} else {
+				log.Info("following: another replica sweeps", "kind", r.Elector.Kind())
+			}
+		}
+		r.Metrics.setLeader(leading)
+		if leading {
+			r.pass(ctx, log)
+		}
+		timer.Reset(r.Interval)
+	}
+}
+
+func (r *Runner) pass(ctx context.Context, log *slog.Logger) {
+	timeout := r.PassTimeout
+	if timeout <= 0 {
+		timeout = DefaultPassTimeout
+	}
+	// Detached from ctx: SIGTERM lets the pass finish instead of cutting it
+	// between a ledger cancel and its Redis release (the next pass would repair
+	// that, but there is no reason to leave work for it).
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	start := time.Now()
+	st, err := r.Pass(pctx)
+	d := time.Since(start)
+	r.Metrics.observePass(st, d, err)
+	switch {
+	case err != nil:
+		log.Error("sweep pass failed", "err", err, "duration", d, "released", st.Released,
+			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped)
+	case st.Released+st.Committed+st.Abandoned > 0:
+		log.Info("sweep pass", "duration", d, "released", st.Released,
+			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped)
+	default:
+		log.Debug("sweep pass", "duration", d, "skipped", st.Skipped)
+	}
+}
+
+func (r *Runner) release(log *slog.Logger, leading bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	err := r.Elector.Release(ctx)
+	r.Metrics.setLeader(false)
+	if err != nil {
+		// Not fatal: the lock dies with the session and the Lease expires.
+		log.Warn("releasing leadership", "kind", r.Elector.Kind(), "err", err)
+	} else if leading {
+		log.Info("released leadership", "kind", r.Elector.Kind())
+	}
+	return nil
+}
