@@ -1,0 +1,189 @@
+// Package sweeper is the `flashsale sweeper` command: it releases the expired
+// reservations of one FlashSale, on the one replica that holds the sweeper
+// Lease (in Kubernetes) or PostgreSQL advisory lock (elsewhere).
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/version"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/sweeper"
+)
+
+// Environment variables of the sweeper pods, besides config.Campaign's.
+const (
+	EnvSweepInterval = "FLASHSALE_SWEEP_INTERVAL"
+	EnvListen        = "FLASHSALE_LISTEN"
+)
+
+// inClusterNamespaceFile holds the pod's namespace, the Lease's fallback
+// namespace when --namespace is not given.
+const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// startupTimeout bounds connecting to the ledger at start.
+const startupTimeout = 30 * time.Second
+
+// Options are the sweeper's settings.
+type Options struct {
+	Campaign   config.Campaign
+	Interval   time.Duration
+	Listen     string
+	Kubeconfig string
+
+	envErr error
+}
+
+// NewCmd returns the `sweeper` command.
+func NewCmd() *cobra.Command {
+	var opts Options
+	cmd := &cobra.Command{
+		Use:   "sweeper",
+		Short: "Release expired reservations of one FlashSale (one active replica)",
+		Long: `Every --interval, the replica holding the leadership sweeps every shard:
+expired reservations are cancelled in the ledger, then their units go back to stock.
+Leadership is a Kubernetes Lease (flashsale-sweeper-<campaign id>) when --kubeconfig
+is given or the process runs in a cluster, otherwise a PostgreSQL advisory lock.
+Two active sweepers would still be safe; leadership only avoids duplicate work.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.envErr != nil {
+				return opts.envErr
+			}
+			if err := opts.Campaign.Complete(); err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("role", "sweeper", "campaign", opts.Campaign.ID)
+			return Run(cmd.Context(), opts, log)
+		},
+	}
+	f := cmd.Flags()
+	opts.Campaign.AddFlags(f)
+	interval, err := envDuration(EnvSweepInterval, 30*time.Second)
+	opts.envErr = err
+	f.DurationVar(&opts.Interval, "interval", interval, "time between sweep passes (env "+EnvSweepInterval+")")
+	f.StringVar(&opts.Listen, "listen", envString(EnvListen, ":8080"), "address of /healthz, /readyz and /metrics (env "+EnvListen+")")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file: elect the sweeper with a Lease through this API server (in a cluster the Lease is used without it)")
+	return cmd
+}
+
+// Run sweeps until ctx is cancelled, then finishes the current pass, gives
+// leadership up and returns nil.
+func Run(ctx context.Context, opts Options, log *slog.Logger) error {
+	if opts.Interval <= 0 {
+		return fmt.Errorf("--interval must be positive, got %s", opts.Interval)
+	}
+	camp := &opts.Campaign
+	sctx, cancel := context.WithTimeout(ctx, startupTimeout)
+	l, err := ledger.Open(sctx, camp.PostgresDSN)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	rdb := camp.Redis.Client()
+	defer rdb.Close()
+	eng, err := engine.New(camp.EngineConfig(), rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+
+	elector, err := newElector(opts, log)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := sweeper.NewMetrics(reg)
+
+	ln, err := net.Listen("tcp", opts.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	ready := func(ctx context.Context) error {
+		return errors.Join(rdb.Ping(ctx).Err(), l.Ping(ctx))
+	}
+	// The probe server outlives ctx until the last pass is over, so a
+	// terminating pod still reports while it finishes.
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- sweeper.Serve(srvCtx, ln, sweeper.Handler(reg, ready)) }()
+
+	log.Info("starting", "version", version.Version, "interval", opts.Interval, "election", elector.Kind(),
+		"listen", ln.Addr().String(), "shards", camp.Shards, "grace", camp.GracePeriod)
+	r := &sweeper.Runner{Pass: eng.Sweep, Elector: elector, Interval: opts.Interval, Metrics: metrics, Log: log}
+	runErr := r.Run(ctx)
+	stopSrv()
+	srvErr := <-srvDone
+	log.Info("stopped")
+	return errors.Join(runErr, srvErr)
+}
+
+// newElector picks the Lease when there is a Kubernetes API server to talk to,
+// the advisory lock otherwise.
+func newElector(opts Options, log *slog.Logger) (sweeper.Elector, error) {
+	camp := &opts.Campaign
+	var rc *rest.Config
+	var err error
+	switch {
+	case opts.Kubeconfig != "":
+		rc, err = clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		rc, err = rest.InClusterConfig()
+	default:
+		return sweeper.NewAdvisoryLock(camp.PostgresDSN, camp.ID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	ns := camp.Namespace
+	if ns == "" {
+		b, err := os.ReadFile(inClusterNamespaceFile)
+		if err != nil {
+			return nil, fmt.Errorf("--namespace (or %s) is required for the sweeper Lease", config.EnvNamespace)
+		}
+		ns = strings.TrimSpace(string(b))
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return sweeper.NewLease(cs, ns, sweeper.LeaseName(camp.ID), sweeper.Identity(), sweeper.DefaultLeaseTiming, log)
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) (time.Duration, error) {
+	s := os.Getenv(name)
+	if s == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return def, fmt.Errorf("%s=%q is not a duration (e.g. 30s, 1m)", name, s)
+	}
+	return d, nil
+}
