@@ -136,3 +136,17 @@ func (e *Engine) stealOrder(home int) []int {
 	}
 	return out
 }
+
+// ErrLedger marks failures talking to PostgreSQL, as opposed to Redis, so callers
+// can say which one is down.
+var ErrLedger = errors.New("ledger")
+
+type ledgerError struct {
+	op  string
+	err error
+}
+
+func (e *ledgerError) Error() string   { return "ledger " + e.op + ": " + e.err.Error() }
+func (e *ledgerError) Unwrap() []error { return []error{ErrLedger, e.err} }
+
+func ledgerFailure(op string, err error) error { return &ledgerError{op, err} }

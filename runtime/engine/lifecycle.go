@@ -35,7 +35,7 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 		Allocation: e.cfg.Allocation, Shards: e.cfg.Shards,
 	})
 	if err != nil {
-		return SeedResult{}, fmt.Errorf("ledger campaign: %w", err)
+		return SeedResult{}, ledgerFailure("campaign", err)
 	}
 	if c.Shards != e.cfg.Shards {
 		return SeedResult{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
@@ -62,7 +62,7 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 	}
 	counts, err := e.ledger.CountsByShard(ctx, c.ID, c.Shards)
 	if err != nil {
-		return SeedResult{}, fmt.Errorf("ledger counts: %w", err)
+		return SeedResult{}, ledgerFailure("counts", err)
 	}
 	for _, n := range counts {
 		if n.Committed+n.Pending > 0 {
@@ -125,7 +125,7 @@ func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error
 	start := e.now()
 	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
 	if err != nil {
-		return RebuildReport{}, fmt.Errorf("ledger snapshot: %w", err)
+		return RebuildReport{}, ledgerFailure("rebuild snapshot", err)
 	}
 	c := snap.Campaign
 	if c.Shards != e.cfg.Shards || len(c.ShardAllocations) != c.Shards {
@@ -236,42 +236,185 @@ func (e *Engine) rebuildShard(ctx context.Context, i int, c ledger.Campaign, p s
 	return e.store.RebuildFinish(ctx, i, p.stock, c.Epoch, gate, c.ShardAllocations[i], c.LastChangeID)
 }
 
-// ApplyAllocation raises the campaign's allocation to target, exactly once: the change
-// is recorded in the ledger with its per-shard deltas, then each shard applies it at
-// most once (its meta remembers the last change id). Repeating the call, or calling
-// it after a crash halfway, finishes what was recorded and adds nothing twice.
-func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (applied bool, err error) {
-	if _, planned, err := e.ledger.PlanAllocationIncrease(ctx, e.cfg.CampaignID, target); err != nil {
-		return false, err
-	} else if planned {
-		applied = true
+// ErrAllocationPending means a decrease could not finish yet: too few units are
+// available right now (they are reserved). The withdrawn units stay out of stock
+// and the next call continues.
+var ErrAllocationPending = errors.New("allocation decrease pending")
+
+// ErrBelowHeld refuses an allocation below the units sold and reserved.
+var ErrBelowHeld = ledger.ErrBelowHeld
+
+// ApplyAllocation brings the campaign's allocation to target, exactly once.
+//
+// An increase (restock) is recorded in the ledger with its per-shard deltas, then
+// each shard adds its delta at most once (its meta remembers the last change id).
+// A decrease first withdraws units from the shards' stock atomically (withdrawn
+// units can never be reserved), then records the decrease in the ledger, which
+// refuses it if the sold and reserved units no longer fit, then settles it on each
+// shard. Repeating the call, or calling it after a crash halfway, finishes what was
+// recorded and adds or removes nothing twice. It reports whether anything changed.
+func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error) {
+	if target < 0 {
+		return false, fmt.Errorf("%w: allocation %d is negative", ErrInvalid, target)
 	}
+	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
+	if err != nil {
+		return false, ledgerFailure("campaign", err)
+	}
+	changed := false
+	switch {
+	case target > c.Allocation:
+		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
+			return false, err
+		}
+		_, planned, err := e.ledger.PlanAllocationIncrease(ctx, e.cfg.CampaignID, target)
+		if err != nil {
+			return false, ledgerFailure("plan allocation increase", err)
+		}
+		changed = planned
+	case target < c.Allocation:
+		if err := e.withdrawForDecrease(ctx, c, target); err != nil {
+			return false, err
+		}
+		changed = true
+	default:
+		// Units withdrawn for a decrease that is no longer wanted go back.
+		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
+			return false, err
+		}
+	}
+	applied, err := e.applyRecordedChanges(ctx)
+	return changed || applied, err
+}
+
+// applyRecordedChanges applies every change the ledger holds and Redis does not.
+func (e *Engine) applyRecordedChanges(ctx context.Context) (bool, error) {
 	changes, err := e.ledger.UnappliedChanges(ctx, e.cfg.CampaignID)
 	if err != nil {
-		return applied, err
+		return false, ledgerFailure("unapplied changes", err)
 	}
 	for _, ch := range changes {
+		increase := ch.ToAllocation > ch.FromAllocation
 		for shard, d := range ch.ShardDeltas {
 			if d == 0 {
 				continue
 			}
-			n, err := e.store.Adjust(ctx, shard, ch.ID, d)
+			stockDelta, settled := d, int64(0)
+			if !increase {
+				stockDelta, settled = 0, -d
+			}
+			n, err := e.store.Adjust(ctx, shard, ch.ID, d, stockDelta, settled)
 			if err != nil {
-				return applied, err
+				return false, err
 			}
 			if n == -1 {
-				return applied, fmt.Errorf("%w: shard %d has no meta", ErrNeedsRebuild, shard)
-			}
-			if n == -2 {
-				return applied, fmt.Errorf("shard %d has not enough stock for change %d", shard, ch.ID)
+				return false, fmt.Errorf("%w: shard %d has no meta", ErrNeedsRebuild, shard)
 			}
 		}
 		if err := e.ledger.MarkChangeApplied(ctx, ch.ID); err != nil {
-			return applied, err
+			return false, ledgerFailure("mark change applied", err)
 		}
-		applied = true
 	}
-	return applied, nil
+	return len(changes) > 0, nil
+}
+
+// withdrawForDecrease takes the units of a decrease out of the shards' stock, the
+// fullest shards first, then records the decrease in the ledger.
+func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, target int64) error {
+	need := c.Allocation - target
+	held, err := e.ledger.CountsByShard(ctx, e.cfg.CampaignID, e.cfg.Shards)
+	if err != nil {
+		return ledgerFailure("counts", err)
+	}
+	var units int64
+	for _, h := range held {
+		units += h.Committed + h.Pending
+	}
+	if units > target {
+		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %d units sold or reserved, allocation %d asked", ErrBelowHeld, units, target)
+	}
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return err
+	}
+	var withdrawn int64
+	for _, s := range states {
+		withdrawn += s.Withdrawn
+	}
+	if withdrawn > need {
+		if err := e.giveBackWithdrawn(ctx, withdrawn-need); err != nil {
+			return err
+		}
+		if states, err = e.store.State(ctx); err != nil {
+			return err
+		}
+		withdrawn = need
+	}
+	sort.SliceStable(states, func(a, b int) bool { return states[a].Available > states[b].Available })
+	for _, s := range states {
+		if withdrawn == need {
+			break
+		}
+		moved, total, err := e.store.Withdraw(ctx, s.Index, need-withdrawn)
+		if err != nil {
+			return err
+		}
+		if total < 0 {
+			return fmt.Errorf("%w: shard %d has no meta", ErrNeedsRebuild, s.Index)
+		}
+		withdrawn += moved
+	}
+	if withdrawn < need {
+		return fmt.Errorf("%w: %d of %d units withdrawn, the rest is reserved", ErrAllocationPending, withdrawn, need)
+	}
+	if states, err = e.store.State(ctx); err != nil {
+		return err
+	}
+	deltas := make([]int64, len(states))
+	var sum int64
+	for _, s := range states {
+		deltas[s.Index] = -s.Withdrawn
+		sum += s.Withdrawn
+	}
+	if sum != need {
+		return fmt.Errorf("%w: withdrawn %d units, expected %d", ErrAllocationPending, sum, need)
+	}
+	if _, err := e.ledger.RecordAllocationDecrease(ctx, e.cfg.CampaignID, c.Allocation, target, deltas); err != nil {
+		if errors.Is(err, ledger.ErrBelowHeld) {
+			// Sold or reserved meanwhile: the decrease cannot happen; give the units back.
+			if gerr := e.giveBackWithdrawn(ctx, -1); gerr != nil {
+				return errors.Join(err, gerr)
+			}
+			return err
+		}
+		return ledgerFailure("record allocation decrease", err)
+	}
+	return nil
+}
+
+// giveBackWithdrawn returns up to n withdrawn units (n < 0: all) to the stock.
+func (e *Engine) giveBackWithdrawn(ctx context.Context, n int64) error {
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range states {
+		if s.Withdrawn == 0 || n == 0 {
+			continue
+		}
+		give := s.Withdrawn
+		if n > 0 {
+			give = min(give, n)
+			n -= give
+		}
+		if _, _, err := e.store.Withdraw(ctx, s.Index, -give); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ShardCounts are one shard's numbers.
@@ -284,6 +427,7 @@ type ShardCounts struct {
 	Reserved  int64 // Redis: units in reserved reservations
 	Sold      int64 // ledger: committed units
 	Pending   int64 // ledger: PENDING units
+	Withdrawn int64 // Redis: units out of stock for an allocation decrease in progress
 }
 
 // Counts are the campaign's numbers for status and audits.
@@ -294,14 +438,18 @@ type Counts struct {
 	Reserved   int64
 	Sold       int64
 	Pending    int64
+	Withdrawn  int64
 	Shards     []ShardCounts
 }
 
 // Oversold is how many units are sold beyond the allocation (must be 0: I1).
 func (c Counts) Oversold() int64 { return max(0, c.Sold-c.Allocation) }
 
-// Conserved reports available + reserved + sold = allocation (I2, at quiescence).
-func (c Counts) Conserved() bool { return c.Available+c.Reserved+c.Sold == c.Allocation }
+// Conserved reports available + reserved + sold = allocation (I2, at quiescence;
+// units withdrawn for a decrease in progress still belong to the allocation).
+func (c Counts) Conserved() bool {
+	return c.Available+c.Reserved+c.Sold+c.Withdrawn == c.Allocation
+}
 
 // Counts reads Redis (one pipeline) and the ledger (one grouped query).
 func (e *Engine) Counts(ctx context.Context) (Counts, error) {
@@ -311,15 +459,15 @@ func (e *Engine) Counts(ctx context.Context) (Counts, error) {
 	}
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	if err != nil {
-		return Counts{}, fmt.Errorf("ledger: %w", err)
+		return Counts{}, ledgerFailure("campaign", err)
 	}
 	byShard, err := e.ledger.CountsByShard(ctx, e.cfg.CampaignID, e.cfg.Shards)
 	if err != nil {
-		return Counts{}, fmt.Errorf("ledger: %w", err)
+		return Counts{}, ledgerFailure("counts", err)
 	}
 	out := Counts{Allocation: c.Allocation, Epoch: c.Epoch, Shards: make([]ShardCounts, len(states))}
 	for i, s := range states {
-		sc := ShardCounts{Index: i, Present: s.Present, State: s.State, Epoch: s.Epoch, Available: s.Available, Reserved: s.Reserved}
+		sc := ShardCounts{Index: i, Present: s.Present, State: s.State, Epoch: s.Epoch, Available: s.Available, Reserved: s.Reserved, Withdrawn: s.Withdrawn}
 		if i < len(byShard) {
 			sc.Sold, sc.Pending = byShard[i].Committed, byShard[i].Pending
 		}
@@ -327,6 +475,7 @@ func (e *Engine) Counts(ctx context.Context) (Counts, error) {
 		out.Reserved += sc.Reserved
 		out.Sold += sc.Sold
 		out.Pending += sc.Pending
+		out.Withdrawn += sc.Withdrawn
 		out.Shards[i] = sc
 	}
 	return out, nil
@@ -371,5 +520,8 @@ func (e *Engine) Delete(ctx context.Context) error {
 	if _, err := e.store.DeleteAll(ctx); err != nil {
 		return err
 	}
-	return e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID)
+	if err := e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID); err != nil {
+		return ledgerFailure("mark campaign deleted", err)
+	}
+	return nil
 }

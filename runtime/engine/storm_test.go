@@ -381,8 +381,11 @@ func TestRestockExactlyOnce(t *testing.T) {
 		if c := f.assertConserved(); c.Available != 596 {
 			t.Fatalf("counts after rebuild %+v", c)
 		}
-		if _, err := f.e.ApplyAllocation(ctx, 5); err == nil {
-			t.Fatal("a decrease must be refused here")
+		if _, err := f.e.ApplyAllocation(ctx, 3); !errors.Is(err, engine.ErrBelowHeld) {
+			t.Fatalf("a decrease below the 4 reserved units must be refused: %v", err)
+		}
+		if c := f.assertConserved(); c.Allocation != 600 || c.Available != 596 {
+			t.Fatalf("a refused decrease changed something: %+v", c)
 		}
 	})
 }
@@ -417,4 +420,103 @@ func TestDeleteKeepsLedger(t *testing.T) {
 			t.Fatalf("campaign %+v %v", c, err)
 		}
 	})
+}
+
+// Lowering the allocation above what is sold and reserved removes units from the
+// available stock, exactly once; below it is refused and changes nothing; while
+// units are reserved it waits for them, holding what it withdrew out of stock.
+func TestAllocationDecrease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(100), withShards(4), withTTL(shortTTL, 0))
+		ctx := context.Background()
+		ids := reserveMany(t, f, "x", 10)
+		if _, err := f.e.Checkout(ctx, "x-0", ids[0], "pay"); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := f.e.ApplyAllocation(ctx, 60); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := f.assertConserved()
+		if c.Allocation != 60 || c.Available != 50 || c.Withdrawn != 0 {
+			t.Fatalf("after lowering to 60: %+v", c)
+		}
+		// Only 50 units are available: lowering to 15 needs 45, fine; to 5 is below
+		// the 10 held units.
+		if _, err := f.e.ApplyAllocation(ctx, 5); !errors.Is(err, engine.ErrBelowHeld) {
+			t.Fatalf("below held: %v", err)
+		}
+		if c := f.assertConserved(); c.Allocation != 60 || c.Available != 50 {
+			t.Fatalf("a refused decrease changed something: %+v", c)
+		}
+		// Lowering to 10 takes every available unit.
+		_, err := f.e.ApplyAllocation(ctx, 10)
+		if err != nil {
+			t.Fatalf("lower to 10: %v", err)
+		}
+		if c := f.assertConserved(); c.Allocation != 10 || c.Available != 0 {
+			t.Fatalf("after lowering to 10: %+v", c)
+		}
+		// A rebuild keeps the lowered allocation.
+		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+			t.Fatal(err)
+		}
+		if c := f.assertConserved(); c.Allocation != 10 || c.Available != 0 || c.Sold != 1 {
+			t.Fatalf("after rebuild: %+v", c)
+		}
+		// Now the 9 pending expire: the stock comes back within the new allocation.
+		time.Sleep(shortTTL + 100*time.Millisecond)
+		f.sweepUntilQuiet()
+		if c := f.assertConserved(); c.Allocation != 10 || c.Available != 9 {
+			t.Fatalf("after expiry: %+v", c)
+		}
+	})
+}
+
+// A decrease that needs units held in Redis by reservations the ledger does not
+// know (the API died before writing them) waits for the sweeper to release them,
+// and keeps what it withdrew out of stock meanwhile.
+func TestAllocationDecreasePending(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(20), withShards(2), withTTL(shortTTL, 0))
+	ctx := context.Background()
+	for i := range 10 {
+		user := fmt.Sprintf("z-%d", i)
+		home := stock.HomeShard(user, 2)
+		r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{
+			Shard: home, Home: home, Mode: stock.ModeHome, User: user, Quantity: 1, MaxPerUser: 1, TTL: shortTTL,
+			Key: stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r"),
+		})
+		if err != nil || r.Code != stock.Reserved {
+			t.Fatalf("%+v %v", r, err)
+		}
+	}
+	_, err := f.e.ApplyAllocation(ctx, 5)
+	if !errors.Is(err, engine.ErrAllocationPending) {
+		t.Fatalf("want pending, got %v", err)
+	}
+	c := f.counts()
+	if c.Allocation != 20 || c.Available != 0 || c.Withdrawn != 10 || !c.Conserved() {
+		t.Fatalf("while pending: %+v", c)
+	}
+	if r := f.reserve("late-buyer", "r", 1); r.Outcome != engine.OutcomeSoldOut {
+		t.Fatalf("withdrawn units must not be reservable: %s", r.Outcome)
+	}
+	time.Sleep(shortTTL + 100*time.Millisecond)
+	if st := f.sweepUntilQuiet(); st.Abandoned != 10 {
+		t.Fatalf("sweep %+v", st)
+	}
+	if _, err := f.e.ApplyAllocation(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Allocation != 5 || c.Available != 5 || c.Withdrawn != 0 {
+		t.Fatalf("%+v", c)
+	}
+	// Raising again after a decrease adds exactly the difference.
+	if _, err := f.e.ApplyAllocation(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Allocation != 8 || c.Available != 8 {
+		t.Fatalf("%+v", c)
+	}
 }

@@ -157,3 +157,68 @@ func (l *Ledger) MarkChangeApplied(ctx context.Context, changeID int64) error {
 	}
 	return nil
 }
+
+// ErrBelowHeld refuses an allocation below the units already sold or reserved.
+var ErrBelowHeld = errors.New("allocation below the units sold and reserved")
+
+const sqlHeldUnits = `SELECT coalesce(sum(quantity), 0)::bigint FROM flashsale_orders
+WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')`
+
+// RecordAllocationDecrease records a decrease from → to whose units Redis has
+// already withdrawn from stock, shardDeltas (≤ 0) per shard. In one transaction
+// with the campaign row locked it checks that the allocation is still from and
+// that the committed and pending units fit in to (ErrBelowHeld otherwise), then
+// lowers the shard allocations and the campaign's. The change stays unapplied
+// until Redis settles it (the withdrawn units become the shards' new allocation).
+func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string, from, to int64, shardDeltas []int64) (Change, error) {
+	ch := Change{CampaignID: campaignID, FromAllocation: from, ToAllocation: to, ShardDeltas: shardDeltas}
+	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var current int64
+		var shards int
+		var deleted bool
+		if err := tx.QueryRow(ctx, sqlLockCampaignAllocation, campaignID).Scan(&current, &shards, &deleted); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: %s", ErrCampaignNotFound, campaignID)
+			}
+			return err
+		}
+		var sum int64
+		for _, d := range shardDeltas {
+			if d > 0 {
+				return fmt.Errorf("a decrease cannot add %d units to a shard", d)
+			}
+			sum += d
+		}
+		switch {
+		case deleted:
+			return fmt.Errorf("%w: %s is deleted", ErrCampaignNotFound, campaignID)
+		case current != from:
+			return fmt.Errorf("allocation is %d, not %d: changed meanwhile", current, from)
+		case to >= from || to < 0:
+			return fmt.Errorf("%d → %d is not a decrease", from, to)
+		case len(shardDeltas) != shards:
+			return fmt.Errorf("%d shard deltas for %d shards", len(shardDeltas), shards)
+		case from+sum != to:
+			return fmt.Errorf("shard deltas remove %d units, not %d", -sum, from-to)
+		}
+		var held int64
+		if err := tx.QueryRow(ctx, sqlHeldUnits, campaignID).Scan(&held); err != nil {
+			return err
+		}
+		if held > to {
+			return fmt.Errorf("%w: %d units sold or reserved, allocation %d asked", ErrBelowHeld, held, to)
+		}
+		if err := tx.QueryRow(ctx, sqlInsertChange, campaignID, from, to, shardDeltas).Scan(&ch.ID, &ch.CreatedAt); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlAddShardAllocations, campaignID, shardDeltas); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sqlSetAllocation, campaignID, to, ch.ID)
+		return err
+	})
+	if err != nil {
+		return Change{}, fmt.Errorf("ledger: record allocation decrease %s: %w", campaignID, err)
+	}
+	return ch, nil
+}

@@ -29,6 +29,7 @@ var (
 	seedScript           = load("seed")
 	gateScript           = load("gate")
 	adjustScript         = load("adjust")
+	withdrawScript       = load("withdraw")
 	rebuildBeginScript   = load("rebuild_begin")
 	rebuildRestoreScript = load("rebuild_restore")
 	rebuildUsersScript   = load("rebuild_users")

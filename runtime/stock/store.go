@@ -19,6 +19,9 @@ const (
 	StatePaused     = "PAUSED"
 	StateEnded      = "ENDED"
 	StateRebuilding = "REBUILDING"
+	// StateFailClosed is written by the controller when Redis can no longer be
+	// trusted (e.g. it restarted from an old snapshot) until the rebuild.
+	StateFailClosed = "FAIL_CLOSED"
 )
 
 // Closed reasons returned by the reserve script besides the gate states.
@@ -240,7 +243,7 @@ var ErrBadState = errors.New("unknown gate state")
 // (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
 func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
 	switch state {
-	case StateOpen, StateNotStarted, StatePaused, StateEnded:
+	case StateOpen, StateNotStarted, StatePaused, StateEnded, StateFailClosed:
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrBadState, state)
 	}
@@ -256,14 +259,27 @@ func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, 
 }
 
 // Adjust applies one recorded allocation change to a shard exactly once: 1 applied,
-// 0 already applied, -1 no meta, -2 not enough stock for a negative delta.
-func (s *Store) Adjust(ctx context.Context, shard int, changeID, delta int64) (int, error) {
+// 0 already applied, -1 no meta. For an increase stockDelta = allocDelta > 0; for a
+// decrease stockDelta = 0, allocDelta < 0 and settled = -allocDelta withdrawn units.
+func (s *Store) Adjust(ctx context.Context, shard int, changeID, allocDelta, stockDelta, settled int64) (int, error) {
 	k := s.shards[shard]
-	n, err := adjustScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, changeID, delta).Int()
+	n, err := adjustScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, changeID, allocDelta, stockDelta, settled).Int()
 	if err != nil {
 		return 0, fmt.Errorf("adjust shard %d: %w", shard, err)
 	}
 	return n, nil
+}
+
+// Withdraw moves up to units out of a shard's stock (units < 0: gives withdrawn
+// units back) for an allocation decrease. It returns the units moved and the
+// shard's withdrawn total; total -1 means the shard has no meta.
+func (s *Store) Withdraw(ctx context.Context, shard int, units int64) (moved, total int64, err error) {
+	k := s.shards[shard]
+	v, err := withdrawScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, units).Int64Slice()
+	if err != nil {
+		return 0, 0, fmt.Errorf("withdraw on shard %d: %w", shard, err)
+	}
+	return v[0], v[1], nil
 }
 
 // Expired lists up to limit reservation keys of a shard whose expiry is at or before
@@ -316,6 +332,7 @@ type ShardState struct {
 	Reserved   int64 // units in RESERVED reservations
 	Allocation int64 // units given to this shard (seed + changes)
 	LastChange int64
+	Withdrawn  int64 // units taken out of stock for an allocation decrease not yet settled
 }
 
 // State reads every shard's stock and meta in one pipeline: cheap enough to run
@@ -326,7 +343,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 	metas := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
 		stocks[i] = pipe.Get(ctx, k.Stock())
-		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg")
+		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
@@ -338,13 +355,14 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Available = v
 		}
 		m := metas[i].Val()
-		if len(m) == 5 && m[0] != nil {
+		if len(m) == 6 && m[0] != nil {
 			st.Present = true
 			st.State = toString(m[0])
 			st.Epoch = atoi64(toString(m[1]))
 			st.Reserved = atoi64(toString(m[2]))
 			st.Allocation = atoi64(toString(m[3]))
 			st.LastChange = atoi64(toString(m[4]))
+			st.Withdrawn = atoi64(toString(m[5]))
 		}
 		out[i] = st
 	}

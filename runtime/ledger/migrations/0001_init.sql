@@ -80,13 +80,14 @@ CREATE TABLE flashsale_late_payments (
 CREATE INDEX flashsale_late_payments_campaign_idx
     ON flashsale_late_payments (campaign_id, received_at);
 
--- Allocation increases (restock), planned in the ledger and applied to Redis
+-- Allocation changes: increases (restock) planned in the ledger, decreases
+-- recorded after Redis withdrew the units; each applied to Redis
 -- exactly once; applied_at stays NULL until Redis has the units.
 CREATE TABLE flashsale_allocation_changes (
     change_id       bigserial   PRIMARY KEY,
     campaign_id     text        NOT NULL REFERENCES flashsale_campaigns (campaign_id),
     from_allocation bigint      NOT NULL CHECK (from_allocation >= 0),
-    to_allocation   bigint      NOT NULL CHECK (to_allocation > from_allocation),
+    to_allocation   bigint      NOT NULL CHECK (to_allocation >= 0 AND to_allocation <> from_allocation),
     shard_deltas    bigint[]    NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
     applied_at      timestamptz

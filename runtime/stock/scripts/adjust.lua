@@ -1,22 +1,26 @@
 -- adjust.lua: apply one recorded allocation change to a shard, exactly once.
 -- The meta remembers the last change id applied, so a repeated call is a no-op.
+-- An increase adds units to the stock. A decrease settles units that withdraw.lua
+-- already took out of the stock: they leave the shard's allocation for good.
 --
 -- KEYS[1] stock  KEYS[2] meta
--- ARGV[1] change id (increasing)  ARGV[2] delta units (may be negative)
+-- ARGV[1] change id (increasing)
+-- ARGV[2] delta of the shard's allocation (units; negative for a decrease)
+-- ARGV[3] units to add to the stock now (the delta for an increase, 0 for a decrease)
+-- ARGV[4] withdrawn units this change settles (0 for an increase)
 --
--- Returns 1 applied, 0 already applied, -1 no meta (rebuild first),
---        -2 not enough stock for a negative delta (nothing changed)
+-- Returns 1 applied, 0 already applied, -1 no meta (rebuild first)
 if redis.call('EXISTS', KEYS[2]) == 0 then
   return -1
 end
 if tonumber(redis.call('HGET', KEYS[2], 'chg') or '0') >= tonumber(ARGV[1]) then
   return 0
 end
-local delta = tonumber(ARGV[2])
-if delta < 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < -delta then
-  return -2
+redis.call('INCRBY', KEYS[1], ARGV[3])
+redis.call('HINCRBY', KEYS[2], 'alloc', ARGV[2])
+local settled = tonumber(ARGV[4])
+if settled ~= 0 then
+  redis.call('HINCRBY', KEYS[2], 'wd', 0 - settled)
 end
-redis.call('INCRBY', KEYS[1], delta)
-redis.call('HINCRBY', KEYS[2], 'alloc', delta)
 redis.call('HSET', KEYS[2], 'chg', ARGV[1])
 return 1

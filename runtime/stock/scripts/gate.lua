@@ -1,7 +1,7 @@
 -- gate.lua: open, close, pause or end a shard by writing its meta state.
 --
 -- KEYS[1] meta
--- ARGV[1] state: OPEN | NOT_STARTED | PAUSED | ENDED
+-- ARGV[1] state: OPEN | NOT_STARTED | PAUSED | ENDED | FAIL_CLOSED
 -- ARGV[2] epoch the caller believes current (0: any)
 --
 -- Returns 1 set (or already so), 0 no meta (the shard lost its data: rebuild first),

@@ -29,7 +29,7 @@
 --               status = R or C. Nothing is consumed.
 --   3 SOLD_OUT
 --   4 LIMIT     extra = units the user already holds
---   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, REBUILDING, STALE_EPOCH
+--   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING, STALE_EPOCH
 --   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim)
 --   7 BUSY      the same request is being placed on another shard right now
 local state = redis.call('HMGET', KEYS[2], 'state', 'epoch')

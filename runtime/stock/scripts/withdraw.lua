@@ -1,0 +1,28 @@
+-- withdraw.lua: take units out of a shard's stock for an allocation decrease that
+-- is not recorded yet (or give them back). Withdrawn units can never be reserved;
+-- the meta counts them in `wd` until adjust.lua settles the recorded decrease. A
+-- rebuild from the ledger drops unrecorded withdrawals, restoring the stock.
+--
+-- KEYS[1] stock  KEYS[2] meta
+-- ARGV[1] units: > 0 to withdraw at most this many (less when the stock is lower),
+--                < 0 to give back at most this many withdrawn units
+--
+-- Returns {units moved (withdrawn > 0, given back < 0), units withdrawn now in total},
+-- or {0, -1} when there is no meta (rebuild first)
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return {0, -1}
+end
+local n = tonumber(ARGV[1])
+local wd = tonumber(redis.call('HGET', KEYS[2], 'wd') or '0')
+local moved = 0
+if n > 0 then
+  local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
+  moved = math.min(n, stock)
+elseif n < 0 then
+  moved = -math.min(-n, wd)
+end
+if moved ~= 0 then
+  redis.call('DECRBY', KEYS[1], moved)
+  redis.call('HINCRBY', KEYS[2], 'wd', moved)
+end
+return {moved, wd + moved}
