@@ -1,0 +1,208 @@
+package storm
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+// Source is where the audit reads the campaign: Redis and the ledger.
+type Source interface {
+	Counts(ctx context.Context) (engine.Counts, error)
+	// Statuses returns the ledger status of each id that has a row.
+	Statuses(ctx context.Context, ids []string) (map[string]ledger.Status, error)
+}
+
+// Audit is the conservation audit after a storm.
+type Audit struct {
+	Allocation int64 `json:"allocation"`
+	Available  int64 `json:"available"`
+	Reserved   int64 `json:"reserved"` // Redis: units in live reservations
+	Sold       int64 `json:"sold"`     // ledger: committed units
+	Pending    int64 `json:"pending"`  // ledger: PENDING units
+	Oversold   int64 `json:"oversold"`
+	Conserved  bool  `json:"conserved"` // available + reserved + sold = allocation
+
+	// Settled: reserved and ledger pending reached 0 (every reservation paid,
+	// cancelled or swept) within the settle time. Only checked when asked.
+	SettleAsked   bool    `json:"settle_asked"`
+	Settled       bool    `json:"settled"`
+	SettleSeconds float64 `json:"settle_seconds"`
+
+	Acked              int `json:"acked"`
+	AckedInLedger      int `json:"acked_in_ledger"` // rows in any status but ABANDONED
+	Confirmed          int `json:"confirmed"`
+	ConfirmedCommitted int `json:"confirmed_committed"`
+	Cancelled          int `json:"cancelled"`
+	CancelledByUser    int `json:"cancelled_by_user"`
+
+	// Failures name every invariant that does not hold; empty means OK.
+	Failures []string `json:"failures"`
+	OK       bool     `json:"ok"`
+}
+
+// settlePoll is how often the audit looks while waiting for the sweeper.
+const settlePoll = 200 * time.Millisecond
+
+// maxExamples bounds the ids quoted in a failure.
+const maxExamples = 5
+
+// RunAudit waits up to settle for the campaign to quiesce (no reservation
+// left in Redis or PENDING in the ledger), then checks:
+//
+//   - I1: nothing oversold; available + reserved + sold never above the allocation;
+//   - I2: available + reserved + sold = allocation;
+//   - I3: every acknowledged reservation has a ledger row that is not ABANDONED,
+//     every confirmed checkout is COMMITTED, every acknowledged cancel is
+//     CANCELLED_BY_USER;
+//   - I4: no replay answered another reservation than the first attempt.
+func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration) (*Audit, error) {
+	start := time.Now()
+	deadline := start.Add(settle)
+	var c engine.Counts
+	var err error
+	a := &Audit{SettleAsked: settle > 0}
+	for {
+		if c, err = src.Counts(ctx); err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		if c.Reserved == 0 && c.Pending == 0 && c.Conserved() {
+			a.Settled = true
+			break
+		}
+		if settle <= 0 || !time.Now().Before(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("audit: %w", ctx.Err())
+		case <-time.After(settlePoll):
+		}
+	}
+	a.SettleSeconds = time.Since(start).Seconds()
+	a.Allocation, a.Available, a.Reserved, a.Sold, a.Pending = c.Allocation, c.Available, c.Reserved, c.Sold, c.Pending
+	a.Oversold, a.Conserved = c.Oversold(), c.Conserved()
+	fail := func(format string, args ...any) { a.Failures = append(a.Failures, fmt.Sprintf(format, args...)) }
+
+	if a.Oversold > 0 {
+		fail("I1 oversold: %d units sold of an allocation of %d", a.Sold, a.Allocation)
+	}
+	if a.Available < 0 || a.Available+a.Reserved+a.Sold > a.Allocation {
+		fail("I1: available %d + reserved %d + sold %d exceeds the allocation %d", a.Available, a.Reserved, a.Sold, a.Allocation)
+	}
+	if !a.Conserved {
+		fail("I2: available %d + reserved %d + sold %d != allocation %d", a.Available, a.Reserved, a.Sold, a.Allocation)
+	}
+	if a.SettleAsked && !a.Settled {
+		fail("not settled after %s: %d units still reserved in Redis, %d pending in the ledger (is a sweeper running?)",
+			settle, a.Reserved, a.Pending)
+	}
+
+	ids := make([]string, 0, len(res.Acked)+len(res.Confirmed)+len(res.Cancelled))
+	ids = append(append(append(ids, res.Acked...), res.Confirmed...), res.Cancelled...)
+	statuses, err := src.Statuses(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	a.Acked, a.Confirmed, a.Cancelled = len(res.Acked), len(res.Confirmed), len(res.Cancelled)
+	var missing, abandoned, notCommitted, notCancelled []string
+	for _, id := range res.Acked {
+		switch s, ok := statuses[id]; {
+		case !ok:
+			missing = append(missing, id)
+		case s == ledger.StatusAbandoned:
+			abandoned = append(abandoned, id)
+		default:
+			a.AckedInLedger++
+		}
+	}
+	for _, id := range res.Confirmed {
+		if statuses[id] == ledger.StatusCommitted {
+			a.ConfirmedCommitted++
+		} else {
+			notCommitted = append(notCommitted, id+"="+orNone(statuses[id]))
+		}
+	}
+	for _, id := range res.Cancelled {
+		if statuses[id] == ledger.StatusCancelledByUser {
+			a.CancelledByUser++
+		} else {
+			notCancelled = append(notCancelled, id+"="+orNone(statuses[id]))
+		}
+	}
+	if len(missing) > 0 {
+		fail("I3: %d acknowledged reservations have no ledger row (%s)", len(missing), examples(missing))
+	}
+	if len(abandoned) > 0 {
+		fail("I3: %d acknowledged reservations were recorded ABANDONED (%s)", len(abandoned), examples(abandoned))
+	}
+	if len(notCommitted) > 0 {
+		fail("I3: %d confirmed checkouts are not COMMITTED in the ledger (%s)", len(notCommitted), examples(notCommitted))
+	}
+	if len(notCancelled) > 0 {
+		fail("I3: %d acknowledged cancels are not CANCELLED_BY_USER in the ledger (%s)", len(notCancelled), examples(notCancelled))
+	}
+	if n := len(res.IdempotencyViolations); n > 0 {
+		fail("I4: %d replays answered another reservation (%s)", n, examples(res.IdempotencyViolations))
+	}
+	a.OK = len(a.Failures) == 0
+	return a, nil
+}
+
+func orNone(s ledger.Status) string {
+	if s == "" {
+		return "no row"
+	}
+	return string(s)
+}
+
+func examples(ids []string) string {
+	if len(ids) <= maxExamples {
+		return fmt.Sprint(ids)
+	}
+	return fmt.Sprintf("%v and %d more", ids[:maxExamples], len(ids)-maxExamples)
+}
+
+// sqlStatuses reads the status of reservations of one campaign.
+const sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
+WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
+
+// statusBatch bounds the ids sent in one query.
+const statusBatch = 5000
+
+// EngineSource reads counts through an engine and statuses from its ledger.
+type EngineSource struct{ Engine *engine.Engine }
+
+// Counts implements Source.
+func (s EngineSource) Counts(ctx context.Context) (engine.Counts, error) { return s.Engine.Counts(ctx) }
+
+// Statuses implements Source.
+func (s EngineSource) Statuses(ctx context.Context, ids []string) (map[string]ledger.Status, error) {
+	out := make(map[string]ledger.Status, len(ids))
+	pool := s.Engine.Ledger().Pool()
+	campaign := s.Engine.Config().CampaignID
+	for len(ids) > 0 {
+		n := min(len(ids), statusBatch)
+		rows, err := pool.Query(ctx, sqlStatuses, campaign, ids[:n])
+		if err != nil {
+			return nil, fmt.Errorf("ledger statuses: %w", err)
+		}
+		for rows.Next() {
+			var id, st string
+			if err := rows.Scan(&id, &st); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("ledger statuses: %w", err)
+			}
+			out[id] = ledger.Status(st)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("ledger statuses: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return out, nil
+}

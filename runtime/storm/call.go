@@ -1,0 +1,108 @@
+package storm
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxAnswerBytes bounds what is read of an answer; the API's are tiny.
+const maxAnswerBytes = 64 << 10
+
+// Backoff between attempts of one request.
+const (
+	backoffStep = 25 * time.Millisecond
+	backoffMax  = 500 * time.Millisecond
+)
+
+// answer is what one request ended with.
+type answer struct {
+	status        int    // 0 after a transport error
+	code          string // the error body's code
+	reservationID string // reserve and retry: the id of a 201 or 200
+	retryAfter    time.Duration
+}
+
+func (a answer) retryable() bool {
+	return a.status == 0 || a.status == http.StatusServiceUnavailable || a.status == http.StatusTooManyRequests
+}
+
+// call sends one request, moving to the next URL after a transport error,
+// a 503 or a 429, at most MaxAttempts times. Every attempt is counted.
+func (s *stormer) call(ctx context.Context, st *workerStats, op string, urlIndex int, method, path, token, body string) answer {
+	var a answer
+	for attempt := range s.cfg.MaxAttempts {
+		base := s.cfg.URLs[(urlIndex+attempt)%len(s.cfg.URLs)]
+		a = s.once(ctx, st, op, base, method, path, token, body)
+		if !a.retryable() || attempt == s.cfg.MaxAttempts-1 || ctx.Err() != nil {
+			return a
+		}
+		wait := backoffStep * time.Duration(attempt+1)
+		if a.retryAfter > 0 {
+			wait = a.retryAfter
+		}
+		select {
+		case <-ctx.Done():
+			return a
+		case <-time.After(min(wait, backoffMax)):
+		}
+	}
+	return a
+}
+
+func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, path, token, body string) answer {
+	// A stopping storm lets requests already sent finish (the client timeout
+	// bounds them): cutting them would turn acknowledged reservations into
+	// unknown ones and spoil the audit.
+	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), method, strings.TrimRight(base, "/")+path, strings.NewReader(body))
+	if err != nil {
+		st.count(op, "ERR request", 0, false)
+		s.failed.Add(1)
+		return answer{}
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	start := time.Now()
+	resp, err := s.cfg.Client.Do(req)
+	s.requests.Add(1)
+	if err != nil {
+		st.count(op, transportLabel(err), 0, false)
+		s.failed.Add(1)
+		return answer{}
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswerBytes)) // let the connection be reused
+	resp.Body.Close()
+	d := time.Since(start)
+	if err != nil {
+		st.count(op, "ERR body", 0, false)
+		s.failed.Add(1)
+		return answer{}
+	}
+	var wire struct {
+		ReservationID string `json:"reservation_id"`
+		Code          string `json:"code"`
+	}
+	_ = json.Unmarshal(b, &wire) // a body that is not ours shows as a bare status
+	a := answer{status: resp.StatusCode, code: wire.Code}
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		a.retryAfter = time.Duration(secs) * time.Second
+	}
+	if (op == OpReserve || op == OpRetry) && (a.status == http.StatusCreated || a.status == http.StatusOK) {
+		a.reservationID = wire.ReservationID
+	}
+	st.count(op, outcomeLabel(a.status, a.code), d, true)
+	if a.code == "SOLD_OUT" {
+		s.soldOut.Add(1)
+	}
+	if a.status >= 500 {
+		s.failed.Add(1)
+	}
+	return a
+}

@@ -1,0 +1,472 @@
+// Package storm is the load generator behind `flashsale storm`: buyers with
+// their own admission tokens reserve against one or more reserve endpoints,
+// retry with the same idempotency key, check out, cancel or walk away, and
+// the run ends with outcomes, throughput, latency percentiles and an audit of
+// the campaign's invariants read from Redis and the ledger.
+package storm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Minter issues an admission token (admission.Mint without the key).
+type Minter func(sku, user string, ttl time.Duration, now time.Time) (string, error)
+
+// Operations, as reported.
+const (
+	OpReserve  = "reserve"  // first attempt of a reservation request
+	OpRetry    = "retry"    // the same request again (same idempotency key)
+	OpCheckout = "checkout" // payment of an acknowledged reservation
+	OpCancel   = "cancel"   // the buyer's own cancel
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultConcurrency = 64
+	DefaultTokenTTL    = 10 * time.Minute
+	DefaultTimeout     = 10 * time.Second
+	DefaultMaxAttempts = 3
+	DefaultProgress    = time.Second
+)
+
+// Config describes one storm.
+type Config struct {
+	// URLs are reserve base URLs (e.g. http://127.0.0.1:8080). Buyers are spread
+	// over them like a Service would; an attempt that fails in transport or
+	// with 503 is repeated on the next one.
+	URLs []string
+	SKU  string
+	Mint Minter
+
+	Buyers      int           // distinct users
+	Concurrency int           // requests in flight at most
+	Count       int           // journeys (one reserve request each, plus what follows); 0 with Duration 0 means Buyers
+	Duration    time.Duration // stop starting journeys after this; 0 means only Count bounds the run
+
+	RetryRatio    float64 // journeys that send their reserve request twice (a client retry)
+	CheckoutRatio float64 // acknowledged reservations paid for
+	CancelRatio   float64 // acknowledged reservations cancelled by the buyer
+	AbandonRatio  float64 // acknowledged reservations left to expire (the rest of 1)
+
+	Quantity    int           // units per reservation; 0 means 1
+	UserPrefix  string        // user ids are <prefix>-<n>; keep runs apart with distinct prefixes
+	TokenTTL    time.Duration // admission token lifetime
+	Timeout     time.Duration // per request
+	MaxAttempts int           // attempts per request on transport errors, 503 and 429
+	Seed        uint64        // choices (retry, checkout, ...) are reproducible for one seed and concurrency
+
+	Client *http.Client // nil: NewClient(Concurrency, Timeout)
+
+	Progress      func(Progress) // called every ProgressEvery and once at the end; may be nil
+	ProgressEvery time.Duration
+
+	Now func() time.Time // nil: time.Now
+}
+
+func (c *Config) defaults() {
+	if c.Concurrency <= 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Count <= 0 && c.Duration <= 0 {
+		c.Count = c.Buyers
+	}
+	if c.Quantity <= 0 {
+		c.Quantity = 1
+	}
+	if c.TokenTTL <= 0 {
+		c.TokenTTL = DefaultTokenTTL
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.ProgressEvery <= 0 {
+		c.ProgressEvery = DefaultProgress
+	}
+	if c.UserPrefix == "" {
+		c.UserPrefix = "buyer"
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Client == nil {
+		c.Client = NewClient(c.Concurrency, c.Timeout)
+	}
+}
+
+// ratioSlack absorbs float rounding when ratios are meant to add up to 1.
+const ratioSlack = 1e-9
+
+// Validate reports the first problem with a Config.
+func (c Config) Validate() error {
+	if len(c.URLs) == 0 {
+		return errors.New("at least one reserve URL is required")
+	}
+	for _, u := range c.URLs {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("reserve URL %q must be http(s)://host[:port]", u)
+		}
+	}
+	switch {
+	case c.SKU == "":
+		return errors.New("the SKU is required")
+	case c.Mint == nil:
+		return errors.New("a token minter is required")
+	case c.Buyers < 1:
+		return fmt.Errorf("buyers must be at least 1, got %d", c.Buyers)
+	case c.Count < 0 || c.Duration < 0 || c.Concurrency < 0:
+		return errors.New("count, duration and concurrency must not be negative")
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"retry", c.RetryRatio}, {"checkout", c.CheckoutRatio}, {"cancel", c.CancelRatio}, {"abandon", c.AbandonRatio}} {
+		if r.v < 0 || r.v > 1 {
+			return fmt.Errorf("the %s ratio must be in [0, 1], got %v", r.name, r.v)
+		}
+	}
+	if sum := c.CheckoutRatio + c.CancelRatio + c.AbandonRatio; sum > 1+ratioSlack || sum < 1-ratioSlack {
+		return fmt.Errorf("checkout %v + cancel %v + abandon %v ratios = %v: they split the acknowledged reservations and must add up to 1",
+			c.CheckoutRatio, c.CancelRatio, c.AbandonRatio, sum)
+	}
+	return nil
+}
+
+// NewClient is an HTTP client for a storm: keep-alive connections, as many as
+// there are workers per host (more would only queue at the server), and
+// timeouts on every phase so that a dead server costs a bounded wait.
+func NewClient(concurrency int, timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 0
+	tr.MaxIdleConnsPerHost = concurrency
+	tr.MaxConnsPerHost = concurrency
+	tr.IdleConnTimeout = 90 * time.Second
+	tr.ResponseHeaderTimeout = timeout
+	tr.ForceAttemptHTTP2 = false
+	return &http.Client{Transport: tr, Timeout: timeout}
+}
+
+// Progress is a live snapshot.
+type Progress struct {
+	Elapsed   time.Duration
+	Journeys  int64 // finished
+	Planned   int64 // Count, or 0 when only the duration bounds the run
+	Requests  int64
+	Acked     int64 // distinct reservations acknowledged
+	Confirmed int64
+	Cancelled int64
+	SoldOut   int64 // SOLD_OUT answers
+	Failed    int64 // transport errors and 5xx answers
+	Final     bool
+}
+
+// Result is what a storm saw.
+type Result struct {
+	Started  time.Time
+	Elapsed  time.Duration
+	Journeys int64
+	Requests int64
+	// Outcomes counts answers per operation: "201", "200", "410 SOLD_OUT",
+	// "ERR refused", ... Every attempt is counted.
+	Outcomes map[string]map[string]int64
+	// Latency per operation, of every attempt that got an answer.
+	Latency map[string]Latency
+	// Acked are the reservation ids the buyers were told they hold (201, or 200
+	// for a replay), each once, sorted.
+	Acked []string
+	// Confirmed and Cancelled are the reservation ids whose checkout (200
+	// confirmed) or cancel (200 cancelled) was acknowledged.
+	Confirmed []string
+	Cancelled []string
+	// Abandoned counts acknowledged reservations the buyer walked away from.
+	Abandoned int64
+	// IdempotencyViolations are replays that answered another reservation id
+	// than the first attempt (I4); each is described.
+	IdempotencyViolations []string
+}
+
+// Throughput is requests per second over the run.
+func (r *Result) Throughput() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests) / r.Elapsed.Seconds()
+}
+
+// Run storms until Count journeys are done, Duration has passed or ctx is
+// cancelled, whichever comes first, and returns what it saw. Journeys in
+// flight when it stops are finished (bounded by the request timeout).
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &stormer{cfg: cfg, acked: map[string]bool{}}
+	return s.run(ctx)
+}
+
+type stormer struct {
+	cfg Config
+
+	next      atomic.Int64 // next journey number
+	journeys  atomic.Int64
+	requests  atomic.Int64
+	soldOut   atomic.Int64
+	failed    atomic.Int64
+	confirmed atomic.Int64
+	cancelled atomic.Int64
+	ackCount  atomic.Int64
+
+	mu    sync.Mutex
+	acked map[string]bool
+}
+
+// workerStats are one worker's private counters, merged at the end: no
+// shared lock on the hot path.
+type workerStats struct {
+	outcomes   map[string]map[string]int64
+	latency    map[string]*histogram
+	confirmed  []string
+	cancelled  []string
+	abandoned  int64
+	violations []string
+}
+
+func newWorkerStats() *workerStats {
+	return &workerStats{outcomes: map[string]map[string]int64{}, latency: map[string]*histogram{}}
+}
+
+func (w *workerStats) count(op, outcome string, d time.Duration, answered bool) {
+	m := w.outcomes[op]
+	if m == nil {
+		m = map[string]int64{}
+		w.outcomes[op] = m
+	}
+	m[outcome]++
+	if answered {
+		h := w.latency[op]
+		if h == nil {
+			h = &histogram{}
+			w.latency[op] = h
+		}
+		h.record(d)
+	}
+}
+
+func (s *stormer) run(ctx context.Context) (*Result, error) {
+	start := s.cfg.Now()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var deadline time.Time
+	if s.cfg.Duration > 0 {
+		deadline = start.Add(s.cfg.Duration)
+	}
+
+	progressDone := make(chan struct{})
+	stopProgress := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		if s.cfg.Progress == nil {
+			return
+		}
+		t := time.NewTicker(s.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case <-t.C:
+				s.cfg.Progress(s.progress(start, false))
+			}
+		}
+	}()
+
+	stats := make([]*workerStats, s.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for w := range s.cfg.Concurrency {
+		stats[w] = newWorkerStats()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(s.cfg.Seed, uint64(w)))
+			for {
+				if ctx.Err() != nil || !deadline.IsZero() && !s.cfg.Now().Before(deadline) {
+					return
+				}
+				j := s.next.Add(1) - 1
+				if s.cfg.Count > 0 && j >= int64(s.cfg.Count) {
+					return
+				}
+				s.journey(ctx, j, rng, stats[w])
+				s.journeys.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopProgress)
+	<-progressDone
+
+	res := s.result(start, stats)
+	if s.cfg.Progress != nil {
+		s.cfg.Progress(s.progress(start, true))
+	}
+	return res, nil
+}
+
+func (s *stormer) progress(start time.Time, final bool) Progress {
+	return Progress{
+		Elapsed: s.cfg.Now().Sub(start), Journeys: s.journeys.Load(), Planned: int64(s.cfg.Count),
+		Requests: s.requests.Load(), Acked: s.ackCount.Load(), Confirmed: s.confirmed.Load(),
+		Cancelled: s.cancelled.Load(), SoldOut: s.soldOut.Load(), Failed: s.failed.Load(), Final: final,
+	}
+}
+
+func (s *stormer) result(start time.Time, stats []*workerStats) *Result {
+	res := &Result{
+		Started: start, Elapsed: s.cfg.Now().Sub(start), Journeys: s.journeys.Load(), Requests: s.requests.Load(),
+		Outcomes: map[string]map[string]int64{}, Latency: map[string]Latency{},
+	}
+	hists := map[string]*histogram{}
+	for _, w := range stats {
+		for op, m := range w.outcomes {
+			if res.Outcomes[op] == nil {
+				res.Outcomes[op] = map[string]int64{}
+			}
+			for k, v := range m {
+				res.Outcomes[op][k] += v
+			}
+		}
+		for op, h := range w.latency {
+			if hists[op] == nil {
+				hists[op] = &histogram{}
+			}
+			hists[op].merge(h)
+		}
+		res.Confirmed = append(res.Confirmed, w.confirmed...)
+		res.Cancelled = append(res.Cancelled, w.cancelled...)
+		res.Abandoned += w.abandoned
+		res.IdempotencyViolations = append(res.IdempotencyViolations, w.violations...)
+	}
+	for op, h := range hists {
+		res.Latency[op] = h.summary()
+	}
+	s.mu.Lock()
+	for id := range s.acked {
+		res.Acked = append(res.Acked, id)
+	}
+	s.mu.Unlock()
+	sort.Strings(res.Acked)
+	sort.Strings(res.Confirmed)
+	sort.Strings(res.Cancelled)
+	return res
+}
+
+// ack records a reservation the buyer was told about.
+func (s *stormer) ack(id string) {
+	s.mu.Lock()
+	isNew := !s.acked[id]
+	s.acked[id] = true
+	s.mu.Unlock()
+	if isNew {
+		s.ackCount.Add(1)
+	}
+}
+
+// journey is one buyer's visit: reserve (maybe twice), then pay, cancel or
+// walk away.
+func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *workerStats) {
+	buyer := j % int64(s.cfg.Buyers)
+	user := fmt.Sprintf("%s-%d", s.cfg.UserPrefix, buyer)
+	key := fmt.Sprintf("%s-j%d", s.cfg.UserPrefix, j)
+	home := int(buyer % int64(len(s.cfg.URLs)))
+	token, err := s.cfg.Mint(s.cfg.SKU, user, s.cfg.TokenTTL, s.cfg.Now())
+	if err != nil {
+		st.count(OpReserve, "ERR token: "+err.Error(), 0, false)
+		return
+	}
+	body := fmt.Sprintf(`{"item_id":%q,"user_id":%q,"quantity":%d,"idempotency_key":%q}`, s.cfg.SKU, user, s.cfg.Quantity, key)
+	first := s.call(ctx, st, OpReserve, home, http.MethodPost, reservePath, token, body)
+	got := first
+	if rng.Float64() < s.cfg.RetryRatio {
+		// The next replica, as a client retry through a load balancer could land:
+		// the reservation id is derived on the server, so any replica replays it.
+		again := s.call(ctx, st, OpRetry, home+1, http.MethodPost, reservePath, token, body)
+		if first.reservationID != "" && again.reservationID != "" && first.reservationID != again.reservationID {
+			st.violations = append(st.violations, fmt.Sprintf("user %s key %s: first %s, replay %s", user, key, first.reservationID, again.reservationID))
+		}
+		if got.reservationID == "" {
+			got = again
+		}
+	}
+	if got.reservationID == "" {
+		return
+	}
+	s.ack(got.reservationID)
+	r := rng.Float64() // drawn even when stopping, so one seed makes the same choices
+	if ctx.Err() != nil {
+		st.abandoned++ // the storm is stopping: no new requests
+		return
+	}
+	switch {
+	case r < s.cfg.CheckoutRatio:
+		pay := fmt.Sprintf(`{"reservation_id":%q,"payment_token":%q}`, got.reservationID, "pay-"+key)
+		if a := s.call(ctx, st, OpCheckout, home, http.MethodPost, checkoutPath, token, pay); a.status == http.StatusOK {
+			st.confirmed = append(st.confirmed, got.reservationID)
+			s.confirmed.Add(1)
+		}
+	case r < s.cfg.CheckoutRatio+s.cfg.CancelRatio:
+		if a := s.call(ctx, st, OpCancel, home, http.MethodDelete, reservationsPath+url.PathEscape(got.reservationID), token, ""); a.status == http.StatusOK {
+			st.cancelled = append(st.cancelled, got.reservationID)
+			s.cancelled.Add(1)
+		}
+	default:
+		st.abandoned++
+	}
+}
+
+// Routes of the reserve API (docs/api.md).
+const (
+	reservePath      = "/api/v1/flash-sale/reserve"
+	checkoutPath     = "/api/v1/flash-sale/checkout"
+	reservationsPath = "/api/v1/flash-sale/reservations/"
+)
+
+// outcomeLabel names an answer for the report.
+func outcomeLabel(status int, code string) string {
+	if code == "" {
+		return fmt.Sprint(status)
+	}
+	return fmt.Sprintf("%d %s", status, code)
+}
+
+// transportLabel classifies a transport error without leaking addresses into
+// the report's keys.
+func transportLabel(err error) string {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "Timeout") || strings.Contains(msg, "timeout"):
+		return "ERR timeout"
+	case strings.Contains(msg, "connection refused"):
+		return "ERR refused"
+	case strings.Contains(msg, "connection reset"):
+		return "ERR reset"
+	case strings.Contains(msg, "EOF"):
+		return "ERR eof"
+	case errors.Is(err, context.Canceled):
+		return "ERR cancelled"
+	}
+	return "ERR other"
+}

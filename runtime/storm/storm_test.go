@@ -1,0 +1,401 @@
+package storm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeAPI is an in-memory reserve API with the routes and answers of
+// docs/api.md: enough stock logic to check what the storm counts.
+type fakeAPI struct {
+	mu        sync.Mutex
+	stock     int
+	byKey     map[string]string // user/key → reservation id
+	holder    map[string]string // reservation id → user
+	held      map[string]int    // user → units held
+	status    map[string]string // reservation id → reserved, paid, cancelled
+	issued    []string          // ids answered with 201
+	seq       int
+	requests  atomic.Int64
+	badTokens atomic.Int64
+
+	replayNewID   bool // break idempotency on purpose
+	busyFirst     bool // answer 503 + Retry-After to the first attempt of each key
+	busySeen      map[string]bool
+	dropResponses atomic.Int64 // close this many connections after doing the work
+}
+
+func newFakeAPI(stock int) *fakeAPI {
+	return &fakeAPI{stock: stock, byKey: map[string]string{}, holder: map[string]string{}, held: map[string]int{},
+		status: map[string]string{}, busySeen: map[string]bool{}}
+}
+
+func fakeMint(sku, user string, _ time.Duration, _ time.Time) (string, error) {
+	return "tok:" + sku + ":" + user, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func apiErr(w http.ResponseWriter, status int, code string) {
+	writeJSON(w, status, map[string]string{"code": code, "message": strings.ToLower(code)})
+}
+
+func (f *fakeAPI) user(r *http.Request) (string, bool) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer tok:sku-1:")
+	if !ok {
+		f.badTokens.Add(1)
+	}
+	return tok, ok
+}
+
+func (f *fakeAPI) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/flash-sale/reserve", func(w http.ResponseWriter, r *http.Request) {
+		f.requests.Add(1)
+		user, ok := f.user(r)
+		if !ok {
+			apiErr(w, 401, "ADMISSION_INVALID")
+			return
+		}
+		var req struct {
+			ItemID, UserID, IdempotencyKey string `json:"-"`
+		}
+		var wire map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&wire); err != nil {
+			apiErr(w, 400, "BAD_REQUEST")
+			return
+		}
+		req.ItemID, _ = wire["item_id"].(string)
+		req.UserID, _ = wire["user_id"].(string)
+		req.IdempotencyKey, _ = wire["idempotency_key"].(string)
+		if req.UserID != user || req.ItemID != "sku-1" || wire["quantity"] != 1.0 {
+			apiErr(w, 400, "BAD_REQUEST")
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		k := user + "/" + req.IdempotencyKey
+		if f.busyFirst && !f.busySeen[k] {
+			f.busySeen[k] = true
+			w.Header().Set("Retry-After", "1")
+			apiErr(w, 503, "UNAVAILABLE")
+			return
+		}
+		if id, ok := f.byKey[k]; ok {
+			if f.replayNewID {
+				id += "x"
+			}
+			writeJSON(w, 200, map[string]string{"reservation_id": id, "status": "reserved"})
+			return
+		}
+		switch {
+		case f.held[user] > 0:
+			apiErr(w, 409, "LIMIT_EXCEEDED")
+			return
+		case f.stock == 0:
+			apiErr(w, 410, "SOLD_OUT")
+			return
+		}
+		f.stock--
+		f.seq++
+		id := fmt.Sprintf("%d.r%06d", f.seq%4, f.seq)
+		f.byKey[k], f.holder[id], f.status[id] = id, user, "reserved"
+		f.held[user]++
+		f.issued = append(f.issued, id)
+		if f.dropResponses.Add(-1) >= 0 {
+			// The work is done but the answer is lost, as when a replica dies.
+			if hj, ok := w.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					c.Close()
+					return
+				}
+			}
+		}
+		writeJSON(w, 201, map[string]string{"reservation_id": id, "status": "reserved"})
+	})
+	mux.HandleFunc("POST /api/v1/flash-sale/checkout", func(w http.ResponseWriter, r *http.Request) {
+		f.requests.Add(1)
+		user, ok := f.user(r)
+		if !ok {
+			apiErr(w, 401, "ADMISSION_INVALID")
+			return
+		}
+		var req struct {
+			ReservationID string `json:"reservation_id"`
+			PaymentToken  string `json:"payment_token"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.PaymentToken == "" {
+			apiErr(w, 400, "BAD_REQUEST")
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.holder[req.ReservationID] != user || f.status[req.ReservationID] != "reserved" {
+			apiErr(w, 404, "NOT_FOUND")
+			return
+		}
+		f.status[req.ReservationID] = "paid"
+		writeJSON(w, 200, map[string]string{"order_id": req.ReservationID, "status": "confirmed"})
+	})
+	mux.HandleFunc("DELETE /api/v1/flash-sale/reservations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		f.requests.Add(1)
+		user, ok := f.user(r)
+		if !ok {
+			apiErr(w, 401, "ADMISSION_INVALID")
+			return
+		}
+		id := r.PathValue("id")
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.holder[id] != user || f.status[id] != "reserved" {
+			apiErr(w, 404, "NOT_FOUND")
+			return
+		}
+		f.status[id] = "cancelled"
+		f.stock++
+		f.held[user]--
+		writeJSON(w, 200, map[string]string{"status": "cancelled"})
+	})
+	return mux
+}
+
+func (f *fakeAPI) with(status string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for id, s := range f.status {
+		if s == status {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func baseConfig(urls ...string) Config {
+	return Config{
+		URLs: urls, SKU: "sku-1", Mint: fakeMint, Buyers: 2000, Concurrency: 16,
+		RetryRatio: 0.2, CheckoutRatio: 0.5, CancelRatio: 0.2, AbandonRatio: 0.3,
+		UserPrefix: "b", Seed: 7, Timeout: 5 * time.Second,
+	}
+}
+
+func TestStormCountsWhatTheServerDid(t *testing.T) {
+	f := newFakeAPI(300)
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	var progress []Progress
+	var pmu sync.Mutex
+	cfg := baseConfig(srv.URL)
+	cfg.Progress = func(p Progress) { pmu.Lock(); progress = append(progress, p); pmu.Unlock() }
+	cfg.ProgressEvery = 5 * time.Millisecond
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Journeys != 2000 {
+		t.Fatalf("%d journeys, want 2000", res.Journeys)
+	}
+	if res.Requests != f.requests.Load() {
+		t.Fatalf("storm counted %d requests, the server saw %d", res.Requests, f.requests.Load())
+	}
+	if f.badTokens.Load() != 0 {
+		t.Fatalf("%d requests with a wrong token", f.badTokens.Load())
+	}
+	// Every reservation the server made was acknowledged to the storm once.
+	f.mu.Lock()
+	issued := slices.Sorted(slices.Values(f.issued))
+	f.mu.Unlock()
+	if !slices.Equal(res.Acked, issued) {
+		t.Fatalf("acked %d ids, the server issued %d", len(res.Acked), len(issued))
+	}
+	if paid := f.with("paid"); !slices.Equal(res.Confirmed, paid) {
+		t.Fatalf("confirmed %d, the server has %d paid", len(res.Confirmed), len(paid))
+	}
+	if c := f.with("cancelled"); !slices.Equal(res.Cancelled, c) {
+		t.Fatalf("cancelled %d, the server has %d", len(res.Cancelled), len(c))
+	}
+	if got := int64(len(res.Confirmed)+len(res.Cancelled)) + res.Abandoned; got != int64(len(res.Acked)) {
+		t.Fatalf("confirmed+cancelled+abandoned = %d, acked %d", got, len(res.Acked))
+	}
+	// Cancelled units were sold again, so more than the stock was acknowledged.
+	if len(res.Acked) <= 300 || len(res.Cancelled) == 0 || len(res.Confirmed) == 0 || res.Abandoned == 0 {
+		t.Fatalf("acked %d confirmed %d cancelled %d abandoned %d", len(res.Acked), len(res.Confirmed), len(res.Cancelled), res.Abandoned)
+	}
+	reserve := res.Outcomes[OpReserve]
+	if sum(reserve) != 2000 || reserve["201"]+res.Outcomes[OpRetry]["201"] != int64(len(issued)) || reserve["410 SOLD_OUT"] == 0 {
+		t.Fatalf("reserve outcomes %v", reserve)
+	}
+	retries := sum(res.Outcomes[OpRetry])
+	if retries < 300 || retries > 500 { // 20% of 2000, loosely
+		t.Fatalf("%d retries for a ratio of 0.2", retries)
+	}
+	if len(res.IdempotencyViolations) != 0 {
+		t.Fatalf("violations %v", res.IdempotencyViolations)
+	}
+	if l := res.Latency[OpReserve]; l.Count != 2000 || l.P50 <= 0 || l.P50 > l.P99 || l.P99 > l.Max {
+		t.Fatalf("reserve latency %+v", l)
+	}
+	pmu.Lock()
+	defer pmu.Unlock()
+	if len(progress) == 0 || !progress[len(progress)-1].Final || progress[len(progress)-1].Journeys != 2000 {
+		t.Fatalf("progress %+v", progress)
+	}
+	if r := NewReport(cfg, res, nil); !r.OK {
+		t.Fatal("report not OK")
+	}
+}
+
+func sum(m map[string]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func TestStormDetectsBrokenIdempotency(t *testing.T) {
+	f := newFakeAPI(1000)
+	f.replayNewID = true
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	cfg := baseConfig(srv.URL)
+	cfg.Buyers, cfg.RetryRatio = 200, 1
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.IdempotencyViolations) != 200 {
+		t.Fatalf("%d violations, want 200", len(res.IdempotencyViolations))
+	}
+	if NewReport(cfg, res, nil).OK {
+		t.Fatal("a report with violations is OK")
+	}
+}
+
+// A dead replica: its buyers move to the live one; nothing is lost.
+func TestStormFailsOverToTheNextURL(t *testing.T) {
+	f := newFakeAPI(100)
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	cfg := baseConfig(dead, srv.URL)
+	cfg.Buyers, cfg.RetryRatio, cfg.CheckoutRatio, cfg.CancelRatio, cfg.AbandonRatio = 300, 0, 1, 0, 0
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcomes[OpReserve]["ERR refused"] != 150 {
+		t.Fatalf("outcomes %v: want 150 refused first attempts", res.Outcomes)
+	}
+	if len(res.Acked) != 100 || len(res.Confirmed) != 100 {
+		t.Fatalf("acked %d confirmed %d, want 100 each", len(res.Acked), len(res.Confirmed))
+	}
+}
+
+// A lost answer is retried with the same idempotency key; the replay (200)
+// is the acknowledgement.
+func TestStormRetriesLostAnswersAndBusy(t *testing.T) {
+	f := newFakeAPI(50)
+	f.dropResponses.Store(10)
+	f.busyFirst = true
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	cfg := baseConfig(srv.URL)
+	cfg.Buyers, cfg.RetryRatio = 100, 0
+	start := time.Now()
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %s: the backoff is not capped", d)
+	}
+	out := res.Outcomes[OpReserve]
+	if out["503 UNAVAILABLE"] != 100 {
+		t.Fatalf("outcomes %v", out)
+	}
+	if out["ERR eof"] == 0 && out["ERR reset"] == 0 && out["ERR other"] == 0 {
+		t.Fatalf("no lost answer counted: %v", out)
+	}
+	f.mu.Lock()
+	issued := len(f.issued)
+	f.mu.Unlock()
+	if len(res.Acked) != issued || issued < 50 { // cancelled units are sold again
+		t.Fatalf("acked %d, issued %d", len(res.Acked), issued)
+	}
+}
+
+func TestStormStopsAtDurationAndOnCancel(t *testing.T) {
+	f := newFakeAPI(1 << 30)
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	cfg := baseConfig(srv.URL)
+	cfg.Buyers, cfg.Duration = 1<<20, 150*time.Millisecond
+	start := time.Now()
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 3*time.Second || res.Journeys == 0 || res.Journeys >= 1<<20 {
+		t.Fatalf("duration-bound run: %d journeys in %s", res.Journeys, d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	cfg.Duration = 0
+	cfg.Count = 1 << 20
+	res, err = Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Journeys == 0 || res.Journeys >= 1<<20 {
+		t.Fatalf("cancelled run: %d journeys", res.Journeys)
+	}
+	if n := res.Outcomes[OpReserve]["ERR cancelled"]; n != 0 {
+		t.Fatalf("%d requests cut by the stop", n)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := baseConfig("http://127.0.0.1:1")
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Config){
+		"no url":       func(c *Config) { c.URLs = nil },
+		"bad url":      func(c *Config) { c.URLs = []string{"127.0.0.1:80"} },
+		"no sku":       func(c *Config) { c.SKU = "" },
+		"no minter":    func(c *Config) { c.Mint = nil },
+		"no buyers":    func(c *Config) { c.Buyers = 0 },
+		"ratio > 1":    func(c *Config) { c.RetryRatio = 1.5 },
+		"ratio < 0":    func(c *Config) { c.CancelRatio, c.AbandonRatio = -0.1, 0.6 },
+		"sum below 1":  func(c *Config) { c.AbandonRatio = 0.1 },
+		"sum above 1":  func(c *Config) { c.CheckoutRatio = 0.9 },
+		"negative dur": func(c *Config) { c.Duration = -time.Second },
+	} {
+		c := ok
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
