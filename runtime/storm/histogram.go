@@ -33,7 +33,7 @@ func bucketTop(b int) uint64 {
 	if b < subBuckets {
 		return uint64(b)
 	}
-	exp := b/subBuckets
+	exp := b / subBuckets
 	sub := uint64(b%subBuckets + subBuckets)
 	return (sub+1)<<uint(exp-1) - 1
 }
