@@ -27,6 +27,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/manager"
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/storm"
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/sweeper"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/version"
 )
 
@@ -39,6 +41,8 @@ func main() {
 	}
 	root.AddCommand(
 		manager.NewCmd(),
+		sweeper.NewCmd(),
+		storm.NewCmd(),
 		version.NewCmd(),
 	)
 
