@@ -22,7 +22,9 @@ import (
 	"context"
 	goflag "flag"
 	"fmt"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,6 +39,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/version"
 )
 
@@ -56,13 +59,24 @@ type Options struct {
 	LeaderElectionNamespace string
 	// Namespaces limits the watched namespaces; empty means all.
 	Namespaces []string
+	// Image is what the reserve and sweeper pods run: the operator's own image
+	// (same binary, other subcommand).
+	Image string
+	// StatusRefresh is how often a live sale's status is refreshed and its Redis
+	// checked for data loss.
+	StatusRefresh time.Duration
 }
+
+// EnvImage names the operator's own image; config/manager sets it.
+const EnvImage = "FLASHSALE_IMAGE"
 
 // DefaultOptions are the flag defaults.
 func DefaultOptions() Options {
 	return Options{
 		MetricsBindAddress:     ":8080",
 		HealthProbeBindAddress: ":8081",
+		Image:                  envOr(EnvImage, "flashsale-operator:latest"),
+		StatusRefresh:          controllers.DefaultStatusRefresh,
 	}
 }
 
@@ -104,6 +118,10 @@ func NewCmd() *cobra.Command {
 		"namespace of the leader-election Lease (default: the pod's namespace)")
 	f.StringSliceVar(&opts.Namespaces, "namespaces", opts.Namespaces,
 		"comma-separated namespaces to watch (default: all)")
+	f.StringVar(&opts.Image, "image", opts.Image,
+		"image of the reserve and sweeper pods (default: $"+EnvImage+", the operator's own image)")
+	f.DurationVar(&opts.StatusRefresh, "status-refresh", opts.StatusRefresh,
+		"how often a live sale's counts are refreshed and Redis is checked for data loss")
 
 	// --kubeconfig and the zap logging flags are Go flags.
 	goflags := goflag.NewFlagSet("manager", goflag.ContinueOnError)
@@ -141,6 +159,14 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
+	if err := (&controllers.FlashSaleReconciler{
+		Client:        mgr.GetClient(),
+		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
+		Image:         opts.Image,
+		StatusRefresh: opts.StatusRefresh,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the FlashSale controller: %w", err)
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the health check: %w", err)
 	}
@@ -155,6 +181,13 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 // watchedNamespaces trims the --namespaces values and drops empty ones, so

@@ -1,0 +1,224 @@
+package controllers
+
+import (
+	"strconv"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+)
+
+// Component names of the children; they appear in names and labels.
+const (
+	ComponentReserve = "reserve"
+	ComponentSweeper = "sweeper"
+)
+
+// Labels on every child. The local pod runner and kubectl selectors use them.
+const (
+	LabelName      = "app.kubernetes.io/name"
+	LabelInstance  = "app.kubernetes.io/instance"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelFlashSale = "flashsale.dev/flashsale"
+	ManagedBy      = "flashsale-operator"
+)
+
+// EnvListen is the address a data-plane container listens on.
+const EnvListen = "FLASHSALE_LISTEN"
+
+// EnvSweepInterval and EnvLeaderLock configure the sweeper container.
+const (
+	EnvSweepInterval = "FLASHSALE_SWEEP_INTERVAL"
+	EnvLeaderLock    = "FLASHSALE_LEADER_LOCK"
+)
+
+// containerPort is where reserve and sweeper serve HTTP (API, health, metrics).
+const containerPort = 8080
+
+// settings are a FlashSale's spec with the CRD defaults applied, so builders also
+// work on objects that never went through the API server (unit tests).
+type settings struct {
+	shards, maxPerUser, stealProbes, replicas int32
+	ttl, grace, sweepInterval                 time.Duration
+	redisMode                                 string
+	postgresKey, admissionKey                 string
+}
+
+func resolve(fs *flashsalev1alpha1.FlashSale) settings {
+	s := fs.Spec
+	d := func(v *metav1.Duration, def string) time.Duration {
+		if v != nil {
+			return v.Duration
+		}
+		out, _ := time.ParseDuration(def)
+		return out
+	}
+	r := settings{
+		shards:        ptr.Deref(s.Shards, flashsalev1alpha1.DefaultShards),
+		maxPerUser:    ptr.Deref(s.MaxPerUser, flashsalev1alpha1.DefaultMaxPerUser),
+		stealProbes:   ptr.Deref(s.Reservation.StealProbes, flashsalev1alpha1.DefaultStealProbes),
+		replicas:      ptr.Deref(s.Reservation.Replicas, flashsalev1alpha1.DefaultReservationReplicas),
+		ttl:           d(s.Reservation.TTL, flashsalev1alpha1.DefaultReservationTTL),
+		grace:         d(s.Reservation.GracePeriod, flashsalev1alpha1.DefaultReservationGrace),
+		sweepInterval: d(s.Sweeper.Interval, flashsalev1alpha1.DefaultSweeperInterval),
+		redisMode:     string(s.Redis.Mode),
+		postgresKey:   s.Postgres.SecretRef.Key,
+		admissionKey:  s.Admission.SecretRef.Key,
+	}
+	if r.redisMode == "" {
+		r.redisMode = string(flashsalev1alpha1.DefaultRedisMode)
+	}
+	if r.postgresKey == "" {
+		r.postgresKey = flashsalev1alpha1.DefaultPostgresSecretKey
+	}
+	if r.admissionKey == "" {
+		r.admissionKey = flashsalev1alpha1.DefaultAdmissionSecretKey
+	}
+	return r
+}
+
+// ChildName is the name of a FlashSale's child of the given component.
+func ChildName(fs *flashsalev1alpha1.FlashSale, component string) string {
+	return fs.Name + "-" + component
+}
+
+func childLabels(fs *flashsalev1alpha1.FlashSale, component string) map[string]string {
+	return map[string]string{
+		LabelName:      "flashsale",
+		LabelInstance:  fs.Name,
+		LabelComponent: component,
+		LabelManagedBy: ManagedBy,
+		LabelFlashSale: fs.Name,
+	}
+}
+
+// campaignEnv is the configuration both data-plane roles read (runtime/config),
+// secrets passed by reference, never by value.
+func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings) []corev1.EnvVar {
+	secret := func(name, secretName, key string, optional bool) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: secretName}, Key: key, Optional: ptr.To(optional),
+		}}}
+	}
+	redisSecret := fs.Spec.Redis.SecretRef.Name
+	return []corev1.EnvVar{
+		{Name: config.EnvCampaignID, Value: string(fs.UID)},
+		{Name: config.EnvNamespace, Value: fs.Namespace},
+		{Name: config.EnvName, Value: fs.Name},
+		{Name: config.EnvSKU, Value: fs.Spec.SKU},
+		{Name: config.EnvShards, Value: strconv.Itoa(int(s.shards))},
+		{Name: config.EnvMaxPerUser, Value: strconv.Itoa(int(s.maxPerUser))},
+		{Name: config.EnvStealProbes, Value: strconv.Itoa(int(s.stealProbes))},
+		{Name: config.EnvTTL, Value: s.ttl.String()},
+		{Name: config.EnvGracePeriod, Value: s.grace.String()},
+		{Name: config.EnvRedisMode, Value: s.redisMode},
+		{Name: EnvListen, Value: ":" + strconv.Itoa(containerPort)},
+		secret(config.EnvRedisAddresses, redisSecret, SecretKeyRedisAddresses, false),
+		secret(config.EnvRedisUsername, redisSecret, SecretKeyRedisUsername, true),
+		secret(config.EnvRedisPassword, redisSecret, SecretKeyRedisPassword, true),
+		secret(config.EnvPostgresDSN, fs.Spec.Postgres.SecretRef.Name, s.postgresKey, false),
+		secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false),
+	}
+}
+
+// restricted meets the Pod Security "restricted" profile.
+func restrictedContainer() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		RunAsNonRoot:             ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+func probe(path string, period int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString("http")}},
+		PeriodSeconds: period, TimeoutSeconds: 2, FailureThreshold: 3,
+	}
+}
+
+func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replicas int32, c corev1.Container) *appsv1.Deployment {
+	labels := childLabels(fs, component)
+	c.Name = component
+	c.Image = image
+	c.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: containerPort, Protocol: corev1.ProtocolTCP}}
+	c.SecurityContext = restrictedContainer()
+	c.LivenessProbe = probe("/healthz", 10)
+	c.ReadinessProbe = probe("/readyz", 2)
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: ChildName(fs, component), Namespace: fs.Namespace, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{c},
+					// The data plane never talks to the Kubernetes API.
+					AutomountServiceAccountToken:  ptr.To(false),
+					TerminationGracePeriodSeconds: ptr.To[int64](30),
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   ptr.To(true),
+						RunAsUser:      ptr.To[int64](65532),
+						RunAsGroup:     ptr.To[int64](65532),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+				},
+			},
+		},
+	}
+}
+
+// ReserveDeployment runs the reservation API of a FlashSale.
+func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
+	s := resolve(fs)
+	c := corev1.Container{Args: []string{"reserve"}, Env: campaignEnv(fs, s)}
+	if r := fs.Spec.Reservation.Resources; r != nil {
+		c.Resources = *r.DeepCopy()
+	}
+	return deployment(fs, ComponentReserve, image, s.replicas, c)
+}
+
+// ReserveService fronts the reserve replicas.
+func ReserveService(fs *flashsalev1alpha1.FlashSale) *corev1.Service {
+	labels := childLabels(fs, ComponentReserve)
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: ChildName(fs, ComponentReserve), Namespace: fs.Namespace, Labels: labels},
+		Spec: corev1.ServiceSpec{
+			Selector: labels,
+			Ports: []corev1.ServicePort{{
+				Name: "http", Port: 80, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+}
+
+// sweeperReplicas: one sweeps, the other stands by (a PostgreSQL advisory lock
+// elects the active one; correctness never depends on it).
+const sweeperReplicas = 2
+
+// SweeperDeployment runs the sweeper of a FlashSale.
+func SweeperDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
+	s := resolve(fs)
+	env := append(campaignEnv(fs, s),
+		corev1.EnvVar{Name: EnvSweepInterval, Value: s.sweepInterval.String()},
+		corev1.EnvVar{Name: EnvLeaderLock, Value: "postgres"},
+	)
+	c := corev1.Container{
+		Args: []string{"sweeper"},
+		Env:  env,
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: mustQuantity("50m"), corev1.ResourceMemory: mustQuantity("64Mi"),
+		}},
+	}
+	return deployment(fs, ComponentSweeper, image, sweeperReplicas, c)
+}

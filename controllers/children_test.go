@@ -1,0 +1,146 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+)
+
+func testSale(mutate ...func(*flashsalev1alpha1.FlashSale)) *flashsalev1alpha1.FlashSale {
+	fs := &flashsalev1alpha1.FlashSale{
+		ObjectMeta: metav1.ObjectMeta{Name: "ps5-drop", Namespace: "shop", UID: "6f1c1f4e-0000-4000-8000-000000000001"},
+		Spec: flashsalev1alpha1.FlashSaleSpec{
+			SKU: "itm-ps5-pro", Allocation: 1000,
+			Redis:     flashsalev1alpha1.RedisSpec{SecretRef: flashsalev1alpha1.SecretNameReference{Name: "shop-redis"}},
+			Postgres:  flashsalev1alpha1.PostgresSpec{SecretRef: flashsalev1alpha1.PostgresSecretKeySelector{Name: "shop-ledger"}},
+			Admission: flashsalev1alpha1.AdmissionSpec{SecretRef: flashsalev1alpha1.AdmissionSecretKeySelector{Name: "waiting-room", Key: "key"}},
+		},
+	}
+	for _, m := range mutate {
+		m(fs)
+	}
+	return fs
+}
+
+func envOf(c corev1.Container) map[string]corev1.EnvVar {
+	out := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		out[e.Name] = e
+	}
+	return out
+}
+
+func TestReserveDeployment(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fs       *flashsalev1alpha1.FlashSale
+		replicas int32
+		env      map[string]string // plain values
+		secrets  map[string][2]string
+		cpu      string
+	}{
+		{
+			name: "defaults", fs: testSale(), replicas: 2,
+			env: map[string]string{
+				config.EnvCampaignID: "6f1c1f4e-0000-4000-8000-000000000001", config.EnvSKU: "itm-ps5-pro",
+				config.EnvShards: "10", config.EnvMaxPerUser: "1", config.EnvStealProbes: "2", config.EnvTTL: "10m0s",
+				config.EnvGracePeriod: "30s", config.EnvRedisMode: "standalone", config.EnvNamespace: "shop", config.EnvName: "ps5-drop",
+				EnvListen: ":8080",
+			},
+			secrets: map[string][2]string{
+				config.EnvRedisAddresses: {"shop-redis", "addresses"}, config.EnvPostgresDSN: {"shop-ledger", "dsn"},
+				config.EnvAdmissionKey: {"waiting-room", "key"}, config.EnvRedisPassword: {"shop-redis", "password"},
+			},
+		},
+		{
+			name: "custom", replicas: 5, cpu: "500m",
+			fs: testSale(func(fs *flashsalev1alpha1.FlashSale) {
+				fs.Spec.Shards = ptr.To[int32](64)
+				fs.Spec.MaxPerUser = ptr.To[int32](3)
+				fs.Spec.Redis.Mode = flashsalev1alpha1.RedisModeCluster
+				fs.Spec.Reservation = flashsalev1alpha1.ReservationSpec{
+					TTL: &metav1.Duration{Duration: 90 * time.Second}, GracePeriod: &metav1.Duration{},
+					StealProbes: ptr.To[int32](0), Replicas: ptr.To[int32](5),
+					Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}},
+				}
+			}),
+			env: map[string]string{
+				config.EnvShards: "64", config.EnvMaxPerUser: "3", config.EnvStealProbes: "0", config.EnvTTL: "1m30s",
+				config.EnvGracePeriod: "0s", config.EnvRedisMode: "cluster",
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := ReserveDeployment(tc.fs, "registry.example/flashsale:v1")
+			if d.Name != "ps5-drop-reserve" || d.Namespace != "shop" || *d.Spec.Replicas != tc.replicas {
+				t.Fatalf("meta/replicas: %s/%s %d", d.Namespace, d.Name, *d.Spec.Replicas)
+			}
+			if d.Spec.Selector.MatchLabels[LabelComponent] != ComponentReserve || d.Spec.Template.Labels[LabelFlashSale] != "ps5-drop" {
+				t.Fatalf("labels %v", d.Spec.Template.Labels)
+			}
+			pod := d.Spec.Template.Spec
+			if len(pod.Containers) != 1 || *pod.AutomountServiceAccountToken || !*pod.SecurityContext.RunAsNonRoot {
+				t.Fatalf("pod %+v", pod)
+			}
+			c := pod.Containers[0]
+			if c.Image != "registry.example/flashsale:v1" || len(c.Args) != 1 || c.Args[0] != "reserve" {
+				t.Fatalf("container %s %v", c.Image, c.Args)
+			}
+			sc := c.SecurityContext
+			if *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || sc.Capabilities.Drop[0] != "ALL" || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Fatalf("security context %+v", sc)
+			}
+			if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.Ports[0].ContainerPort != 8080 {
+				t.Fatal("probes or port")
+			}
+			env := envOf(c)
+			for k, v := range tc.env {
+				if env[k].Value != v || env[k].ValueFrom != nil {
+					t.Errorf("env %s = %+v, want %q", k, env[k], v)
+				}
+			}
+			for k, ref := range tc.secrets {
+				s := env[k].ValueFrom
+				if env[k].Value != "" || s == nil || s.SecretKeyRef.Name != ref[0] || s.SecretKeyRef.Key != ref[1] {
+					t.Errorf("env %s must come from Secret %s key %s: %+v", k, ref[0], ref[1], env[k])
+				}
+			}
+			for _, e := range c.Env {
+				if e.Name == config.EnvAdmissionKey || e.Name == config.EnvPostgresDSN || e.Name == config.EnvRedisPassword {
+					if e.Value != "" {
+						t.Errorf("secret %s passed by value", e.Name)
+					}
+				}
+			}
+			if tc.cpu != "" && c.Resources.Requests.Cpu().String() != tc.cpu {
+				t.Errorf("resources %v", c.Resources)
+			}
+		})
+	}
+}
+
+func TestServiceAndSweeper(t *testing.T) {
+	fs := testSale(func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Sweeper.Interval = &metav1.Duration{Duration: 5 * time.Second}
+	})
+	svc := ReserveService(fs)
+	if svc.Name != "ps5-drop-reserve" || svc.Spec.Selector[LabelComponent] != ComponentReserve || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
+		t.Fatalf("service %+v", svc.Spec)
+	}
+	d := SweeperDeployment(fs, "img")
+	c := d.Spec.Template.Spec.Containers[0]
+	env := envOf(c)
+	if d.Name != "ps5-drop-sweeper" || c.Args[0] != "sweeper" || env[EnvSweepInterval].Value != "5s" || env[EnvLeaderLock].Value != "postgres" {
+		t.Fatalf("sweeper %s %v %v", d.Name, c.Args, env)
+	}
+	if *d.Spec.Replicas != 2 || d.Spec.Selector.MatchLabels[LabelComponent] != ComponentSweeper {
+		t.Fatalf("sweeper replicas/selector")
+	}
+}

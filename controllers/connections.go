@@ -1,0 +1,100 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+// campaignConn is the controller's open connections to one FlashSale's Redis and
+// ledger, reused across reconciles and replaced when a Secret or the spec changes.
+type campaignConn struct {
+	key    string // fingerprint of the references and engine config
+	rdb    redis.UniversalClient
+	ledger *ledger.Ledger
+	engine *engine.Engine
+	runIDs map[string]string // Redis run ids seen at the last healthy check
+}
+
+func (c *campaignConn) close() {
+	c.engine.Close()
+	c.ledger.Close()
+	_ = c.rdb.Close()
+}
+
+// sameRunIDs reports whether every server seen before still has its run id.
+func (c *campaignConn) sameRunIDs(now map[string]string) bool {
+	for addr, id := range c.runIDs {
+		if cur, ok := now[addr]; ok && cur != id {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *campaignConn) rememberRunIDs(ids map[string]string) { c.runIDs = maps.Clone(ids) }
+
+// connections caches one campaignConn per FlashSale.
+type connections struct {
+	mu    sync.Mutex
+	byKey map[types.NamespacedName]*campaignConn
+}
+
+// get returns the open connection for a FlashSale, opening (or replacing) it when
+// needed. Opening the ledger applies its migrations.
+func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs references, cfg engine.Config) (*campaignConn, error) {
+	key := refs.fingerprint() + "|" + cfgKey(cfg)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if c, ok := cs.byKey[name]; ok {
+		if c.key == key {
+			return c, nil
+		}
+		c.close()
+		delete(cs.byKey, name)
+	}
+	l, err := ledger.Open(ctx, refs.postgresDSN)
+	if err != nil {
+		return nil, &ledgerError{err}
+	}
+	rdb := refs.redis.Client()
+	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		l.Close()
+		_ = rdb.Close()
+		return nil, err
+	}
+	c := &campaignConn{key: key, rdb: rdb, ledger: l, engine: e}
+	if cs.byKey == nil {
+		cs.byKey = map[types.NamespacedName]*campaignConn{}
+	}
+	cs.byKey[name] = c
+	return c, nil
+}
+
+func (cs *connections) drop(name types.NamespacedName) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if c, ok := cs.byKey[name]; ok {
+		c.close()
+		delete(cs.byKey, name)
+	}
+}
+
+func cfgKey(c engine.Config) string {
+	c.IDSecret = nil // part of the references fingerprint already
+	return fmt.Sprintf("%+v", c)
+}
+
+// ledgerError marks a failure to reach PostgreSQL.
+type ledgerError struct{ err error }
+
+func (e *ledgerError) Error() string { return "PostgreSQL ledger unreachable: " + e.err.Error() }
+func (e *ledgerError) Unwrap() error { return e.err }

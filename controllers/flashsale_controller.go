@@ -1,0 +1,587 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// Finalizer lets the controller close the gates, delete the Redis keys and mark the
+// ledger campaign deleted before a FlashSale goes away.
+const Finalizer = "flashsale.dev/cleanup"
+
+// Requeue periods.
+const (
+	// DefaultStatusRefresh is how often a live sale's counts are refreshed and its
+	// Redis checked for data loss (well inside the 5 s the loss must be noticed in).
+	DefaultStatusRefresh = 2 * time.Second
+	waitForReferences    = 10 * time.Second
+	retryUnhealthy       = 3 * time.Second
+	idleRefresh          = 5 * time.Minute
+)
+
+// FlashSaleReconciler reconciles FlashSale objects.
+type FlashSaleReconciler struct {
+	client.Client
+	Recorder      events.EventRecorder
+	Clock         func() time.Time
+	Image         string        // image of the reserve and sweeper pods
+	StatusRefresh time.Duration // while a sale is live
+
+	conns connections
+}
+
+// scope is what the phases of one reconcile share.
+type scope struct {
+	fs     *flashsalev1alpha1.FlashSale
+	now    time.Time
+	window window
+	conn   *campaignConn
+	epoch  int64
+	counts engine.Counts
+	events []event // emitted after the status write succeeded
+	result ctrl.Result
+}
+
+type event struct{ kind, reason, message string }
+
+func (s *scope) event(kind, reason, format string, args ...any) {
+	s.events = append(s.events, event{kind, reason, fmt.Sprintf(format, args...)})
+}
+
+func (s *scope) condition(typ string, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&s.fs.Status.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: s.fs.Generation,
+	})
+}
+
+// requeueAfter keeps the earliest requested requeue.
+func (s *scope) requeueAfter(d time.Duration) {
+	if d > 0 && (s.result.RequeueAfter == 0 || d < s.result.RequeueAfter) {
+		s.result.RequeueAfter = d
+	}
+}
+
+// Reconcile drives one FlashSale toward its spec. It never writes the spec.
+func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	fs := &flashsalev1alpha1.FlashSale{}
+	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.conns.drop(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if !fs.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, fs)
+	}
+	if controllerutil.AddFinalizer(fs, Finalizer) {
+		return ctrl.Result{}, r.Update(ctx, fs)
+	}
+
+	before := fs.DeepCopy()
+	s := &scope{fs: fs, now: r.now()}
+	s.window = saleWindow(&fs.Spec, s.now)
+	err := r.reconcilePhases(ctx, s)
+	if err == nil {
+		fs.Status.ObservedGeneration = fs.Generation
+	}
+	if werr := r.writeStatus(ctx, before, s); werr != nil {
+		return ctrl.Result{}, errors.Join(err, werr)
+	}
+	return s.result, err
+}
+
+func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) error {
+	for _, phase := range []func(context.Context, *scope) (bool, error){
+		r.connect,
+		r.ensureStock,
+		r.applyAllocation,
+		r.applyGates,
+		r.reconcileChildren,
+		r.observe,
+	} {
+		done, err := phase(ctx, s)
+		if err != nil || done {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *FlashSaleReconciler) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock()
+	}
+	return time.Now()
+}
+
+// connect reads the referenced Secrets and opens (or reuses) the Redis and ledger
+// connections. A missing Secret or key stops here with a condition naming it.
+func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, error) {
+	refs, err := readReferences(ctx, r.Client, s.fs)
+	var refErr *referenceError
+	if errors.As(err, &refErr) {
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
+		s.requeueAfter(waitForReferences)
+		return true, nil
+	}
+	if err != nil {
+		return true, err
+	}
+	set := resolve(s.fs)
+	cfg := engine.Config{
+		CampaignID: string(s.fs.UID), Namespace: s.fs.Namespace, Name: s.fs.Name, SKU: s.fs.Spec.SKU,
+		Allocation: s.fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
+		TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes),
+		IDSecret: config.DeriveIDSecret(refs.admissionKey),
+	}
+	conn, err := r.conns.get(ctx, types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}, refs, cfg)
+	if err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
+	s.conn = conn
+	s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	return false, nil
+}
+
+// unhealthy records a Redis or ledger failure: the sale is closed (no reservation
+// can be made durable or taken) and the controller retries soon.
+func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
+	var le *ledgerError
+	if errors.As(err, &le) {
+		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerUnreachable, err.Error())
+	} else {
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnreachable, err.Error())
+	}
+	s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+err.Error())
+	s.requeueAfter(retryUnhealthy)
+}
+
+// ensureStock seeds a new sale once, and detects and repairs Redis data loss: shards
+// without meta, a stale epoch, or a Redis server that restarted. Loss first shows
+// as FailClosed (every shard refuses), then the next reconcile rebuilds from the
+// ledger.
+func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, error) {
+	eng := s.conn.engine
+	lost, why := false, ""
+	res, err := eng.Seed(ctx, s.window.Gate)
+	switch {
+	case errors.Is(err, engine.ErrNeedsRebuild):
+		lost, why = true, err.Error()
+	case err != nil:
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	s.epoch = res.Campaign.Epoch
+	if res.Seeded > 0 {
+		s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d)", res.Campaign.Allocation, res.Seeded, res.Campaign.Epoch)
+	}
+	ids, err := eng.Store().RunIDs(ctx)
+	if err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
+	if !lost && !s.conn.sameRunIDs(ids) {
+		lost, why = true, "a Redis server restarted (its run id changed): its data may be older than the ledger"
+	}
+	phase := s.fs.Status.Phase
+	needsRebuild := lost || phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding
+	if needsRebuild && phase != flashsalev1alpha1.PhaseFailClosed && phase != flashsalev1alpha1.PhaseRebuilding {
+		// Close every shard at once (shards without meta already refuse), say so, and
+		// rebuild on the next reconcile, right after this status is written.
+		_, _ = eng.Store().SetGate(ctx, stock.StateFailClosed, 0)
+		s.fs.Status.Phase = flashsalev1alpha1.PhaseFailClosed
+		msg := "Redis lost the sale's state (" + why + "); every shard refuses reservations until the stock is rebuilt from the ledger"
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, msg)
+		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonFailClosed, msg)
+		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", msg)
+		s.result.RequeueAfter = time.Millisecond
+		return true, nil
+	}
+	if needsRebuild {
+		rep, err := eng.Rebuild(ctx, s.window.Gate)
+		if err != nil {
+			err = classify(err)
+			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
+			s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRebuildFailed, msg)
+			s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+			var le *ledgerError
+			if errors.As(err, &le) {
+				s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
+			} else {
+				s.fs.Status.Phase = flashsalev1alpha1.PhaseRebuilding
+			}
+			s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s", msg)
+			s.requeueAfter(retryUnhealthy)
+			return true, nil
+		}
+		s.epoch = rep.Epoch
+		s.fs.Status.LastRebuild = &flashsalev1alpha1.RebuildStatus{
+			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
+			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold,
+			DurationSeconds: fmt.Sprintf("%.3f", rep.Duration.Seconds()),
+		}
+		if why == "" {
+			s.fs.Status.LastRebuild.Reason = "resumed after the sale failed closed"
+		}
+		s.fs.Status.Phase = "" // recomputed by observe
+		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d",
+			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
+	}
+	s.conn.rememberRunIDs(ids)
+	s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
+	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))
+	return false, nil
+}
+
+// classify turns errors that come from the ledger into ledgerErrors.
+func classify(err error) error {
+	var le *ledgerError
+	if errors.As(err, &le) {
+		return err
+	}
+	if errors.Is(err, engine.ErrLedger) {
+		return &ledgerError{err}
+	}
+	return err
+}
+
+// applyAllocation brings the allocation to spec.allocation exactly once: a raise
+// adds units (restock); a decrease takes units out of available stock, and is
+// refused while it would fall below the units sold and reserved.
+func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bool, error) {
+	eng := s.conn.engine
+	want := s.fs.Spec.Allocation
+	c, err := eng.Ledger().GetCampaign(ctx, string(s.fs.UID))
+	if err != nil {
+		r.unhealthy(s, &ledgerError{err})
+		return true, nil
+	}
+	refuse := func(sold, reserved int64) {
+		msg := fmt.Sprintf("allocation %d refused: %d units are sold and %d reserved; allocation %d stays in effect", want, sold, reserved, c.Allocation)
+		if cond := meta.FindStatusCondition(s.fs.Status.Conditions, ConditionAllocationApplied); cond == nil || cond.Message != msg {
+			s.event(corev1.EventTypeWarning, ReasonAllocationRefused, "%s", msg)
+		}
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRefused, msg)
+	}
+	if want < c.Allocation {
+		counts, err := eng.Counts(ctx)
+		if err != nil {
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+		if want < counts.Sold+counts.Reserved {
+			// Units withdrawn by an earlier attempt go back to the stock.
+			if _, err := eng.ApplyAllocation(ctx, c.Allocation); err != nil {
+				r.unhealthy(s, classify(err))
+				return true, nil
+			}
+			refuse(counts.Sold, counts.Reserved)
+			return false, nil
+		}
+	}
+	changed, err := eng.ApplyAllocation(ctx, want)
+	switch {
+	case errors.Is(err, engine.ErrBelowHeld):
+		counts, _ := eng.Counts(ctx)
+		refuse(counts.Sold, counts.Reserved)
+		return false, nil
+	case errors.Is(err, engine.ErrAllocationPending):
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationPending,
+			fmt.Sprintf("lowering the allocation to %d: %v; it completes as reserved units are released", want, err))
+		s.requeueAfter(retryUnhealthy)
+		return false, nil
+	case err != nil:
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	switch {
+	case changed && want > c.Allocation:
+		s.event(corev1.EventTypeNormal, ReasonRestocked, "Added %d units: allocation %d → %d", want-c.Allocation, c.Allocation, want)
+	case changed && want < c.Allocation:
+		s.event(corev1.EventTypeNormal, ReasonAllocationLowered, "Removed %d units from available stock: allocation %d → %d", c.Allocation-want, c.Allocation, want)
+	}
+	s.condition(ConditionAllocationApplied, metav1.ConditionTrue, ReasonApplied, fmt.Sprintf("allocation %d is in effect", want))
+	return false, nil
+}
+
+// applyGates writes the gate the schedule and the pause switch ask for into every
+// shard whose meta says otherwise.
+func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, error) {
+	states, err := s.conn.engine.Store().State(ctx)
+	if err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
+	for _, st := range states {
+		if st.State == s.window.Gate {
+			continue
+		}
+		if err := s.conn.engine.SetGate(ctx, s.window.Gate, s.epoch); err != nil {
+			r.unhealthy(s, err)
+			return true, nil
+		}
+		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)
+		break
+	}
+	if s.window.Next > 0 {
+		s.requeueAfter(s.window.Next)
+	}
+	return false, nil
+}
+
+// reconcileChildren creates or updates the reserve Deployment and Service and the
+// sweeper Deployment, owned by the FlashSale. They are created ahead of the
+// schedule's start so the pods are warm before the drop.
+func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (bool, error) {
+	for _, desired := range []client.Object{
+		ReserveDeployment(s.fs, r.Image),
+		ReserveService(s.fs),
+		SweeperDeployment(s.fs, r.Image),
+	} {
+		if err := r.apply(ctx, s.fs, desired); err != nil {
+			return true, err
+		}
+	}
+	return false, nil
+}
+
+// apply creates the child, or updates it when the desired spec is not already
+// contained in the live one (fields the API server defaults are left alone, so an
+// unchanged child is never rewritten).
+func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha1.FlashSale, desired client.Object) error {
+	if err := ctrl.SetControllerReference(owner, desired, r.Scheme()); err != nil {
+		return err
+	}
+	live := desired.DeepCopyObject().(client.Object)
+	err := r.Get(ctx, client.ObjectKeyFromObject(desired), live)
+	if apierrors.IsNotFound(err) {
+		return r.Create(ctx, desired)
+	}
+	if err != nil {
+		return err
+	}
+	if !metav1.IsControlledBy(live, owner) {
+		return fmt.Errorf("%T %s exists and is not owned by FlashSale %s", live, live.GetName(), owner.Name)
+	}
+	var same bool
+	switch d := desired.(type) {
+	case *appsv1.Deployment:
+		l := live.(*appsv1.Deployment)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
+		d.Spec.Template.Annotations = l.Spec.Template.Annotations
+	case *corev1.Service:
+		l := live.(*corev1.Service)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
+		d.Spec.ClusterIP, d.Spec.ClusterIPs = l.Spec.ClusterIP, l.Spec.ClusterIPs
+	}
+	if same {
+		return nil
+	}
+	desired.SetResourceVersion(live.GetResourceVersion())
+	return r.Update(ctx, desired)
+}
+
+// observe reads the counts into status and sums the sale up in its phase and
+// conditions.
+func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, error) {
+	counts, err := s.conn.engine.Counts(ctx)
+	if err != nil {
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	s.counts = counts
+	st := &s.fs.Status
+	st.Epoch, st.Allocation = counts.Epoch, counts.Allocation
+	st.Available, st.Reserved, st.Sold = counts.Available, counts.Reserved, counts.Sold
+	st.Shards = st.Shards[:0]
+	for _, sh := range counts.Shards {
+		st.Shards = append(st.Shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Reserved})
+	}
+	// Pending rows in the ledger count too: Completed means nothing can change any more.
+	st.Phase = salePhase(s.window.Gate, counts.Available, max(counts.Reserved, counts.Pending))
+
+	admitting := s.window.Gate == stock.StateOpen
+	switch {
+	case admitting && counts.Available > 0:
+		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
+	case admitting:
+		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
+	default:
+		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(s.window.Gate), gateMessage(s.window.Gate))
+	}
+
+	ready, msg, err := r.childrenReady(ctx, s.fs)
+	if err != nil {
+		return true, err
+	}
+	if ready {
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API available")
+	} else {
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonChildrenNotReady, msg)
+	}
+
+	switch {
+	case st.Phase == flashsalev1alpha1.PhaseCompleted:
+		s.requeueAfter(idleRefresh)
+	default:
+		s.requeueAfter(r.statusRefresh())
+	}
+	return false, nil
+}
+
+func (r *FlashSaleReconciler) statusRefresh() time.Duration {
+	if r.StatusRefresh > 0 {
+		return r.StatusRefresh
+	}
+	return DefaultStatusRefresh
+}
+
+// childrenReady: the reserve Deployment has its replicas ready (at least one, when
+// any are asked for).
+func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (bool, string, error) {
+	var d appsv1.Deployment
+	if err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, "the reserve Deployment does not exist yet", nil
+		}
+		return false, "", err
+	}
+	want := resolve(fs).replicas
+	if want == 0 {
+		return true, "", nil
+	}
+	if d.Status.ReadyReplicas < 1 {
+		return false, fmt.Sprintf("reserve Deployment %s has 0 of %d replicas ready", d.Name, want), nil
+	}
+	return true, "", nil
+}
+
+// writeStatus patches the status once, only when it changed, then emits the events.
+func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsalev1alpha1.FlashSale, s *scope) error {
+	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
+		s.event(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
+	}
+	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
+		if err := r.Status().Patch(ctx, s.fs, client.MergeFrom(before)); err != nil {
+			return err
+		}
+	}
+	for _, e := range s.events {
+		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", e.message)
+	}
+	return nil
+}
+
+// finalize closes the gates, deletes the Redis keys and the children, marks the
+// ledger campaign deleted (orders stay: they are the book of record), then lets
+// the FlashSale go.
+func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha1.FlashSale) error {
+	if !controllerutil.ContainsFinalizer(fs, Finalizer) {
+		return nil
+	}
+	name := types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name}
+	refs, err := readReferences(ctx, r.Client, fs)
+	var refErr *referenceError
+	switch {
+	case errors.As(err, &refErr):
+		r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "Redis keys and ledger campaign left in place: %s", refErr.message)
+	case err != nil:
+		return err
+	default:
+		set := resolve(fs)
+		conn, err := r.conns.get(ctx, name, refs, engine.Config{
+			CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
+			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
+			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: config.DeriveIDSecret(refs.admissionKey),
+		})
+		if err != nil {
+			return err
+		}
+		if err := conn.engine.Delete(ctx); err != nil {
+			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+		}
+	}
+	// Owner references remove the children on a real cluster; deleting them here
+	// also covers API servers without a garbage collector and stops the pods first.
+	for _, obj := range []client.Object{
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+	} {
+		if err := r.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	r.conns.drop(name)
+	controllerutil.RemoveFinalizer(fs, Finalizer)
+	return r.Update(ctx, fs)
+}
+
+// SetupWithManager registers the controller: FlashSales, their children, and the
+// Secrets they reference (a Secret created after its FlashSale unblocks it).
+func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&flashsalev1alpha1.FlashSale{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
+		Named("flashsale").
+		Complete(r)
+}
+
+func (r *FlashSaleReconciler) salesUsingSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	var list flashsalev1alpha1.FlashSaleList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		log.FromContext(ctx).Error(err, "listing FlashSales for a Secret change")
+		return nil
+	}
+	var out []reconcile.Request
+	for _, fs := range list.Items {
+		sp := fs.Spec
+		if n := o.GetName(); n == sp.Redis.SecretRef.Name || n == sp.Postgres.SecretRef.Name || n == sp.Admission.SecretRef.Name {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name}})
+		}
+	}
+	return out
+}
+
+func orNone(p flashsalev1alpha1.FlashSalePhase) string {
+	if p == "" {
+		return "(none)"
+	}
+	return string(p)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}

@@ -1,0 +1,481 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+const settle = 20 * time.Second
+
+// markReserveReady plays the kubelet's part for the reserve Deployment.
+func markReserveReady(t *testing.T, ns, name string) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(settle)
+	for {
+		var d appsv1.Deployment
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-reserve"}, &d)
+		if err == nil {
+			d.Status.Replicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas = *d.Spec.Replicas, *d.Spec.Replicas, *d.Spec.Replicas
+			if err = k8s.Status().Update(ctx, &d); err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reserve deployment: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestCreateSeedsDeploysAndReports(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("ps5-drop", 100))
+	fs := e.waitFor("ps5-drop", settle, "Seeded", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue)
+	})
+	if fs.Status.Epoch != 1 || len(fs.Status.Shards) != 4 {
+		t.Fatalf("status %+v", fs.Status)
+	}
+	ctx := context.Background()
+	for _, name := range []string{"ps5-drop-reserve", "ps5-drop-sweeper"} {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &d); err != nil {
+			t.Fatal(err)
+		}
+		if !metav1.IsControlledBy(&d, fs) {
+			t.Fatalf("%s is not owned by the FlashSale", name)
+		}
+		c := d.Spec.Template.Spec.Containers[0]
+		if c.Image != "flashsale-operator:test" || c.SecurityContext == nil || !*c.SecurityContext.RunAsNonRoot || c.ReadinessProbe == nil {
+			t.Fatalf("%s container %+v", name, c)
+		}
+	}
+	var svc corev1.Service
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "ps5-drop-reserve"}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	// Not Ready until the reservation API has a ready replica.
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse {
+		t.Fatalf("Ready before the API runs: %+v", c)
+	}
+	markReserveReady(t, e.ns, "ps5-drop")
+	e.waitFor("ps5-drop", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
+	})
+
+	// Status counts follow reservations made through the engine.
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	var ids []string
+	for i := range 7 {
+		ids = append(ids, e.reserve(eng, fmt.Sprintf("buyer-%d", i)).ID)
+	}
+	for i, id := range ids[:3] {
+		if co, err := eng.Checkout(ctx, fmt.Sprintf("buyer-%d", i), id, "pay"); err != nil || co.Outcome != ledger.CheckoutCommitted {
+			t.Fatalf("checkout %v %v", co.Outcome, err)
+		}
+	}
+	fs = e.waitFor("ps5-drop", settle, "counts", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Available == 93 && fs.Status.Reserved == 4 && fs.Status.Sold == 3
+	})
+	var shardSum int64
+	for _, s := range fs.Status.Shards {
+		shardSum += s.Available
+	}
+	if shardSum != 93 || fs.Status.Phase != flashsalev1alpha1.PhaseOpen || fs.Status.Allocation != 100 {
+		t.Fatalf("status %+v", fs.Status)
+	}
+	if fs.Status.ObservedGeneration != fs.Generation {
+		t.Fatalf("observedGeneration %d, generation %d", fs.Status.ObservedGeneration, fs.Generation)
+	}
+
+	// kubectl get fs shows the columns filled in.
+	out := kubectl(t, "get", "fs", "-n", e.ns)
+	for _, want := range []string{"SKU", "PHASE", "AVAILABLE", "itm-ps5-drop", "Open", "100", "93", "4", "3"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("kubectl get fs output lacks %q:\n%s", want, out)
+		}
+	}
+	// kubectl wait works on the Ready condition.
+	kubectl(t, "wait", "--for=condition=Ready", "--timeout=10s", "-n", e.ns, "flashsale/ps5-drop")
+	if fs.Generation != 1 {
+		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	}
+}
+
+// kubectl runs the real kubectl (the one built with the envtest binaries, or PATH's).
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	assets, err := testharness.KubeAssets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(assets, "kubectl")
+	cfg, err := kube.Kubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, append([]string{"--kubeconfig", cfg}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func TestScheduleGatesAndLifecycle(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	now := time.Now()
+	start, end := now.Add(4*time.Second), now.Add(9*time.Second)
+	e.apply(e.sale("scheduled", 50).schedule(start, end))
+	fs := e.waitFor("scheduled", settle, "Scheduled", phaseIs(flashsalev1alpha1.PhaseScheduled))
+	// Children exist ahead of the start, so pods are warm before the drop.
+	var d appsv1.Deployment
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "scheduled-reserve"}, &d); err != nil {
+		t.Fatalf("reserve Deployment before the start: %v", err)
+	}
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	r, err := eng.Reserve(context.Background(), "early", "r", 1)
+	if err != nil || r.Outcome != "CLOSED" || r.Reason != stock.StateNotStarted {
+		t.Fatalf("before start: %+v %v", r, err)
+	}
+	fs = e.waitFor("scheduled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	if late := time.Since(start); late > 2*time.Second {
+		t.Fatalf("opened %s after the start", late)
+	}
+	res := e.reserve(eng, "on-time")
+	e.waitFor("scheduled", settle, "Ended", phaseIs(flashsalev1alpha1.PhaseEnded))
+	if r, _ := eng.Reserve(context.Background(), "too-late", "r", 1); r.Reason != stock.StateEnded {
+		t.Fatalf("after end: %+v", r)
+	}
+	// Completed once nothing is pending.
+	if c, err := eng.Cancel(context.Background(), "on-time", res.ID); err != nil || c.Outcome != ledger.CancelCancelled {
+		t.Fatalf("cancel: %v %v", c.Outcome, err)
+	}
+	fs = e.waitFor("scheduled", settle, "Completed", phaseIs(flashsalev1alpha1.PhaseCompleted))
+	if fs.Generation != 1 {
+		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	}
+	if !hasEvent(t, e.ns, "scheduled", controllers.ReasonPhaseChanged) {
+		t.Fatal("no PhaseChanged event")
+	}
+}
+
+func hasEvent(t *testing.T, ns, name, reason string) bool {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		var list corev1.EventList
+		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range list.Items {
+			if ev.InvolvedObject.Name == name && ev.Reason == reason {
+				return true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+func updateSpec(t *testing.T, ns, name string, mutate func(*flashsalev1alpha1.FlashSale)) {
+	t.Helper()
+	for range 10 {
+		fs := &flashsalev1alpha1.FlashSale{}
+		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, fs); err != nil {
+			t.Fatal(err)
+		}
+		mutate(fs)
+		err := k8s.Update(context.Background(), fs)
+		if err == nil {
+			return
+		}
+		if !apierrors.IsConflict(err) {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("could not update the spec")
+}
+
+func TestPauseRestockAndDecrease(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	stop := e.startController()
+	fs := e.apply(e.sale("restock", 100))
+	fs = e.waitFor("restock", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	for i := range 5 {
+		res := e.reserve(eng, fmt.Sprintf("u-%d", i))
+		if _, err := eng.Checkout(context.Background(), fmt.Sprintf("u-%d", i), res.ID, "pay"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	updateSpec(t, e.ns, "restock", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
+	e.waitFor("restock", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
+	if r, _ := eng.Reserve(context.Background(), "paused-buyer", "r", 1); r.Reason != stock.StatePaused {
+		t.Fatalf("paused: %+v", r)
+	}
+	updateSpec(t, e.ns, "restock", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = false })
+	e.waitFor("restock", settle, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
+
+	// Restock +500: applied once, across many reconciles and a controller restart.
+	updateSpec(t, e.ns, "restock", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Allocation = 600 })
+	e.waitFor("restock", settle, "restocked", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Allocation == 600 && fs.Status.Available == 595
+	})
+	time.Sleep(3 * time.Second) // several status refreshes
+	stop()
+	e.startController()
+	time.Sleep(3 * time.Second)
+	fs = e.waitFor("restock", settle, "still 595", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Allocation == 600 && fs.Status.Sold == 5
+	})
+	if fs.Status.Available != 595 {
+		t.Fatalf("restock applied twice: available %d", fs.Status.Available)
+	}
+	if !hasEvent(t, e.ns, "restock", controllers.ReasonRestocked) {
+		t.Fatal("no Restocked event")
+	}
+
+	// Below sold: refused with a condition that says so; nothing changes.
+	updateSpec(t, e.ns, "restock", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Allocation = 3 })
+	fs = e.waitFor("restock", settle, "refusal", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, controllers.ConditionAllocationApplied, metav1.ConditionFalse)
+	})
+	c := meta.FindStatusCondition(fs.Status.Conditions, controllers.ConditionAllocationApplied)
+	if c.Reason != controllers.ReasonAllocationRefused || !strings.Contains(c.Message, "5 units are sold") {
+		t.Fatalf("condition %+v", c)
+	}
+	if fs.Status.Allocation != 600 || fs.Status.Available != 595 {
+		t.Fatalf("a refused decrease changed the stock: %+v", fs.Status)
+	}
+	// Above sold: units leave the available stock.
+	updateSpec(t, e.ns, "restock", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Allocation = 50 })
+	e.waitFor("restock", settle, "lowered", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Allocation == 50 && fs.Status.Available == 45 && conditionIs(fs, controllers.ConditionAllocationApplied, metav1.ConditionTrue)
+	})
+}
+
+func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("lossy", 200))
+	fs = e.waitFor("lossy", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, r.Addr())
+	ctx := context.Background()
+	var pending []string
+	for i := range 20 {
+		res := e.reserve(eng, fmt.Sprintf("v-%d", i))
+		if i < 8 {
+			if _, err := eng.Checkout(ctx, fmt.Sprintf("v-%d", i), res.ID, "pay"); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			pending = append(pending, res.ID)
+		}
+	}
+	e.waitFor("lossy", settle, "counts", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Sold == 8 && fs.Status.Reserved == 12 })
+
+	// Watch the phase as it changes: FailClosed must show within 5 s of the loss.
+	w, err := k8s.Watch(ctx, &flashsalev1alpha1.FlashSaleList{}, client.InNamespace(e.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	lost := time.Now()
+	if err := r.RestartEmpty(); err != nil {
+		t.Fatal(err)
+	}
+	var sawFailClosed time.Duration
+	deadline := time.After(settle)
+	for sawFailClosed == 0 {
+		select {
+		case ev := <-w.ResultChan():
+			if got, ok := ev.Object.(*flashsalev1alpha1.FlashSale); ok && got.Status.Phase == flashsalev1alpha1.PhaseFailClosed {
+				sawFailClosed = time.Since(lost)
+				c := meta.FindStatusCondition(got.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy)
+				if c == nil || c.Reason != controllers.ReasonRedisDataLost || !strings.Contains(c.Message, "rebuilt from the ledger") {
+					t.Fatalf("RedisHealthy condition %+v", c)
+				}
+			}
+		case <-deadline:
+			t.Fatal("never saw FailClosed")
+		}
+	}
+	t.Logf("FailClosed visible %s after the loss", sawFailClosed)
+	if sawFailClosed > 5*time.Second {
+		t.Fatalf("FailClosed showed %s after the loss", sawFailClosed)
+	}
+	fs = e.waitFor("lossy", settle, "Open after rebuild", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && fs.Status.LastRebuild != nil
+	})
+	if fs.Status.Epoch != 2 || fs.Status.Available != 180 || fs.Status.Reserved != 12 || fs.Status.Sold != 8 {
+		t.Fatalf("counts after rebuild %+v", fs.Status)
+	}
+	lr := fs.Status.LastRebuild
+	if lr.Sold != 8 || lr.Reserved != 12 || lr.Available != 180 || lr.Reason == "" {
+		t.Fatalf("lastRebuild %+v", lr)
+	}
+	if !hasEvent(t, e.ns, "lossy", controllers.ReasonRedisDataLost) || !hasEvent(t, e.ns, "lossy", controllers.ReasonRebuilt) {
+		t.Fatal("missing loss/rebuild events")
+	}
+	// Reservations acknowledged before the loss still check out.
+	for i, id := range pending {
+		co, err := eng.Checkout(ctx, fmt.Sprintf("v-%d", i+8), id, "pay")
+		if err != nil || co.Outcome != ledger.CheckoutCommitted {
+			t.Fatalf("checkout after rebuild: %v %v", co.Outcome, err)
+		}
+	}
+	e.waitFor("lossy", settle, "all sold", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Sold == 20 && fs.Status.Reserved == 0 && fs.Status.Available == 180
+	})
+	if fs.Generation != 1 {
+		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	}
+}
+
+func TestLedgerDownStaysClosed(t *testing.T) {
+	pg := testharness.PostgresT(t)
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), pg)
+	e.startController()
+	e.apply(e.sale("ledgerless", 10))
+	e.waitFor("ledgerless", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("ledgerless", settle, "LedgerHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse)
+	})
+	c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy)
+	if !strings.Contains(c.Message, "ledger") {
+		t.Fatalf("condition %+v", c)
+	}
+	// Redis loses its data while the ledger is down: closed, and it says why.
+	if err := r.RestartEmpty(); err != nil {
+		t.Fatal(err)
+	}
+	fs = e.waitFor("ledgerless", settle, "still closed", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseFailClosed || conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse)
+	})
+	if conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue) {
+		t.Fatalf("Ready while the ledger is down: %+v", fs.Status.Conditions)
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("ledgerless", 30*time.Second, "Open after recovery", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue) && fs.Status.Available == 10
+	})
+}
+
+func TestMissingSecretOrKeyIsNamed(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("orphan", 10).redisSecret("nowhere"))
+	fs := e.waitFor("orphan", settle, "SecretNotFound", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonSecretNotFound
+	})
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, `"nowhere"`) {
+		t.Fatalf("message does not name the Secret: %s", c.Message)
+	}
+	if conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue) {
+		t.Fatal("seeded without its Secret")
+	}
+	// The Secret appears, but without the key.
+	e.create(e.secret("nowhere", map[string]string{"adresses": sharedRedis.Addr()}))
+	fs = e.waitFor("orphan", settle, "SecretKeyMissing", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonSecretKeyMissing
+	})
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, `"addresses"`) {
+		t.Fatalf("message does not name the key: %s", c.Message)
+	}
+	// Fixed: the sale seeds.
+	var s corev1.Secret
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "nowhere"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Data = map[string][]byte{"addresses": []byte(sharedRedis.Addr())}
+	if err := k8s.Update(context.Background(), &s); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("orphan", settle, "Seeded", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue)
+	})
+}
+
+func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("doomed", 30))
+	fs = e.waitFor("doomed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	if len(fs.Finalizers) == 0 {
+		t.Fatal("no finalizer")
+	}
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	ids := []string{e.reserve(eng, "a").ID, e.reserve(eng, "b").ID}
+	ctx := context.Background()
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(settle)
+	for {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed"}, &flashsalev1alpha1.FlashSale{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("FlashSale not gone: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	states, err := eng.Store().State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range states {
+		if s.Present {
+			t.Fatalf("shard %d still in Redis", s.Index)
+		}
+	}
+	if n, _ := eng.Store().DeleteAll(ctx); n != 0 {
+		t.Fatalf("%d Redis keys left", n)
+	}
+	for _, id := range ids {
+		if o, err := eng.Ledger().GetOrder(ctx, id); err != nil || o.Status != ledger.StatusPending {
+			t.Fatalf("ledger row %s: %+v %v", id, o, err)
+		}
+	}
+	c, err := eng.Ledger().GetCampaign(ctx, string(fs.UID))
+	if err != nil || c.DeletedAt == nil {
+		t.Fatalf("ledger campaign %+v %v", c, err)
+	}
+	var d appsv1.Deployment
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-reserve"}, &d); !apierrors.IsNotFound(err) && d.DeletionTimestamp.IsZero() {
+		t.Fatalf("reserve Deployment still there: %v", err)
+	}
+}

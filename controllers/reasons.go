@@ -1,0 +1,61 @@
+package controllers
+
+import "github.com/flashsale-dev/flashsale-operator/runtime/stock"
+
+// ConditionAllocationApplied is True when spec.allocation is in effect.
+const ConditionAllocationApplied = "AllocationApplied"
+
+// Condition and event reasons.
+const (
+	ReasonSecretNotFound    = "SecretNotFound"
+	ReasonSecretKeyMissing  = "SecretKeyMissing"
+	ReasonReachable         = "Reachable"
+	ReasonUnreachable       = "Unreachable"
+	ReasonLedgerUnreachable = "LedgerUnreachable"
+	ReasonRedisUnreachable  = "RedisUnreachable"
+	ReasonUnhealthy         = "Unhealthy"
+	ReasonSeeded            = "Seeded"
+	ReasonRedisDataLost     = "RedisDataLost"
+	ReasonFailClosed        = "FailClosed"
+	ReasonRebuilt           = "Rebuilt"
+	ReasonRebuildFailed     = "RebuildFailed"
+	ReasonRestocked         = "Restocked"
+	ReasonApplied           = "Applied"
+	ReasonAllocationRefused = "AllocationBelowSoldAndReserved"
+	ReasonAllocationPending = "AllocationDecreasePending"
+	ReasonAllocationLowered = "AllocationLowered"
+	ReasonGateChanged       = "GateChanged"
+	ReasonOpen              = "Open"
+	ReasonSoldOut           = "SoldOut"
+	ReasonNotStarted        = "NotStarted"
+	ReasonPaused            = "Paused"
+	ReasonEnded             = "Ended"
+	ReasonReady             = "Ready"
+	ReasonChildrenNotReady  = "ReservationAPINotReady"
+	ReasonPhaseChanged      = "PhaseChanged"
+	ReasonCleanupSkipped    = "CleanupSkipped"
+)
+
+func gateReason(gate string) string {
+	switch gate {
+	case stock.StateNotStarted:
+		return ReasonNotStarted
+	case stock.StatePaused:
+		return ReasonPaused
+	case stock.StateEnded:
+		return ReasonEnded
+	}
+	return ReasonOpen
+}
+
+func gateMessage(gate string) string {
+	switch gate {
+	case stock.StateNotStarted:
+		return "the schedule's start is ahead: reservations answer NOT_STARTED"
+	case stock.StatePaused:
+		return "spec.paused is set: reservations answer PAUSED"
+	case stock.StateEnded:
+		return "the schedule's end has passed: reservations answer ENDED"
+	}
+	return "reservations are admitted"
+}

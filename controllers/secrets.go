@@ -1,0 +1,111 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+)
+
+// Keys of the Redis Secret.
+const (
+	SecretKeyRedisAddresses = "addresses"
+	SecretKeyRedisUsername  = "username"
+	SecretKeyRedisPassword  = "password"
+)
+
+// references are the values a FlashSale's Secrets hold. Never logged, never in
+// status or events.
+type references struct {
+	redis        config.Redis
+	postgresDSN  string
+	admissionKey []byte
+}
+
+// fingerprint changes when any referenced value changes, so open connections are
+// replaced after a Secret rotation.
+func (r references) fingerprint() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%s", r.redis.Mode, strings.Join(r.redis.Addresses, ","),
+		r.redis.Username, r.redis.Password, r.postgresDSN, r.admissionKey)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// referenceError names the Secret or key that is missing, for the Ready condition.
+type referenceError struct{ reason, message string }
+
+func (e *referenceError) Error() string { return e.message }
+
+// readReferences reads the three Secrets. A missing Secret or key is a
+// referenceError; other errors are API failures.
+func readReferences(ctx context.Context, c client.Reader, fs *flashsalev1alpha1.FlashSale) (references, error) {
+	s := resolve(fs)
+	get := func(what, name string) (*corev1.Secret, error) {
+		var sec corev1.Secret
+		err := c.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: name}, &sec)
+		if apierrors.IsNotFound(err) {
+			return nil, &referenceError{ReasonSecretNotFound, fmt.Sprintf("%s Secret %q not found in namespace %q", what, name, fs.Namespace)}
+		}
+		return &sec, err
+	}
+	key := func(what string, sec *corev1.Secret, k string) (string, error) {
+		v, ok := sec.Data[k]
+		if !ok || len(v) == 0 {
+			return "", &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("%s Secret %q has no key %q", what, sec.Name, k)}
+		}
+		return string(v), nil
+	}
+	var out references
+	rs, err := get("Redis", fs.Spec.Redis.SecretRef.Name)
+	if err != nil {
+		return out, err
+	}
+	addrs, err := key("Redis", rs, SecretKeyRedisAddresses)
+	if err != nil {
+		return out, err
+	}
+	for _, a := range strings.Split(addrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out.redis.Addresses = append(out.redis.Addresses, a)
+		}
+	}
+	if len(out.redis.Addresses) == 0 {
+		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("Redis Secret %q key %q lists no address", rs.Name, SecretKeyRedisAddresses)}
+	}
+	out.redis.Mode = s.redisMode
+	out.redis.Username = string(rs.Data[SecretKeyRedisUsername])
+	out.redis.Password = string(rs.Data[SecretKeyRedisPassword])
+
+	ps, err := get("ledger", fs.Spec.Postgres.SecretRef.Name)
+	if err != nil {
+		return out, err
+	}
+	if out.postgresDSN, err = key("ledger", ps, s.postgresKey); err != nil {
+		return out, err
+	}
+	as, err := get("admission", fs.Spec.Admission.SecretRef.Name)
+	if err != nil {
+		return out, err
+	}
+	k, err := key("admission", as, s.admissionKey)
+	if err != nil {
+		return out, err
+	}
+	if len(k) < 16 {
+		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey)}
+	}
+	out.admissionKey = []byte(k)
+	return out, nil
+}
+
+func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }

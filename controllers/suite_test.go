@@ -1,0 +1,261 @@
+package controllers_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/manager"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+var (
+	kube        *testharness.Kube
+	k8s         client.WithWatch
+	sharedRedis *testharness.Redis
+	sharedPG    *testharness.Postgres
+)
+
+const admissionKey = "waiting-room-hmac-key-0123456789"
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.WriteTo(io.Discard)))
+	code := func() int {
+		var err error
+		if kube, err = testharness.StartKube(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer kube.Stop()
+		if k8s, err = client.NewWithWatch(kube.Config, client.Options{Scheme: manager.NewScheme()}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if sharedRedis, err = testharness.StartRedis(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if sharedPG, err = testharness.StartPostgres(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	_ = testharness.CloseAll()
+	os.Exit(code)
+}
+
+// env is one test's namespace, Secrets and servers.
+type env struct {
+	t         *testing.T
+	ns        string
+	redisAddr string
+	dsn       string
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newEnv makes a namespace with the three Secrets pointing at the given Redis and a
+// fresh ledger database on pg.
+func newEnv(t *testing.T, redisAddr string, pg *testharness.Postgres) *env {
+	t.Helper()
+	dsn, err := pg.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ns: "t-" + randomSuffix(), redisAddr: redisAddr, dsn: dsn}
+	e.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}})
+	e.create(e.secret("shop-redis", map[string]string{"addresses": redisAddr}))
+	e.create(e.secret("shop-ledger", map[string]string{"dsn": dsn}))
+	e.create(e.secret("waiting-room", map[string]string{"hmac-key": admissionKey}))
+	return e
+}
+
+func (e *env) secret(name string, data map[string]string) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}, StringData: data}
+}
+
+func (e *env) create(o client.Object) {
+	e.t.Helper()
+	if err := k8s.Create(context.Background(), o); err != nil {
+		e.t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+	}
+}
+
+// startController runs a manager with the FlashSale controller for this test's
+// namespace; the returned function stops it (a controller restart is stop + start).
+func (e *env) startController() (stop func()) {
+	e.t.Helper()
+	mgr, err := ctrl.NewManager(kube.Config, ctrl.Options{
+		Scheme:                 manager.NewScheme(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}},
+		Controller:             ctrlConfig(),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &controllers.FlashSaleReconciler{
+		Client:        mgr.GetClient(),
+		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
+		Image:         "flashsale-operator:test",
+		StatusRefresh: time.Second,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("manager: %v", err)
+		}
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+// sale is a FlashSale fixture builder.
+type sale struct{ fs *flashsalev1alpha1.FlashSale }
+
+func (e *env) sale(name string, allocation int64) *sale {
+	return &sale{fs: &flashsalev1alpha1.FlashSale{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: flashsalev1alpha1.FlashSaleSpec{
+			SKU: "itm-" + name, Allocation: allocation, Shards: ptr.To[int32](4),
+			Reservation: flashsalev1alpha1.ReservationSpec{
+				TTL: &metav1.Duration{Duration: time.Minute}, GracePeriod: &metav1.Duration{},
+			},
+			Redis:     flashsalev1alpha1.RedisSpec{SecretRef: flashsalev1alpha1.SecretNameReference{Name: "shop-redis"}},
+			Postgres:  flashsalev1alpha1.PostgresSpec{SecretRef: flashsalev1alpha1.PostgresSecretKeySelector{Name: "shop-ledger"}},
+			Admission: flashsalev1alpha1.AdmissionSpec{SecretRef: flashsalev1alpha1.AdmissionSecretKeySelector{Name: "waiting-room"}},
+		},
+	}}
+}
+
+func (s *sale) schedule(start, end time.Time) *sale {
+	s.fs.Spec.Schedule = &flashsalev1alpha1.ScheduleSpec{}
+	if !start.IsZero() {
+		s.fs.Spec.Schedule.Start = &metav1.Time{Time: start}
+	}
+	if !end.IsZero() {
+		s.fs.Spec.Schedule.End = &metav1.Time{Time: end}
+	}
+	return s
+}
+
+func (s *sale) paused() *sale               { s.fs.Spec.Paused = true; return s }
+func (s *sale) ttl(d time.Duration) *sale   { s.fs.Spec.Reservation.TTL = &metav1.Duration{Duration: d}; return s }
+func (s *sale) redisSecret(n string) *sale  { s.fs.Spec.Redis.SecretRef.Name = n; return s }
+func (s *sale) ledgerSecret(n string) *sale { s.fs.Spec.Postgres.SecretRef.Name = n; return s }
+
+func (e *env) apply(s *sale) *flashsalev1alpha1.FlashSale {
+	e.t.Helper()
+	e.create(s.fs)
+	return s.fs
+}
+
+func (e *env) get(name string) *flashsalev1alpha1.FlashSale {
+	e.t.Helper()
+	fs := &flashsalev1alpha1.FlashSale{}
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, fs); err != nil {
+		e.t.Fatal(err)
+	}
+	return fs
+}
+
+// waitFor polls the FlashSale until cond holds.
+func (e *env) waitFor(name string, timeout time.Duration, what string, cond func(*flashsalev1alpha1.FlashSale) bool) *flashsalev1alpha1.FlashSale {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var fs *flashsalev1alpha1.FlashSale
+	for {
+		fs = e.get(name)
+		if cond(fs) {
+			return fs
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after %s waiting for %s; status: %+v", timeout, what, fs.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func conditionIs(fs *flashsalev1alpha1.FlashSale, typ string, status metav1.ConditionStatus) bool {
+	return meta.IsStatusConditionPresentAndEqual(fs.Status.Conditions, typ, status)
+}
+
+func phaseIs(p flashsalev1alpha1.FlashSalePhase) func(*flashsalev1alpha1.FlashSale) bool {
+	return func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Phase == p }
+}
+
+// engineFor opens an engine on the sale's Redis and ledger, as a reserve pod would.
+func (e *env) engineFor(fs *flashsalev1alpha1.FlashSale, redisAddr string) *engine.Engine {
+	e.t.Helper()
+	l, err := ledger.Open(context.Background(), e.dsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(l.Close)
+	rdb := config.Redis{Mode: config.RedisStandalone, Addresses: []string{redisAddr}}.Client()
+	e.t.Cleanup(func() { _ = rdb.Close() })
+	eng, err := engine.New(engine.Config{
+		CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
+		Shards: int(ptr.Deref(fs.Spec.Shards, 10)), MaxPerUser: 1, StealProbes: 2,
+		TTL: fs.Spec.Reservation.TTL.Duration, Grace: 0, IDSecret: config.DeriveIDSecret([]byte(admissionKey)),
+	}, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(eng.Close)
+	return eng
+}
+
+func (e *env) reserve(eng *engine.Engine, user string) engine.Reservation {
+	e.t.Helper()
+	r, err := eng.Reserve(context.Background(), user, "req", 1)
+	if err != nil || r.Outcome != engine.OutcomeReserved {
+		e.t.Fatalf("reserve %s: %+v %v", user, r, err)
+	}
+	return r.Reservation
+}
+
+// ctrlConfig lets several managers (controller restarts) register the same
+// controller name in one test process.
+func ctrlConfig() ctrlconfig.Controller {
+	return ctrlconfig.Controller{SkipNameValidation: ptr.To(true)}
+}
