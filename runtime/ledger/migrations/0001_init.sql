@@ -58,10 +58,8 @@ CREATE INDEX flashsale_orders_live_idx
     ON flashsale_orders (campaign_id, status, shard) INCLUDE (quantity)
     WHERE status IN ('PENDING', 'COMMITTED');
 
--- Expired PENDING rows (rebuild cancels them by time, not by id).
-CREATE INDEX flashsale_orders_pending_expiry_idx
-    ON flashsale_orders (campaign_id, expires_at)
-    WHERE status = 'PENDING';
+-- No index on expires_at: only a rebuild (rare) looks PENDING rows up by time,
+-- through flashsale_orders_live_idx, and every reservation would pay for it.
 
 -- Payments that arrived after their reservation expired or was cancelled:
 -- never committed, kept so that the payment can be voided.
