@@ -72,8 +72,13 @@ func (r *Runner) Run(ctx context.Context) error {
 			return r.release(log, leading)
 		case <-timer.C:
 		}
-		now, err := r.Elector.Acquire(ctx)
-		if err != nil && ctx.Err() == nil {
+		if ctx.Err() != nil { // both were ready: stopping wins
+			return r.release(log, leading)
+		}
+		// Not cut by a SIGTERM arriving now: a cancelled ping would read as a
+		// lost lock. The elector bounds its own calls.
+		now, err := r.Elector.Acquire(context.WithoutCancel(ctx))
+		if err != nil {
 			log.Warn("leader election", "kind", r.Elector.Kind(), "err", err)
 		}
 		if now != leading {
