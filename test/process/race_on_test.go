@@ -1,0 +1,5 @@
+//go:build race
+
+package process_test
+
+const raceEnabled = true
