@@ -16,7 +16,8 @@ const (
 )
 
 func (c *campaign) startSweeper(name string) *process {
-	p := c.start(name, c.env("FLASHSALE_SWEEP_INTERVAL="+sweepInterval.String()), "sweeper")
+	// As the controller configures the sweeper pods.
+	p := c.start(name, c.env("FLASHSALE_SWEEP_INTERVAL="+sweepInterval.String(), "FLASHSALE_LEADER_LOCK=postgres"), "sweeper")
 	p.waitReady(30 * time.Second)
 	return p
 }

@@ -31,6 +31,14 @@ import (
 const (
 	EnvSweepInterval = "FLASHSALE_SWEEP_INTERVAL"
 	EnvListen        = "FLASHSALE_LISTEN"
+	EnvLeaderLock    = "FLASHSALE_LEADER_LOCK"
+)
+
+// Leader lock kinds (--leader-lock).
+const (
+	LockAuto     = "auto"     // a Lease when there is an API server, else PostgreSQL
+	LockLease    = "lease"    // a coordination.k8s.io Lease (needs RBAC on leases)
+	LockPostgres = "postgres" // a PostgreSQL session advisory lock
 )
 
 // inClusterNamespaceFile holds the pod's namespace, the Lease's fallback
@@ -46,6 +54,7 @@ type Options struct {
 	Interval   time.Duration
 	Listen     string
 	Kubeconfig string
+	LeaderLock string
 
 	envErr error
 }
@@ -59,7 +68,8 @@ func NewCmd() *cobra.Command {
 		Long: `Every --interval, the replica holding the leadership sweeps every shard:
 expired reservations are cancelled in the ledger, then their units go back to stock.
 Leadership is a Kubernetes Lease (flashsale-sweeper-<campaign id>) when --kubeconfig
-is given or the process runs in a cluster, otherwise a PostgreSQL advisory lock.
+is given or the process runs in a cluster, otherwise a PostgreSQL advisory lock;
+--leader-lock chooses explicitly.
 Two active sweepers would still be safe; leadership only avoids duplicate work.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -80,6 +90,8 @@ Two active sweepers would still be safe; leadership only avoids duplicate work.`
 	f.DurationVar(&opts.Interval, "interval", interval, "time between sweep passes (env "+EnvSweepInterval+")")
 	f.StringVar(&opts.Listen, "listen", envString(EnvListen, ":8080"), "address of /healthz, /readyz and /metrics (env "+EnvListen+")")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file: elect the sweeper with a Lease through this API server (in a cluster the Lease is used without it)")
+	f.StringVar(&opts.LeaderLock, "leader-lock", envString(EnvLeaderLock, LockAuto),
+		"how one active sweeper is elected: auto (a Lease with --kubeconfig or in a cluster, else postgres), lease, or postgres (env "+EnvLeaderLock+")")
 	return cmd
 }
 
@@ -137,19 +149,28 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	return errors.Join(runErr, srvErr)
 }
 
-// newElector picks the Lease when there is a Kubernetes API server to talk to,
-// the advisory lock otherwise.
+// newElector picks the lock --leader-lock names; auto takes the Lease when
+// there is a Kubernetes API server to talk to, the advisory lock otherwise.
 func newElector(opts Options, log *slog.Logger) (sweeper.Elector, error) {
 	camp := &opts.Campaign
+	inCluster := os.Getenv("KUBERNETES_SERVICE_HOST") != ""
+	switch opts.LeaderLock {
+	case LockPostgres:
+		return sweeper.NewAdvisoryLock(camp.PostgresDSN, camp.ID)
+	case LockAuto:
+		if opts.Kubeconfig == "" && !inCluster {
+			return sweeper.NewAdvisoryLock(camp.PostgresDSN, camp.ID)
+		}
+	case LockLease:
+	default:
+		return nil, fmt.Errorf("--leader-lock must be %s, %s or %s, got %q", LockAuto, LockLease, LockPostgres, opts.LeaderLock)
+	}
 	var rc *rest.Config
 	var err error
-	switch {
-	case opts.Kubeconfig != "":
+	if opts.Kubeconfig != "" {
 		rc, err = clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
-	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+	} else {
 		rc, err = rest.InClusterConfig()
-	default:
-		return sweeper.NewAdvisoryLock(camp.PostgresDSN, camp.ID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
