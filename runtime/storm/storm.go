@@ -63,7 +63,7 @@ type Config struct {
 	TokenTTL    time.Duration // admission token lifetime
 	Timeout     time.Duration // per request
 	MaxAttempts int           // attempts per request on transport errors, 503 and 429
-	Seed        uint64        // choices (retry, checkout, ...) are reproducible for one seed and concurrency
+	Seed        uint64        // journey n makes the same choices (retry, checkout, ...) for the same seed
 
 	Client *http.Client // nil: NewClient(Concurrency, Timeout)
 
@@ -301,7 +301,6 @@ func (s *stormer) run(ctx context.Context) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(s.cfg.Seed, uint64(w)))
 			for {
 				if ctx.Err() != nil || !deadline.IsZero() && !s.cfg.Now().Before(deadline) {
 					return
@@ -310,7 +309,9 @@ func (s *stormer) run(ctx context.Context) (*Result, error) {
 				if s.cfg.Count > 0 && j >= int64(s.cfg.Count) {
 					return
 				}
-				s.journey(ctx, j, rng, stats[w])
+				// One generator per journey: its choices depend on the seed and the
+				// journey number only, not on which worker ran it.
+				s.journey(ctx, j, rand.New(rand.NewPCG(s.cfg.Seed, uint64(j))), stats[w])
 				s.journeys.Add(1)
 			}
 		}()

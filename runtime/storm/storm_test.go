@@ -399,3 +399,30 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// The buyers' choices depend on the seed, not on scheduling.
+func TestStormChoicesFollowTheSeed(t *testing.T) {
+	runOnce := func(seed uint64, concurrency int) *Result {
+		f := newFakeAPI(1 << 20)
+		srv := httptest.NewServer(f.handler())
+		defer srv.Close()
+		cfg := baseConfig(srv.URL)
+		cfg.Buyers, cfg.Seed, cfg.Concurrency = 500, seed, concurrency
+		res, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a, b, other := runOnce(3, 4), runOnce(3, 32), runOnce(4, 4)
+	shape := func(r *Result) string {
+		return fmt.Sprintf("retries %d confirmed %d cancelled %d abandoned %d",
+			sum(r.Outcomes[OpRetry]), len(r.Confirmed), len(r.Cancelled), r.Abandoned)
+	}
+	if shape(a) != shape(b) {
+		t.Fatalf("same seed, different choices: %s vs %s", shape(a), shape(b))
+	}
+	if shape(a) == shape(other) {
+		t.Fatalf("another seed made the same choices: %s", shape(a))
+	}
+}
