@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,27 +26,34 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// Real servers, started once for the package.
+// Real servers, started once for the package by the first test that needs them,
+// so that the fuzz targets (and their workers) run without them.
 var (
+	sharedOnce  sync.Once
+	sharedErr   error
 	sharedRedis *testharness.Redis
 	sharedPG    *testharness.Postgres
 )
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		var err error
-		if sharedRedis, err = testharness.StartRedis(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		if sharedPG, err = testharness.StartPostgres(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}()
-	_ = testharness.CloseAll()
+	code := m.Run()
+	if err := testharness.CloseAll(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
 	os.Exit(code)
+}
+
+func startShared(t testing.TB) {
+	t.Helper()
+	sharedOnce.Do(func() {
+		if sharedRedis, sharedErr = testharness.StartRedis(); sharedErr != nil {
+			return
+		}
+		sharedPG, sharedErr = testharness.StartPostgres()
+	})
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
 }
 
 const testSKU = "itm-ps5-pro" // the SKU of the examples in docs/openapi.yaml
@@ -121,6 +129,7 @@ func newFixture(t *testing.T, opts ...option) *fixture {
 		o(&fc)
 	}
 	ctx := context.Background()
+	startShared(t)
 	dsn, err := sharedPG.NewDatabase()
 	if err != nil {
 		t.Fatal(err)
