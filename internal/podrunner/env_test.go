@@ -1,0 +1,136 @@
+package podrunner
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+)
+
+func TestExpand(t *testing.T) {
+	vars := map[string]string{"A": "a", "EMPTY": "", "B": "$(A)"}
+	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	for in, want := range map[string]string{
+		"plain":           "plain",
+		"$(A)":            "a",
+		"x$(A)y$(A)":      "xaya",
+		"$(EMPTY)|":       "|",
+		"$(B)":            "$(A)", // values are not expanded twice
+		"$(MISSING)":      "$(MISSING)",
+		"$$(A)":           "$(A)",
+		"$$":              "$",
+		"$A":              "$A",
+		"$(A":             "$(A",
+		"$()":             "$()",
+		"trailing $":      "trailing $",
+		"a $$$(A) $(A)$$": "a $a a$",
+	} {
+		if got := expand(in, lookup); got != want {
+			t.Errorf("expand(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	env := []corev1.EnvVar{{Name: "ROLE", Value: "reserve"}, {Name: "ROLE", Value: "sweeper"}}
+	for _, tc := range []struct {
+		name          string
+		command, args []string
+		want          []string
+		err           string
+	}{
+		{name: "args only", args: []string{"reserve"}, want: []string{"/bin/fs", "reserve"}},
+		{name: "entrypoint", command: []string{"/flashsale", "manager"}, args: []string{"--x"}, want: []string{"/bin/fs", "manager", "--x"}},
+		{name: "entrypoint by name", command: []string{"flashsale"}, args: []string{"$(ROLE)"}, want: []string{"/bin/fs", "sweeper"}},
+		{name: "other program", command: []string{"/bin/sh", "-c", "true"}, err: "only the image's entrypoint"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := commandLine("/bin/fs", "/flashsale", &corev1.Container{Command: tc.command, Args: tc.args}, env)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("commandLine = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestEnviron(t *testing.T) {
+	got := environ([]string{"PATH=/bin", "HOSTNAME=x"}, []corev1.EnvVar{{Name: "A", Value: "1=2"}, {Name: "PATH", Value: "/usr/bin"}})
+	want := []string{"HOSTNAME=x", "A=1=2", "PATH=/usr/bin"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("environ = %q, want %q", got, want)
+	}
+}
+
+func TestContainerEnv(t *testing.T) {
+	cs := fake.NewClientset(
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Data: map[string][]byte{"k": []byte("secret"), "X": []byte("from-secret")}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}, Data: map[string]string{"k": "config", "Y": "from-cm"}},
+	)
+	r := resolver{cs: cs}
+	pod := podMeta{Namespace: "ns", Name: "p-0", UID: "u", Labels: map[string]string{"app": "x"}}
+	ref := func(name string, src corev1.EnvVarSource) corev1.EnvVar { return corev1.EnvVar{Name: name, ValueFrom: &src} }
+	secret := func(name, key string, optional bool) *corev1.SecretKeySelector {
+		return &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: key, Optional: ptr.To(optional)}
+	}
+	cm := func(name, key string, optional bool) *corev1.ConfigMapKeySelector {
+		return &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: key, Optional: ptr.To(optional)}
+	}
+	c := &corev1.Container{
+		EnvFrom: []corev1.EnvFromSource{
+			{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}, Prefix: "S_"},
+			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}},
+			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Optional: ptr.To(true)}},
+		},
+		Env: []corev1.EnvVar{
+			{Name: "Y", Value: "overridden-$(k)"},
+			ref("SECRET", corev1.EnvVarSource{SecretKeyRef: secret("s", "k", false)}),
+			ref("CONFIG", corev1.EnvVarSource{ConfigMapKeyRef: cm("cm", "k", false)}),
+			ref("NO_SECRET", corev1.EnvVarSource{SecretKeyRef: secret("absent", "k", true)}),
+			ref("NO_KEY", corev1.EnvVarSource{ConfigMapKeyRef: cm("cm", "absent", true)}),
+			ref("NAME", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}),
+			ref("APP", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}),
+			ref("IP", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}),
+			{Name: "USES", Value: "$(SECRET)/$(NAME)/$(LATER)"},
+			{Name: "LATER", Value: "later"},
+		},
+	}
+	env, err := r.containerEnv(context.Background(), c, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, e := range env {
+		got[e.Name] = e.Value
+	}
+	want := map[string]string{
+		"S_k": "secret", "S_X": "from-secret", "k": "config", "Y": "overridden-config",
+		"SECRET": "secret", "CONFIG": "config", "NAME": "p-0", "APP": "x", "IP": "127.0.0.1",
+		"USES": "secret/p-0/$(LATER)", "LATER": "later",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("env = %v\nwant  %v", got, want)
+	}
+
+	for name, e := range map[string]corev1.EnvVar{
+		`secret "absent"`:      ref("A", corev1.EnvVarSource{SecretKeyRef: secret("absent", "k", false)}),
+		`has no key "nope"`:    ref("A", corev1.EnvVarSource{SecretKeyRef: secret("s", "nope", false)}),
+		`configmap "absent"`:   ref("A", corev1.EnvVarSource{ConfigMapKeyRef: cm("absent", "k", false)}),
+		`"spec.schedulerName"`: ref("A", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.schedulerName"}}),
+	} {
+		_, err := r.containerEnv(context.Background(), &corev1.Container{Env: []corev1.EnvVar{e}}, pod)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("resolving %+v: error %v, want one containing %s", e.ValueFrom, err, name)
+		}
+	}
+}
