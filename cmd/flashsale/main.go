@@ -27,8 +27,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/manager"
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/podrunner"
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/storm"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/sweeper"
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/token"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/version"
 )
 
@@ -41,8 +44,11 @@ func main() {
 	}
 	root.AddCommand(
 		manager.NewCmd(),
+		podrunner.NewCmd(),
+		reserve.NewCmd(),
 		sweeper.NewCmd(),
 		storm.NewCmd(),
+		token.NewCmd(),
 		version.NewCmd(),
 	)
 
