@@ -79,7 +79,9 @@ func TestContainerEnv(t *testing.T) {
 	)
 	r := resolver{cs: cs}
 	pod := podMeta{Namespace: "ns", Name: "p-0", UID: "u", Labels: map[string]string{"app": "x"}}
-	ref := func(name string, src corev1.EnvVarSource) corev1.EnvVar { return corev1.EnvVar{Name: name, ValueFrom: &src} }
+	ref := func(name string, src corev1.EnvVarSource) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &src}
+	}
 	secret := func(name, key string, optional bool) *corev1.SecretKeySelector {
 		return &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: key, Optional: ptr.To(optional)}
 	}
