@@ -1,0 +1,285 @@
+// Command bench measures, in one run on this machine, the reservation path of
+// flashsale-operator against its references and prints a markdown table (or
+// JSON with --json):
+//
+//   - storms against one `flashsale reserve` process (exec'd, configured by
+//     the FLASHSALE_* environment) with an allocation no storm can exhaust, so
+//     every answer is a reservation;
+//   - the same storms against hack/bench/bare, a bare handler that serves the
+//     same route with one call of the same reserve script and nothing else;
+//   - a sold-out storm against both;
+//   - PostgreSQL hot-row baselines on a one-row inventory table;
+//   - the Go benchmarks of the engine and the ledger.
+//
+// It starts its own redis-server and PostgreSQL (internal/testharness) on
+// 127.0.0.1 and stops everything it started. docs/benchmarks.md has results.
+//
+//	go run ./hack/bench                 # the whole run, markdown on stdout
+//	go run ./hack/bench --json          # the same as JSON
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+)
+
+type options struct {
+	Duration          time.Duration
+	Warmup            time.Duration
+	Concurrency       []int
+	Allocation        int64
+	Shards            int
+	SoldOutAllocation int64
+	SoldOutDuration   time.Duration
+	MaxRequests       int
+	HotRowDuration    time.Duration
+	HotRowClients     []int
+	HotRowMaxTx       int64
+	GoBench           bool
+	GoBenchTime       string
+	Flashsale         string
+	Profile           string
+	ProfileSeconds    int
+	JSON              bool
+	Skip              []string
+}
+
+func main() {
+	var o options
+	fs := pflag.NewFlagSet("bench", pflag.ExitOnError)
+	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each measured storm")
+	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "unmeasured load before each measured run (connections, script cache, pools)")
+	fs.IntSliceVar(&o.Concurrency, "concurrency", []int{64, 256}, "concurrent buyers of the reservation storms (the targets are read at 64 and 256)")
+	fs.Int64Var(&o.Allocation, "allocation", 100_000_000, "units of the reservation campaigns: more than any storm can take, so every answer is a reservation")
+	fs.IntVar(&o.Shards, "shards", 10, "stock shards of every campaign")
+	fs.Int64Var(&o.SoldOutAllocation, "soldout-allocation", 1000, "units of the sold-out campaigns")
+	fs.DurationVar(&o.SoldOutDuration, "soldout-duration", 10*time.Second, "length of each sold-out storm")
+	fs.IntVar(&o.MaxRequests, "max-requests", 5_000_000, "upper bound on the requests of one storm, besides its duration")
+	fs.DurationVar(&o.HotRowDuration, "hotrow-duration", 10*time.Second, "length of each PostgreSQL hot-row run")
+	fs.IntSliceVar(&o.HotRowClients, "hotrow-clients", []int{64, 256}, "client connections of the hot-row runs")
+	fs.Int64Var(&o.HotRowMaxTx, "hotrow-max-tx", 5_000_000, "upper bound on the transactions of one hot-row run, besides its duration")
+	fs.BoolVar(&o.GoBench, "gobench", true, "also run the Go benchmarks of runtime/engine and runtime/ledger")
+	fs.StringVar(&o.GoBenchTime, "gobench-time", "3s", "-benchtime of the Go benchmarks")
+	fs.StringVar(&o.Flashsale, "flashsale", "", "flashsale binary to exec (default: bin/flashsale, built when missing or older than the sources)")
+	fs.StringVar(&o.Profile, "profile", "", "write a CPU profile of the reserve process, taken during its first measured storm, to this file (needs the server to expose /debug/pprof)")
+	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile")
+	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")
+	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow (gobench has its own flag)")
+	_ = fs.Parse(os.Args[1:])
+	if err := o.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+
+	settings := map[string]string{}
+	fs.VisitAll(func(f *pflag.Flag) { settings[f.Name] = f.Value.String() })
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	rep, err := run(ctx, &o, settings)
+	stop()
+	// Whatever happened, no server of ours outlives the run.
+	if cerr := testharness.CloseAll(); cerr != nil {
+		fmt.Fprintln(os.Stderr, "bench: closing servers:", cerr)
+	}
+	if rep != nil {
+		if o.JSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(rep)
+		} else {
+			rep.writeMarkdown(os.Stdout)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.Duration <= 0 || o.SoldOutDuration <= 0 || o.HotRowDuration <= 0 || o.Warmup < 0:
+		return errors.New("durations must be positive")
+	case len(o.Concurrency) == 0 || len(o.HotRowClients) == 0:
+		return errors.New("--concurrency and --hotrow-clients need at least one value")
+	case o.MaxRequests < 1 || o.HotRowMaxTx < 1:
+		return errors.New("--max-requests and --hotrow-max-tx must be positive")
+	case o.Shards < 1:
+		return errors.New("--shards must be at least 1")
+	}
+	for _, c := range append(append([]int{}, o.Concurrency...), o.HotRowClients...) {
+		// The harness's PostgreSQL allows 300 connections; the ledger pools and
+		// the audit need a few of them.
+		if c < 1 || c > 280 {
+			return fmt.Errorf("concurrency %d out of 1..280", c)
+		}
+	}
+	for _, s := range o.Skip {
+		switch s {
+		case "storm", "soldout", "hotrow":
+		default:
+			return fmt.Errorf("--skip %q: want storm, soldout or hotrow", s)
+		}
+	}
+	return nil
+}
+
+func (o *options) skips(part string) bool {
+	for _, s := range o.Skip {
+		if s == part {
+			return true
+		}
+	}
+	return false
+}
+
+// logf reports progress on stderr; stdout carries only the report.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func run(ctx context.Context, o *options, settings map[string]string) (*Report, error) {
+	root := testharness.RepoRoot()
+	rep := &Report{
+		Started: time.Now().UTC(), Machine: readMachine(), Options: o, Settings: settings,
+		Command: shellQuote(append([]string{"go", "run", "./hack/bench"}, os.Args[1:]...)),
+	}
+	rep.Load.Start = readLoad()
+	logf("load at start: %s", rep.Load.Start)
+
+	work, err := os.MkdirTemp("", "flashsale-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+
+	needServers := !o.skips("storm") || !o.skips("soldout") || !o.skips("hotrow")
+	if needServers {
+		if err := runServers(ctx, o, root, work, rep); err != nil {
+			rep.finish()
+			return rep, err
+		}
+	}
+	if o.GoBench {
+		logf("go benchmarks (load %s)", readLoad())
+		if err := runGoBenchmarks(ctx, root, o.GoBenchTime, rep); err != nil {
+			rep.finish()
+			return rep, err
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// runServers is everything that needs Redis and PostgreSQL.
+func runServers(ctx context.Context, o *options, root, work string, rep *Report) error {
+	var flashsale, bare string
+	var err error
+	if !o.skips("storm") || !o.skips("soldout") {
+		if flashsale, err = flashsaleBinary(ctx, root, o.Flashsale); err != nil {
+			return err
+		}
+		if bare, err = buildBare(ctx, root, work); err != nil {
+			return err
+		}
+	}
+	logf("starting redis-server and PostgreSQL")
+	rs, err := testharness.StartRedis()
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	pg, err := testharness.StartPostgres()
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	env := &benchEnv{o: o, work: work, flashsale: flashsale, bare: bare, redis: rs, pg: pg, rep: rep}
+	defer env.close()
+
+	if !o.skips("storm") {
+		if err := env.reservationStorms(ctx); err != nil {
+			return err
+		}
+	}
+	if !o.skips("soldout") {
+		if err := env.soldOutStorms(ctx); err != nil {
+			return err
+		}
+	}
+	if !o.skips("hotrow") {
+		if err := env.hotRows(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Load is /proc/loadavg's first three fields.
+type Load [3]float64
+
+func (l Load) String() string { return fmt.Sprintf("%.2f %.2f %.2f", l[0], l[1], l[2]) }
+
+func readLoad() Load {
+	var l Load
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return l
+	}
+	f := strings.Fields(string(b))
+	for i := 0; i < 3 && i < len(f); i++ {
+		l[i], _ = strconv.ParseFloat(f[i], 64)
+	}
+	return l
+}
+
+// Machine is what the numbers were taken on.
+type Machine struct {
+	CPUs     int     `json:"cpus"`
+	CPUModel string  `json:"cpu_model"`
+	MemoryGB float64 `json:"memory_gb"`
+	Kernel   string  `json:"kernel"`
+	Go       string  `json:"go"`
+}
+
+func readMachine() Machine {
+	m := Machine{CPUs: numCPU(), Go: goVersion()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+				m.MemoryGB = kb / (1 << 20)
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+// repoPath is a path under the repository root.
+func repoPath(root string, elem ...string) string {
+	return filepath.Join(append([]string{root}, elem...)...)
+}

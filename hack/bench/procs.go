@@ -1,0 +1,260 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+)
+
+func numCPU() int       { return runtime.NumCPU() }
+func goVersion() string { return runtime.Version() }
+
+// buildTimeout bounds one go build.
+const buildTimeout = 5 * time.Minute
+
+// flashsaleBinary returns the flashsale binary to exec: the one given, or
+// bin/flashsale, rebuilt like `make build` does when it is missing or older
+// than a source file (a stale binary would measure old code).
+func flashsaleBinary(ctx context.Context, root, given string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	bin := repoPath(root, "bin", "flashsale")
+	fi, err := os.Stat(bin)
+	if err == nil {
+		newest, src, err := newestSource(root)
+		if err != nil {
+			return "", err
+		}
+		if !newest.After(fi.ModTime()) {
+			return bin, nil
+		}
+		logf("bin/flashsale is older than %s: rebuilding", src)
+	} else {
+		logf("bin/flashsale missing: building")
+	}
+	err = goBuild(ctx, root, bin, "./cmd/flashsale")
+	return bin, err
+}
+
+// buildBare builds the bare reference handler into the run's directory.
+func buildBare(ctx context.Context, root, work string) (string, error) {
+	out := filepath.Join(work, "bare")
+	return out, goBuild(ctx, root, out, "./hack/bench/bare")
+}
+
+func goBuild(ctx context.Context, root, out, pkg string) error {
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	// The flags of `make build`, less the version stamps.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, stderr.String())
+	}
+	return nil
+}
+
+// newestSource is the newest file that goes into bin/flashsale (Go sources,
+// embedded scripts and migrations, the module files).
+func newestSource(root string) (time.Time, string, error) {
+	var newest time.Time
+	var which string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "bin", "hack", "docs", "config", "test", "testdata":
+				if path != root {
+					return filepath.SkipDir
+				}
+			}
+			return nil
+		}
+		name := d.Name()
+		if strings.HasSuffix(name, "_test.go") {
+			return nil
+		}
+		switch filepath.Ext(name) {
+		case ".go", ".lua", ".sql":
+		default:
+			if name != "go.mod" && name != "go.sum" {
+				return nil
+			}
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if fi.ModTime().After(newest) {
+			newest, which = fi.ModTime(), strings.TrimPrefix(path, root+"/")
+		}
+		return nil
+	})
+	return newest, which, err
+}
+
+// server is a process this run started: a reserve process or the bare handler.
+type server struct {
+	name    string
+	cmd     *exec.Cmd
+	addr    string
+	logPath string
+	done    chan struct{}
+	waitErr error
+}
+
+// readyTimeout bounds a server's start.
+const readyTimeout = 60 * time.Second
+
+// startServer execs bin with args and env on a free loopback port, which it
+// gets as FLASHSALE_LISTEN and, when listenFlag is set, as that flag too,
+// and waits until GET /readyz answers 200.
+func startServer(ctx context.Context, name, logDir, bin string, args []string, listenFlag string, env []string) (*server, error) {
+	port, err := testharness.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if listenFlag != "" {
+		args = append(args, listenFlag+"="+addr)
+	}
+	logPath := filepath.Join(logDir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // the child has its own descriptor
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(append(os.Environ(), env...), "FLASHSALE_LISTEN="+addr)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{name: name, cmd: cmd, addr: addr, logPath: logPath, done: make(chan struct{})}
+	go func() { s.waitErr = cmd.Wait(); close(s.done) }()
+
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		select {
+		case <-s.done:
+			return nil, fmt.Errorf("%s exited before it was ready: %v\n%s", name, s.waitErr, tail(logPath))
+		case <-ctx.Done():
+			s.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		resp, err := client.Get("http://" + addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("%s not ready on %s after %s (last: %v)\n%s", name, addr, readyTimeout, err, tail(logPath))
+		}
+	}
+}
+
+func (s *server) url() string { return "http://" + s.addr }
+
+func (s *server) pid() int { return s.cmd.Process.Pid }
+
+// stopTimeout is how long a server gets to drain after SIGTERM before SIGKILL.
+const stopTimeout = 30 * time.Second
+
+// stop sends SIGTERM to this process (by its pid, nothing else) and waits;
+// SIGKILL after stopTimeout.
+func (s *server) stop() error {
+	select {
+	case <-s.done:
+		return s.exitErr()
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		return s.exitErr()
+	case <-time.After(stopTimeout):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		return fmt.Errorf("%s did not stop within %s of SIGTERM: killed", s.name, stopTimeout)
+	}
+}
+
+func (s *server) exitErr() error {
+	var ee *exec.ExitError
+	if errors.As(s.waitErr, &ee) {
+		return fmt.Errorf("%s: %v\n%s", s.name, s.waitErr, tail(s.logPath))
+	}
+	return s.waitErr
+}
+
+// cpuTime is the user+system CPU the process has used so far.
+func (s *server) cpuTime() time.Duration { return procCPU(s.pid()) }
+
+// procCPU reads utime+stime of a pid from /proc (0 when unreadable).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name may contain spaces: fields count from after ')'.
+	rest := string(b)
+	if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, 100 on every Linux this runs on.
+const clockTicks = 100
+
+// selfCPU is this process's user+system CPU time.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	const n = 3000
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is everything one run measured, printed as markdown or JSON.
+type Report struct {
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"`
+	Machine Machine   `json:"machine"`
+	Load    struct {
+		Start Load `json:"start"`
+		End   Load `json:"end"`
+	} `json:"load"`
+	Command         string            `json:"command"`
+	Settings        map[string]string `json:"settings"` // every flag, as given or defaulted
+	Options         *options          `json:"-"`
+	Storms          []StormRow        `json:"storms"`
+	HotRow          []HotRowRow       `json:"hot_row"`
+	GoBenchCommands []string          `json:"go_bench_commands,omitempty"`
+	GoBench         []GoBench         `json:"go_bench"`
+	Ratios          []Ratio           `json:"ratios"`
+	Notes           []string          `json:"notes,omitempty"`
+}
+
+// Ratio is one figure held against its target.
+type Ratio struct {
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	Unit   string  `json:"unit"`
+	Target string  `json:"target"`
+	Met    bool    `json:"met"`
+	Detail string  `json:"detail,omitempty"`
+}
+
+func (r *Report) finish() {
+	r.Seconds = time.Since(r.Started).Seconds()
+	r.Load.End = readLoad()
+	r.Ratios = r.ratios()
+}
+
+func (r *Report) stormRow(kind, target string, conc int) (StormRow, bool) {
+	for _, s := range r.Storms {
+		if s.Kind == kind && s.Target == target && s.Concurrency == conc {
+			return s, true
+		}
+	}
+	return StormRow{}, false
+}
+
+// bestHotRow is the faster hot-row variant at a client count: the ratio is
+// taken against the stronger baseline.
+func (r *Report) bestHotRow(clients int) (best, other HotRowRow, ok bool) {
+	for _, h := range r.HotRow {
+		if h.Clients != clients {
+			continue
+		}
+		if !ok || h.TxPerSecond > best.TxPerSecond {
+			if ok {
+				other = best
+			}
+			best, ok = h, true
+		} else {
+			other = h
+		}
+	}
+	return best, other, ok
+}
+
+func (r *Report) ratios() []Ratio {
+	var out []Ratio
+	const kind = "reservations"
+	res64, ok64 := r.stormRow(kind, targetReserve, 64)
+	if bare64, ok := r.stormRow(kind, targetBare, 64); ok64 && ok && bare64.ReservationsPerSecond > 0 {
+		v := res64.ReservationsPerSecond / bare64.ReservationsPerSecond
+		out = append(out, Ratio{Name: "reserve / bare handler throughput, 64 buyers", Value: v * 100, Unit: "%", Target: ">= 60%", Met: v >= 0.60,
+			Detail: fmt.Sprintf("%.0f vs %.0f reservations/s", res64.ReservationsPerSecond, bare64.ReservationsPerSecond)})
+	}
+	if ok64 {
+		out = append(out, Ratio{Name: "reserve p99 latency, 64 buyers", Value: res64.Latency.P99, Unit: "ms", Target: "<= 10 ms", Met: res64.Latency.P99 <= 10,
+			Detail: fmt.Sprintf("p50 %.2f, p90 %.2f, max %.2f ms", res64.Latency.P50, res64.Latency.P90, res64.Latency.Max)})
+	}
+	for _, t := range []struct {
+		clients int
+		target  float64
+	}{{64, 10}, {256, 25}} {
+		best, other, ok := r.bestHotRow(t.clients)
+		res, okRes := r.stormRow(kind, targetReserve, t.clients)
+		if !ok || !okRes || best.TxPerSecond <= 0 {
+			continue
+		}
+		v := res.ReservationsPerSecond / best.TxPerSecond
+		d := fmt.Sprintf("%.0f reservations/s at %d buyers vs %.0f tx/s (%s) at %d clients", res.ReservationsPerSecond, res.Concurrency, best.TxPerSecond, best.Variant, t.clients)
+		if other.TxPerSecond > 0 {
+			d += fmt.Sprintf("; %.1fx the %s variant (%.0f tx/s)", res.ReservationsPerSecond/other.TxPerSecond, other.Variant, other.TxPerSecond)
+		}
+		out = append(out, Ratio{Name: fmt.Sprintf("reserve / PostgreSQL hot row, %d clients", t.clients), Value: v, Unit: "x",
+			Target: fmt.Sprintf(">= %gx", t.target), Met: v >= t.target, Detail: d})
+	}
+	if eng, ok := r.metric("BenchmarkReserve/engine", "reservations/s"); ok {
+		if raw, ok := r.metric("BenchmarkReserve/raw-script", "reservations/s"); ok && raw > 0 {
+			v := eng / raw
+			out = append(out, Ratio{Name: "engine / raw reserve script (go test -bench)", Value: v * 100, Unit: "%", Target: ">= 60%", Met: v >= 0.60,
+				Detail: fmt.Sprintf("%.0f vs %.0f reservations/s", eng, raw)})
+		}
+	}
+	if mem, ok := r.metric("BenchmarkRedisMemoryPerReservation", "bytes/reservation"); ok {
+		out = append(out, Ratio{Name: "Redis memory per outstanding reservation (go test -bench)", Value: mem, Unit: "bytes", Target: "<= 300 bytes", Met: mem <= 300})
+	}
+	return out
+}
+
+func (r *Report) writeMarkdown(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	m := r.Machine
+	p("## Run of %s\n\n", r.Started.Format(time.RFC3339))
+	p("- command: `%s`\n", r.Command)
+	p("- machine: %d CPUs (%s), %.1f GiB memory, Linux %s, %s\n", m.CPUs, m.CPUModel, m.MemoryGB, m.Kernel, m.Go)
+	p("- load average (1/5/15 min): %s at start, %s at the end; each row gives the 1-minute load before it ran\n", r.Load.Start, r.Load.End)
+	p("- run took %.0f s; storms of %s (sold-out %s) after a %s warm-up, hot-row runs of %s\n\n",
+		r.Seconds, r.Options.Duration, r.Options.SoldOutDuration, r.Options.Warmup, r.Options.HotRowDuration)
+
+	var res, sold []StormRow
+	for _, s := range r.Storms {
+		if s.Kind == "sold-out" {
+			sold = append(sold, s)
+		} else {
+			res = append(res, s)
+		}
+	}
+	if len(res) > 0 {
+		p("### Reservation storms (every answer a reservation)\n\n")
+		p("| target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / client | load | outcomes | ledger audit |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|\n")
+		for _, s := range res {
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f | %.2f | %s | %s |\n",
+				targetName(s.Target), s.Concurrency, s.Requests, s.ReservationsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
+				s.ServerCPUus, s.RedisCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes), audit(s))
+		}
+		p("\n")
+	}
+	if len(sold) > 0 {
+		p("### Sold-out storms (allocation %d, taken during the warm-up)\n\n", r.Options.SoldOutAllocation)
+		p("| target | buyers | requests | answers/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / client | load | outcomes |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
+		for _, s := range sold {
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f | %.2f | %s |\n",
+				targetName(s.Target), s.Concurrency, s.Requests, s.RequestsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
+				s.ServerCPUus, s.RedisCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes))
+		}
+		p("\n")
+	}
+	if len(r.HotRow) > 0 {
+		p("### PostgreSQL hot row (one inventory row)\n\n")
+		p("| statement | clients | tx | tx/s | p50 ms | p90 ms | p99 ms | max ms | errors | load |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, h := range r.HotRow {
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %d | %.2f |\n",
+				variantName(h.Variant), h.Clients, h.Tx, h.TxPerSecond, h.Latency.P50, h.Latency.P90, h.Latency.P99, h.Latency.Max, h.Errors, h.LoadBefore[0])
+		}
+		p("\n")
+	}
+	if len(r.GoBench) > 0 {
+		p("### Go benchmarks\n\n")
+		for _, c := range r.GoBenchCommands {
+			p("- `%s`\n", c)
+		}
+		p("\n| benchmark | iterations | results |\n|---|---:|---|\n")
+		for _, b := range r.GoBench {
+			var ms []string
+			for _, u := range slices.Sorted(maps.Keys(b.Metrics)) {
+				ms = append(ms, fmt.Sprintf("%s %s", trimFloat(b.Metrics[u]), u))
+			}
+			p("| %s | %d | %s |\n", b.Name, b.Iterations, strings.Join(ms, ", "))
+		}
+		p("\n")
+	}
+	if len(r.Ratios) > 0 {
+		p("### Against the targets\n\n| figure | value | target | met | detail |\n|---|---:|---|---|---|\n")
+		for _, x := range r.Ratios {
+			met := "**no**"
+			if x.Met {
+				met = "yes"
+			}
+			val := fmt.Sprintf("%.1f %s", x.Value, x.Unit)
+			if x.Unit == "x" {
+				val = fmt.Sprintf("%.1fx", x.Value)
+			}
+			p("| %s | %s | %s | %s | %s |\n", x.Name, val, x.Target, met, x.Detail)
+		}
+		p("\n")
+	}
+	for _, n := range r.Notes {
+		p("- %s\n", n)
+	}
+}
+
+func targetName(t string) string {
+	if t == targetReserve {
+		return "`flashsale reserve`"
+	}
+	return "bare handler"
+}
+
+func variantName(v string) string {
+	if v == variantUpdate {
+		return "`UPDATE ... WHERE available > 0`"
+	}
+	return "`SELECT ... FOR UPDATE; UPDATE`"
+}
+
+func outcomes(m map[string]int64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s: %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func audit(s StormRow) string {
+	switch {
+	case s.AuditOK == nil:
+		return "-"
+	case *s.AuditOK:
+		return "ok"
+	}
+	return "FAILED: " + strings.Join(s.AuditFailures, "; ")
+}
+
+func trimFloat(v float64) string {
+	if v == float64(int64(v)) {
+		return fmt.Sprintf("%d", int64(v))
+	}
+	return fmt.Sprintf("%.2f", v)
+}

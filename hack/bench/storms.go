@@ -1,0 +1,394 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
+)
+
+// Campaign settings shared by every storm. The TTL outlasts the run, so no
+// reservation expires and no sweeper is needed.
+const (
+	benchSKU      = "itm-bench"
+	maxPerUser    = 1
+	stealProbes   = 2
+	reservationTT = 10 * time.Minute
+	grace         = 30 * time.Second
+	// requestTimeout is the storm client's per-request timeout.
+	requestTimeout = 10 * time.Second
+	// auditTimeout bounds the ledger audit after a storm.
+	auditTimeout = 2 * time.Minute
+)
+
+type benchEnv struct {
+	o         *options
+	work      string
+	flashsale string
+	bare      string
+	redis     *testharness.Redis
+	pg        *testharness.Postgres
+	rep       *Report
+
+	rdb        *redis.Client
+	ledgerDSN  string
+	ledger     *ledger.Ledger
+	key        []byte
+	listenFlag string
+	profiled   bool
+}
+
+// campaign is one seeded FlashSale; the run keeps an engine on it for audits.
+type campaign struct {
+	name   string
+	id     string
+	alloc  int64
+	engine *engine.Engine
+}
+
+func (e *benchEnv) setup(ctx context.Context) error {
+	if e.rdb != nil {
+		return nil
+	}
+	e.rdb = redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
+	dsn, err := e.pg.NewDatabase()
+	if err != nil {
+		return err
+	}
+	e.ledgerDSN = dsn
+	if e.ledger, err = ledger.Open(ctx, dsn); err != nil {
+		return err
+	}
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	e.key = []byte(hex.EncodeToString(k))
+	e.listenFlag = detectListenFlag(ctx, e.flashsale)
+	return nil
+}
+
+func (e *benchEnv) close() {
+	if e.ledger != nil {
+		e.ledger.Close()
+	}
+	if e.rdb != nil {
+		_ = e.rdb.Close()
+	}
+}
+
+// detectListenFlag finds how `flashsale reserve` takes its address besides
+// FLASHSALE_LISTEN, which it is always given.
+func detectListenFlag(ctx context.Context, bin string) string {
+	out, _ := exec.CommandContext(ctx, bin, "reserve", "--help").CombinedOutput()
+	for _, f := range []string{"--listen", "--addr", "--address", "--http-addr"} {
+		if strings.Contains(string(out), f+" ") {
+			return f
+		}
+	}
+	return ""
+}
+
+func newUUID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// newCampaign creates the ledger row and seeds the shards OPEN, as the
+// controller would before the reserve pods start.
+func (e *benchEnv) newCampaign(ctx context.Context, name string, alloc int64) (*campaign, error) {
+	cfg := engine.Config{
+		CampaignID: newUUID(), Namespace: "bench", Name: name, SKU: benchSKU, Allocation: alloc,
+		Shards: e.o.Shards, MaxPerUser: maxPerUser, TTL: reservationTT, Grace: grace, StealProbes: stealProbes,
+		IDSecret: config.DeriveIDSecret(e.key),
+	}
+	eng, err := engine.New(cfg, e.rdb, e.ledger, ledger.MaterializerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := eng.Seed(ctx, stock.StateOpen); err != nil {
+		eng.Close()
+		return nil, fmt.Errorf("seed %s: %w", name, err)
+	}
+	return &campaign{name: name, id: cfg.CampaignID, alloc: alloc, engine: eng}, nil
+}
+
+// env is the FLASHSALE_* configuration of the processes serving c, the same
+// for `flashsale reserve` and the bare handler.
+func (e *benchEnv) env(c *campaign) []string {
+	return []string{
+		config.EnvCampaignID + "=" + c.id,
+		config.EnvNamespace + "=bench",
+		config.EnvName + "=" + c.name,
+		config.EnvSKU + "=" + benchSKU,
+		config.EnvShards + "=" + strconv.Itoa(e.o.Shards),
+		config.EnvMaxPerUser + "=" + strconv.Itoa(maxPerUser),
+		config.EnvStealProbes + "=" + strconv.Itoa(stealProbes),
+		config.EnvTTL + "=" + reservationTT.String(),
+		config.EnvGracePeriod + "=" + grace.String(),
+		config.EnvRedisMode + "=" + config.RedisStandalone,
+		config.EnvRedisAddresses + "=" + e.redis.Addr(),
+		config.EnvPostgresDSN + "=" + e.ledgerDSN,
+		config.EnvAdmissionKey + "=" + string(e.key),
+	}
+}
+
+// Targets of a storm.
+const (
+	targetReserve = "reserve"
+	targetBare    = "bare"
+)
+
+func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label string) (*server, error) {
+	if target == targetReserve {
+		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, e.env(c))
+	}
+	return startServer(ctx, label, e.work, e.bare, nil, "--listen", e.env(c))
+}
+
+// reservationStorms: reserve and bare, each at every concurrency, on
+// campaigns no storm can sell out.
+func (e *benchEnv) reservationStorms(ctx context.Context) error {
+	if err := e.setup(ctx); err != nil {
+		return err
+	}
+	camps := map[string]*campaign{}
+	for _, t := range []string{targetReserve, targetBare} {
+		c, err := e.newCampaign(ctx, "storm-"+t, e.o.Allocation)
+		if err != nil {
+			return err
+		}
+		defer c.engine.Close()
+		camps[t] = c
+	}
+	// Interleaved, so that a drift in the machine's load hits both targets.
+	for _, conc := range e.o.Concurrency {
+		for _, t := range []string{targetReserve, targetBare} {
+			row, err := e.storm(ctx, "reservations", t, camps[t], conc, e.o.Duration)
+			if err != nil {
+				return err
+			}
+			e.rep.Storms = append(e.rep.Storms, row)
+		}
+	}
+	return nil
+}
+
+// soldOutStorms: small allocations, taken during the warm-up, so the measured
+// storm gets sold-out answers only.
+func (e *benchEnv) soldOutStorms(ctx context.Context) error {
+	if err := e.setup(ctx); err != nil {
+		return err
+	}
+	conc := e.o.Concurrency[0]
+	for _, t := range []string{targetReserve, targetBare} {
+		c, err := e.newCampaign(ctx, "soldout-"+t, e.o.SoldOutAllocation)
+		if err != nil {
+			return err
+		}
+		defer c.engine.Close()
+		row, err := e.storm(ctx, "sold-out", t, c, conc, e.o.SoldOutDuration)
+		if err != nil {
+			return err
+		}
+		e.rep.Storms = append(e.rep.Storms, row)
+	}
+	return nil
+}
+
+// StormRow is one measured storm.
+type StormRow struct {
+	Kind        string  `json:"kind"`   // reservations | sold-out
+	Target      string  `json:"target"` // reserve | bare
+	Concurrency int     `json:"concurrency"`
+	Seconds     float64 `json:"seconds"`
+	Requests    int64   `json:"requests"`
+	// RequestsPerSecond counts every answer; ReservationsPerSecond only the
+	// acknowledged reservations (201).
+	RequestsPerSecond     float64                     `json:"requests_per_second"`
+	ReservationsPerSecond float64                     `json:"reservations_per_second"`
+	Latency               storm.LatencyMS             `json:"latency_ms"`
+	Outcomes              map[string]int64            `json:"outcomes"`
+	AllOutcomes           map[string]map[string]int64 `json:"all_outcomes,omitempty"`
+	// CPU microseconds per request: the server process, redis-server and this
+	// process (the storm client); on a small machine they share the cores.
+	ServerCPUus float64 `json:"server_cpu_us_per_request"`
+	RedisCPUus  float64 `json:"redis_cpu_us_per_request"`
+	ClientCPUus float64 `json:"client_cpu_us_per_request"`
+	LoadBefore  Load    `json:"load_before"`
+	LoadAfter   Load    `json:"load_after"`
+	// Audit of the ledger after a storm against `flashsale reserve`: every
+	// acknowledged reservation has its row, nothing oversold.
+	AuditOK       *bool    `json:"audit_ok,omitempty"`
+	AuditFailures []string `json:"audit_failures,omitempty"`
+	Note          string   `json:"note,omitempty"`
+}
+
+func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc int, dur time.Duration) (StormRow, error) {
+	label := fmt.Sprintf("%s-%s-%d", kind, target, conc)
+	srv, err := e.start(ctx, target, c, label)
+	if err != nil {
+		return StormRow{}, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = srv.stop()
+		}
+	}()
+	client := storm.NewClient(conc, requestTimeout)
+	defer client.CloseIdleConnections()
+	key := e.key
+	cfg := storm.Config{
+		URLs: []string{srv.url()}, SKU: benchSKU,
+		Mint: func(sku, user string, ttl time.Duration, now time.Time) (string, error) {
+			return admission.Mint(key, sku, user, ttl, now)
+		},
+		// Every journey is a new buyer (journey n is buyer n), so maxPerUser 1
+		// never refuses one.
+		Buyers:      1 << 40,
+		Concurrency: conc,
+		Count:       e.o.MaxRequests,
+		RetryRatio:  0, CheckoutRatio: 0, CancelRatio: 0, AbandonRatio: 1,
+		Quantity: 1, TokenTTL: storm.DefaultTokenTTL, Timeout: requestTimeout,
+		// One attempt per request: a retried 503 would hide a failure.
+		MaxAttempts: 1,
+		Seed:        1,
+		Client:      client,
+	}
+	if e.o.Warmup > 0 {
+		w := cfg
+		w.Duration, w.UserPrefix = e.o.Warmup, label+"-warm"
+		logf("%s: warm-up %s", label, e.o.Warmup)
+		if _, err := storm.Run(ctx, w); err != nil {
+			return StormRow{}, err
+		}
+	}
+	cfg.Duration, cfg.UserPrefix = dur, label
+
+	row := StormRow{Kind: kind, Target: target, Concurrency: conc, LoadBefore: readLoad()}
+	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
+	var profErr error
+	var profWG sync.WaitGroup
+	if target == targetReserve && kind == "reservations" && e.o.Profile != "" && !e.profiled {
+		e.profiled = true
+		profWG.Add(1)
+		go func() {
+			defer profWG.Done()
+			profErr = e.profile(ctx, srv, min(e.o.ProfileSeconds, int(dur/time.Second)-2))
+		}()
+	}
+	srvCPU, redisCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), selfCPU()
+	res, err := storm.Run(ctx, cfg)
+	if err != nil {
+		return StormRow{}, err
+	}
+	srvCPU, redisCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, selfCPU()-selfCPU0
+	row.LoadAfter = readLoad()
+	profWG.Wait()
+	if profErr != nil {
+		logf("%s: profile: %v", label, profErr)
+		e.rep.Notes = append(e.rep.Notes, "CPU profile of the reserve process: "+profErr.Error())
+	}
+	stopped = true
+	if err := srv.stop(); err != nil {
+		return StormRow{}, fmt.Errorf("%s: %w", label, err)
+	}
+
+	r := storm.NewReport(cfg, res, nil)
+	row.Seconds = r.ElapsedSeconds
+	row.Requests = r.Requests
+	row.RequestsPerSecond = r.RequestsPerSecond
+	row.ReservationsPerSecond = r.ReservationsPerSecond
+	row.Latency = r.LatencyMS[storm.OpReserve]
+	row.Outcomes = r.Outcomes[storm.OpReserve]
+	if len(r.Outcomes) > 1 {
+		row.AllOutcomes = r.Outcomes
+	}
+	if n := float64(r.Requests); n > 0 {
+		row.ServerCPUus = float64(srvCPU.Microseconds()) / n
+		row.RedisCPUus = float64(redisCPU.Microseconds()) / n
+		row.ClientCPUus = float64(selfCPU0.Microseconds()) / n
+	}
+	if target == targetReserve {
+		actx, cancel := context.WithTimeout(ctx, auditTimeout)
+		a, err := storm.RunAudit(actx, storm.EngineSource{Engine: c.engine}, res, 0)
+		cancel()
+		if err != nil {
+			return StormRow{}, fmt.Errorf("%s: audit: %w", label, err)
+		}
+		row.AuditOK, row.AuditFailures = &a.OK, a.Failures
+	}
+	logf("%s: %.0f req/s, %.0f reservations/s, p50 %.2f p99 %.2f max %.2f ms, outcomes %v",
+		label, row.RequestsPerSecond, row.ReservationsPerSecond, row.Latency.P50, row.Latency.P99, row.Latency.Max, row.Outcomes)
+	return row, nil
+}
+
+// redisCPU is redis-server's user+system CPU so far, from INFO cpu.
+func (e *benchEnv) redisCPU(ctx context.Context) time.Duration {
+	info, err := e.rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// profile takes a CPU profile of the reserve process through its
+// /debug/pprof endpoint, a couple of seconds into the storm.
+func (e *benchEnv) profile(ctx context.Context, srv *server, seconds int) error {
+	if seconds < 1 {
+		return fmt.Errorf("the storm is too short for a profile")
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(2 * time.Second):
+	}
+	client := &http.Client{Timeout: time.Duration(seconds+30) * time.Second}
+	resp, err := client.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", srv.url(), seconds))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("`flashsale reserve` exposes no /debug/pprof (GET answered %s)", resp.Status)
+	}
+	f, err := os.Create(e.o.Profile)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	logf("CPU profile of the reserve process written to %s", e.o.Profile)
+	return f.Close()
+}
