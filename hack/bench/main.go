@@ -31,6 +31,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
@@ -209,6 +211,7 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 	defer pg.Close()
 	env := &benchEnv{o: o, work: work, flashsale: flashsale, bare: bare, redis: rs, pg: pg, rep: rep}
 	defer env.close()
+	rep.Servers = serverVersions(ctx, rs, pg)
 
 	if !o.skips("storm") {
 		if err := env.reservationStorms(ctx); err != nil {
@@ -226,6 +229,29 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 		}
 	}
 	return nil
+}
+
+// serverVersions names the Redis and PostgreSQL the run measured, with the
+// harness settings that matter for the numbers.
+func serverVersions(ctx context.Context, rs *testharness.Redis, pg *testharness.Postgres) string {
+	redisV, pgV := "?", "?"
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rdb.Close()
+	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				redisV = v
+			}
+		}
+	}
+	if conn, err := pgx.Connect(ctx, pg.AdminDSN()); err == nil {
+		var v, fsync, sc string
+		if conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").Scan(&v, &fsync, &sc) == nil {
+			pgV = fmt.Sprintf("%s (fsync=%s, synchronous_commit=%s)", v, fsync, sc)
+		}
+		conn.Close(ctx)
+	}
+	return fmt.Sprintf("redis-server %s (no persistence), PostgreSQL %s", redisV, pgV)
 }
 
 // Load is /proc/loadavg's first three fields.

@@ -14,6 +14,7 @@ type Report struct {
 	Started time.Time `json:"started"`
 	Seconds float64   `json:"seconds"`
 	Machine Machine   `json:"machine"`
+	Servers string    `json:"servers"`
 	Load    struct {
 		Start Load `json:"start"`
 		End   Load `json:"end"`
@@ -122,6 +123,9 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	p("## Run of %s\n\n", r.Started.Format(time.RFC3339))
 	p("- command: `%s`\n", r.Command)
 	p("- machine: %d CPUs (%s), %.1f GiB memory, Linux %s, %s\n", m.CPUs, m.CPUModel, m.MemoryGB, m.Kernel, m.Go)
+	if r.Servers != "" {
+		p("- servers: %s, all on 127.0.0.1\n", r.Servers)
+	}
 	p("- load average (1/5/15 min): %s at start, %s at the end; each row gives the 1-minute load before it ran\n", r.Load.Start, r.Load.End)
 	p("- run took %.0f s; storms of %s (sold-out %s) after a %s warm-up, hot-row runs of %s\n\n",
 		r.Seconds, r.Options.Duration, r.Options.SoldOutDuration, r.Options.Warmup, r.Options.HotRowDuration)
