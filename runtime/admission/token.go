@@ -64,13 +64,13 @@ type Claims struct {
 func (c Claims) ExpiresAt() time.Time { return time.Unix(c.Expiry, 0) }
 
 func (c Claims) validate() error {
-	for _, f := range []struct{ name, v string }{{"sku", c.SKU}, {"sub", c.Subject}} {
+	for _, f := range []struct{ name, v string }{{"sku", c.SKU}, {"user (sub)", c.Subject}} {
 		if f.v == "" || len(f.v) > MaxFieldLen || !utf8.ValidString(f.v) {
-			return fmt.Errorf("%w: %s must be 1..%d bytes of UTF-8", ErrMalformed, f.name, MaxFieldLen)
+			return fmt.Errorf("%s must be 1..%d bytes of UTF-8", f.name, MaxFieldLen)
 		}
 	}
 	if c.Expiry <= 0 {
-		return fmt.Errorf("%w: exp must be positive", ErrMalformed)
+		return errors.New("exp must be positive")
 	}
 	return nil
 }
@@ -89,7 +89,7 @@ func Mint(key []byte, sku, user string, ttl time.Duration, now time.Time) (strin
 	}
 	c := Claims{SKU: sku, Subject: user, Expiry: now.Add(ttl).Unix()}
 	if err := c.validate(); err != nil {
-		return "", err
+		return "", fmt.Errorf("admission token: %w", err)
 	}
 	payload, err := json.Marshal(c)
 	if err != nil {
@@ -134,7 +134,7 @@ func Parse(key []byte, token string, now time.Time) (Claims, error) {
 		return Claims{}, ErrMalformed
 	}
 	if err := c.validate(); err != nil {
-		return Claims{}, err
+		return Claims{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if now.Unix() >= c.Expiry {
 		return c, ErrExpired
