@@ -1,0 +1,311 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+// Package reserve is the `flashsale reserve` command: the reservation HTTP API of
+// one FlashSale (runtime/api), configured by flags with environment defaults.
+package reserve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/version"
+	"github.com/flashsale-dev/flashsale-operator/runtime/api"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+// Environment variables of the reserve pods, besides config.Campaign's.
+const (
+	EnvListen            = "FLASHSALE_LISTEN"
+	EnvRateLimit         = "FLASHSALE_RATE_LIMIT"
+	EnvRateBurst         = "FLASHSALE_RATE_BURST"
+	EnvRequestTimeout    = "FLASHSALE_REQUEST_TIMEOUT"
+	EnvReadHeaderTimeout = "FLASHSALE_READ_HEADER_TIMEOUT"
+	EnvReadTimeout       = "FLASHSALE_READ_TIMEOUT"
+	EnvWriteTimeout      = "FLASHSALE_WRITE_TIMEOUT"
+	EnvIdleTimeout       = "FLASHSALE_IDLE_TIMEOUT"
+	EnvMaxBodyBytes      = "FLASHSALE_MAX_BODY_BYTES"
+	EnvAvailabilityCache = "FLASHSALE_AVAILABILITY_CACHE"
+	EnvShutdownTimeout   = "FLASHSALE_SHUTDOWN_TIMEOUT"
+	EnvDrainDelay        = "FLASHSALE_DRAIN_DELAY"
+	EnvLogLevel          = "FLASHSALE_LOG_LEVEL"
+)
+
+// Defaults of the rate limit: generous for a person, tight for a retry loop.
+const (
+	DefaultRateLimit = 10
+	DefaultRateBurst = 20
+)
+
+// startupTimeout bounds connecting to (and migrating) the ledger at start; a pod
+// that cannot reach it exits and is restarted with back-off.
+const startupTimeout = 30 * time.Second
+
+// Options are the settings of `flashsale reserve`.
+type Options struct {
+	Campaign config.Campaign
+	Listen   string
+	LogLevel string
+	Server   api.Config // the durations, sizes and rate limit; the rest is built by Run
+
+	envErrs []error
+}
+
+// NewCmd returns the `reserve` command.
+func NewCmd() *cobra.Command {
+	var opts Options
+	cmd := &cobra.Command{
+		Use:   "reserve",
+		Short: "Serve the reservation API of one FlashSale",
+		Long: `Serves POST /api/v1/flash-sale/reserve, POST /api/v1/flash-sale/checkout,
+DELETE /api/v1/flash-sale/reservations/{id}, GET /api/v1/flash-sale/items/{sku}/availability,
+/healthz, /readyz and /metrics for one FlashSale (see docs/api.md).
+
+Every flag defaults to its environment variable. Secrets come only from the
+environment or files: FLASHSALE_POSTGRES_DSN, FLASHSALE_ADMISSION_KEY and
+FLASHSALE_REDIS_PASSWORD, each also as <NAME>_FILE. The campaign must exist in the
+ledger (the controller creates it); until then /readyz answers 503.
+On SIGTERM or SIGINT in-flight requests finish, then the process exits 0.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := opts.Complete(); err != nil {
+				return err
+			}
+			log, err := NewLogger(cmd.ErrOrStderr(), opts.LogLevel)
+			if err != nil {
+				return err
+			}
+			return Run(cmd.Context(), opts, log)
+		},
+	}
+	opts.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// AddFlags registers the flags; their defaults come from the environment.
+func (o *Options) AddFlags(f *pflag.FlagSet) {
+	o.Campaign.AddFlags(f)
+	s := &o.Server
+	f.StringVar(&o.Listen, "listen", envString(EnvListen, ":8080"), "address the API listens on (env "+EnvListen+")")
+	f.Float64Var(&s.RateLimit, "rate-limit", o.envFloat(EnvRateLimit, DefaultRateLimit),
+		"requests per second each buyer may send on the buyer routes, per replica; 0 disables the limit (env "+EnvRateLimit+")")
+	f.IntVar(&s.RateBurst, "rate-burst", o.envInt(EnvRateBurst, DefaultRateBurst), "requests a buyer may send at once (env "+EnvRateBurst+")")
+	f.DurationVar(&s.RequestTimeout, "request-timeout", o.envDuration(EnvRequestTimeout, api.DefaultRequestTimeout),
+		"deadline of the Redis and SQL work of one request (env "+EnvRequestTimeout+")")
+	f.DurationVar(&s.ReadHeaderTimeout, "read-header-timeout", o.envDuration(EnvReadHeaderTimeout, api.DefaultReadHeaderTimeout),
+		"time to read a request's headers (env "+EnvReadHeaderTimeout+")")
+	f.DurationVar(&s.ReadTimeout, "read-timeout", o.envDuration(EnvReadTimeout, api.DefaultReadTimeout),
+		"time to read a whole request, body included (env "+EnvReadTimeout+")")
+	f.DurationVar(&s.WriteTimeout, "write-timeout", o.envDuration(EnvWriteTimeout, 0),
+		"time to handle a request and write the answer; 0 means --request-timeout + 5s (env "+EnvWriteTimeout+")")
+	f.DurationVar(&s.IdleTimeout, "idle-timeout", o.envDuration(EnvIdleTimeout, api.DefaultIdleTimeout),
+		"how long an idle keep-alive connection stays open (env "+EnvIdleTimeout+")")
+	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", int64(o.envInt(EnvMaxBodyBytes, api.DefaultMaxBodyBytes)),
+		"largest request body accepted (env "+EnvMaxBodyBytes+")")
+	f.DurationVar(&s.AvailabilityCache, "availability-cache", o.envDuration(EnvAvailabilityCache, api.DefaultAvailabilityCache),
+		"how long one Redis read of the shards answers the availability route (env "+EnvAvailabilityCache+")")
+	f.DurationVar(&s.ShutdownTimeout, "shutdown-timeout", o.envDuration(EnvShutdownTimeout, api.DefaultShutdownTimeout),
+		"how long in-flight requests may take to finish after SIGTERM (env "+EnvShutdownTimeout+")")
+	f.DurationVar(&s.DrainDelay, "drain-delay", o.envDuration(EnvDrainDelay, 0),
+		"keep serving this long after SIGTERM with /readyz failing, before closing the listener (env "+EnvDrainDelay+")")
+	f.StringVar(&o.LogLevel, "log-level", envString(EnvLogLevel, "info"), "debug, info, warn or error (env "+EnvLogLevel+")")
+}
+
+// Complete reads the secrets and checks everything, naming what is wrong.
+func (o *Options) Complete() error {
+	errs := append([]error(nil), o.envErrs...)
+	errs = append(errs, o.Campaign.Complete())
+	s := o.Server
+	if s.RateLimit < 0 || s.RateBurst < 0 {
+		errs = append(errs, fmt.Errorf("--rate-limit and --rate-burst must not be negative"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"request-timeout", s.RequestTimeout}, {"read-header-timeout", s.ReadHeaderTimeout},
+		{"read-timeout", s.ReadTimeout}, {"write-timeout", s.WriteTimeout}, {"idle-timeout", s.IdleTimeout},
+		{"availability-cache", s.AvailabilityCache}, {"shutdown-timeout", s.ShutdownTimeout}, {"drain-delay", s.DrainDelay},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("--%s must not be negative, got %s", d.name, d.v))
+		}
+	}
+	if s.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("--max-body-bytes must not be negative"))
+	}
+	if _, err := parseLevel(o.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// NewLogger returns the JSON logger of the process.
+func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
+	l, err := parseLevel(level)
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level must be debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+// Run serves until ctx is cancelled (SIGTERM or SIGINT), drains, and returns nil
+// after a clean shutdown.
+func Run(ctx context.Context, opts Options, log *slog.Logger) error {
+	c := &opts.Campaign
+	log = log.With("role", "reserve", "campaign", c.ID)
+	redact := redactor(c)
+	log.Info("starting", "version", version.Version, "commit", version.GitCommit,
+		"namespace", c.Namespace, "name", c.Name, "sku", c.SKU, "shards", c.Shards,
+		"maxPerUser", c.MaxPerUser, "stealProbes", c.StealProbes, "ttl", c.TTL.String(),
+		"redisMode", c.Redis.Mode, "redisAddresses", c.Redis.Addresses, "listen", opts.Listen,
+		"rateLimit", opts.Server.RateLimit, "rateBurst", opts.Server.RateBurst)
+
+	metrics := api.NewMetrics()
+	rdb := c.Redis.Client()
+	defer rdb.Close()
+	rdb.AddHook(metrics.RedisHook())
+
+	sctx, cancel := context.WithTimeout(ctx, startupTimeout)
+	l, err := ledger.Open(sctx, c.PostgresDSN)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: nothing was served
+		}
+		err = errors.New(redact(err.Error()))
+		log.Error("cannot open the ledger", "err", err)
+		return err
+	}
+	defer l.Close()
+
+	eng, err := engine.New(c.EngineConfig(), rdb, l, ledger.MaterializerConfig{OnBatch: metrics.ObserveBatch})
+	if err != nil {
+		return err
+	}
+	cfg := opts.Server
+	cfg.Engine, cfg.AdmissionKey, cfg.Metrics, cfg.Logger, cfg.Addr = eng, c.AdmissionKey, metrics, log, opts.Listen
+	srv, err := api.New(cfg)
+	if err != nil {
+		eng.Close()
+		return err
+	}
+	if err := srv.Start(ctx); err != nil {
+		err = errors.New(redact(err.Error()))
+		log.Error("serve", "err", err)
+		return err
+	}
+	return nil
+}
+
+// redactor scrubs secret values from text that is about to be logged or returned:
+// drivers quote connection strings in some errors, and not always redacted.
+func redactor(c *config.Campaign) func(string) string {
+	var secrets []string
+	add := func(s string) {
+		if len(s) >= 4 {
+			secrets = append(secrets, s)
+		}
+	}
+	add(c.PostgresDSN)
+	add(c.Redis.Password)
+	add(string(c.AdmissionKey))
+	if u, err := url.Parse(c.PostgresDSN); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			add(pw)
+			add(url.QueryEscape(pw))
+		}
+	}
+	for _, f := range strings.Fields(c.PostgresDSN) {
+		if v, ok := strings.CutPrefix(f, "password="); ok {
+			add(strings.Trim(v, "'"))
+		}
+	}
+	return func(s string) string {
+		for _, secret := range secrets {
+			s = strings.ReplaceAll(s, secret, "[redacted]")
+		}
+		return s
+	}
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func (o *Options) envInt(name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		o.envErrs = append(o.envErrs, fmt.Errorf("%s=%q is not an integer", name, s))
+		return def
+	}
+	return v
+}
+
+func (o *Options) envFloat(name string, def float64) float64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		o.envErrs = append(o.envErrs, fmt.Errorf("%s=%q is not a number", name, s))
+		return def
+	}
+	return v
+}
+
+func (o *Options) envDuration(name string, def time.Duration) time.Duration {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		o.envErrs = append(o.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 5s, 200ms)", name, s))
+		return def
+	}
+	return v
+}

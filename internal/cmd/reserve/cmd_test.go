@@ -1,0 +1,398 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package reserve
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/pflag"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// The servers are started by the first test that needs them.
+var (
+	sharedOnce  sync.Once
+	sharedErr   error
+	sharedRedis *testharness.Redis
+	sharedPG    *testharness.Postgres
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if err := testharness.CloseAll(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
+}
+
+func startShared(t *testing.T) {
+	t.Helper()
+	sharedOnce.Do(func() {
+		if sharedRedis, sharedErr = testharness.StartRedis(); sharedErr != nil {
+			return
+		}
+		sharedPG, sharedErr = testharness.StartPostgres()
+	})
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+}
+
+// clearEnv unsets every FLASHSALE_* variable for the test, so the caller's
+// environment cannot change what is tested.
+func clearEnv(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "FLASHSALE_") {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
+}
+
+func TestFlagsDefaultToEnvironment(t *testing.T) {
+	clearEnv(t)
+	for k, v := range map[string]string{
+		config.EnvCampaignID: "c-1", config.EnvSKU: "itm-1", config.EnvRedisAddresses: "127.0.0.1:6379",
+		config.EnvPostgresDSN: "postgres://x@127.0.0.1/db", config.EnvAdmissionKey: "0123456789abcdef-key",
+		EnvListen: "127.0.0.1:9999", EnvRateLimit: "2.5", EnvRateBurst: "7", EnvShutdownTimeout: "3s",
+		EnvDrainDelay: "1s", EnvAvailabilityCache: "50ms", EnvMaxBodyBytes: "4096", EnvLogLevel: "debug",
+	} {
+		t.Setenv(k, v)
+	}
+	cmd := NewCmd()
+	if err := cmd.ParseFlags([]string{"--rate-burst=9"}); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"listen": "127.0.0.1:9999", "rate-limit": "2.5", "rate-burst": "9", "shutdown-timeout": "3s",
+		"drain-delay": "1s", "availability-cache": "50ms", "max-body-bytes": "4096", "log-level": "debug",
+		"request-timeout": "5s", "read-header-timeout": "5s", "sku": "itm-1",
+	} {
+		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
+			t.Errorf("--%s = %q, want %q", name, got, want)
+		}
+	}
+}
+
+func TestCompleteNamesWhatIsWrong(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(EnvRateLimit, "fast")
+	t.Setenv(EnvShutdownTimeout, "soon")
+	var o Options
+	fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--log-level=loud"}); err != nil {
+		t.Fatal(err)
+	}
+	err := o.Complete()
+	for _, want := range []string{EnvRateLimit, EnvShutdownTimeout, "--log-level", "--campaign-id", config.EnvPostgresDSN} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not name %s", err, want)
+		}
+	}
+}
+
+func TestRedactor(t *testing.T) {
+	c := &config.Campaign{
+		PostgresDSN:  "host=db user=app password='p@ss word' dbname=ledger",
+		AdmissionKey: []byte("admission-key-0123456789"),
+		Redis:        config.Redis{Password: "redis-pw"},
+	}
+	r := redactor(c)
+	got := r("cannot parse `host=db user=app password='p@ss word'`; key admission-key-0123456789, redis-pw")
+	for _, secret := range []string{"p@ss word", "admission-key", "redis-pw"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("%q still holds %q", got, secret)
+		}
+	}
+	c.PostgresDSN = "postgres://app:s3cr%2Ft@db:5432/ledger"
+	if got := redactor(c)("dial postgres://app:s3cr%2Ft@db failed for s3cr/t"); strings.Contains(got, "s3cr") {
+		t.Errorf("%q still holds the password", got)
+	}
+}
+
+// A ledger that cannot be reached fails the start without showing the DSN's password.
+func TestRunFailsWithoutLeakingSecrets(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(config.EnvCampaignID, "c-1")
+	t.Setenv(config.EnvSKU, "itm-1")
+	t.Setenv(config.EnvRedisAddresses, "127.0.0.1:1")
+	t.Setenv(config.EnvPostgresDSN, "postgres://app:hunter2-secret@127.0.0.1:1/ledger?connect_timeout=2")
+	t.Setenv(config.EnvAdmissionKey, "admission-key-0123456789")
+	var o Options
+	fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	err := Run(context.Background(), o, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err == nil {
+		t.Fatal("Run succeeded without a ledger")
+	}
+	for _, out := range []string{err.Error(), logs.String()} {
+		if strings.Contains(out, "hunter2-secret") || strings.Contains(out, "admission-key-0123456789") {
+			t.Fatalf("a secret leaked: %s", out)
+		}
+	}
+}
+
+// buildBinary builds cmd/flashsale into a temporary directory.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "flashsale")
+	out, err := exec.Command(goBin, "build", "-o", bin, "github.com/flashsale-dev/flashsale-operator/cmd/flashsale").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// childEnv is this process's environment without FLASHSALE_* variables, plus extra.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FLASHSALE_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// TestBinaryServesAndExitsOnSIGTERM runs the built `flashsale reserve` the way a
+// pod does (configuration in the environment, secrets in files), with a token from
+// the built `flashsale token`: it gets ready once the campaign exists, serves a
+// reservation whose row is in the ledger, logs JSON without secrets, and exits 0
+// on SIGTERM.
+func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
+	startShared(t)
+	bin := buildBinary(t)
+	ctx := context.Background()
+
+	id := make([]byte, 8)
+	_, _ = rand.Read(id)
+	campaignID := "c-" + hex.EncodeToString(id)
+	const (
+		sku      = "itm-binary"
+		key      = "binary-admission-key-0123456789"
+		password = "pg-password-never-logged"
+	)
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Loopback connections are trusted, so the password is never checked: it is
+	// there to show that it is not logged.
+	dsnWithPassword := strings.Replace(dsn, "postgres://postgres@", "postgres://postgres:"+password+"@", 1)
+	if dsnWithPassword == dsn {
+		t.Fatalf("unexpected DSN shape %q", dsn)
+	}
+	dir := t.TempDir()
+	keyFile, dsnFile := filepath.Join(dir, "hmac-key"), filepath.Join(dir, "dsn")
+	for f, v := range map[string]string{keyFile: key + "\n", dsnFile: dsnWithPassword + "\n"} {
+		if err := os.WriteFile(f, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port, err := testharness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	env := childEnv(
+		config.EnvCampaignID+"="+campaignID, config.EnvNamespace+"=shop", config.EnvName+"=binary",
+		config.EnvSKU+"="+sku, config.EnvShards+"=3", config.EnvMaxPerUser+"=1", config.EnvTTL+"=1m",
+		config.EnvRedisAddresses+"="+sharedRedis.Addr(),
+		config.EnvPostgresDSN+config.FileSuffix+"="+dsnFile,
+		config.EnvAdmissionKey+config.FileSuffix+"="+keyFile,
+		EnvListen+"="+addr,
+	)
+
+	var logs syncBuffer
+	proc := exec.Command(bin, "reserve")
+	proc.Env, proc.Stdout, proc.Stderr = env, &logs, &logs
+	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- proc.Wait() }()
+	t.Cleanup(func() {
+		_ = proc.Process.Kill()
+		if t.Failed() {
+			t.Logf("reserve logs:\n%s", logs.String())
+		}
+	})
+
+	base := "http://" + addr
+	get := func(path string) int {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			select {
+			case err := <-exited:
+				t.Fatalf("reserve exited (%v) while waiting for %s", err, what)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	// Serving, but not ready: the campaign is not in the ledger yet.
+	waitFor("/healthz", func() bool { return get("/healthz") == http.StatusOK })
+	if code := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before the campaign exists: %d", code)
+	}
+
+	// The controller's part: create and seed the campaign.
+	l, err := ledger.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
+	defer rdb.Close()
+	e, err := engine.New(engine.Config{
+		CampaignID: campaignID, Namespace: "shop", Name: "binary", SKU: sku, Allocation: 30, Shards: 3,
+		MaxPerUser: 1, TTL: time.Minute, StealProbes: 2, IDSecret: config.DeriveIDSecret([]byte(key)),
+	}, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := e.Seed(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("/readyz", func() bool { return get("/readyz") == http.StatusOK })
+
+	// A token from `flashsale token`, the key from its file.
+	tokCmd := exec.Command(bin, "token", "--sku", sku, "--user", "u-bin", "--ttl", "5m", "--key-file", keyFile)
+	tokCmd.Env = childEnv()
+	out, err := tokCmd.Output()
+	if err != nil {
+		t.Fatalf("flashsale token: %v", err)
+	}
+	token := strings.TrimSpace(string(out))
+
+	body := `{"item_id":"` + sku + `","user_id":"u-bin","quantity":1,"idempotency_key":"k-1"}`
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/flash-sale/reserve", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		ReservationID string `json:"reservation_id"`
+		Status        string `json:"status"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&res)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || err != nil || res.Status != "reserved" {
+		t.Fatalf("reserve: %d %+v %v", resp.StatusCode, res, err)
+	}
+	if o, err := l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "u-bin" {
+		t.Fatalf("ledger row %+v, %v", o, err)
+	}
+
+	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("reserve exited with %v after SIGTERM, want 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("reserve did not exit within 30s of SIGTERM")
+	}
+
+	// Logs: JSON lines, no secret values.
+	out = []byte(logs.String())
+	for _, secret := range []string{key, password} {
+		if bytes.Contains(out, []byte(secret)) {
+			t.Fatalf("the logs hold a secret:\n%s", out)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for _, line := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+	}
+	if !strings.Contains(lines[len(lines)-1], `"msg":"stopped"`) {
+		t.Fatalf("last log line %q", lines[len(lines)-1])
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the child's two output streams.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
