@@ -27,12 +27,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/manager"
-	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/podrunner"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/storm"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/sweeper"
-	"github.com/flashsale-dev/flashsale-operator/internal/cmd/token"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/token"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/version"
 )
@@ -46,12 +44,10 @@ func main() {
 	}
 	root.AddCommand(
 		manager.NewCmd(),
-		reserve.NewCmd(),
 		podrunner.NewCmd(),
 		reserve.NewCmd(),
 		sweeper.NewCmd(),
 		storm.NewCmd(),
-		token.NewCmd(),
 		token.NewCmd(),
 		version.NewCmd(),
 	)
