@@ -55,6 +55,7 @@ type options struct {
 	Flashsale         string
 	Profile           string
 	ProfileSeconds    int
+	Perf              string
 	JSON              bool
 	Skip              []string
 }
@@ -77,7 +78,8 @@ func main() {
 	fs.StringVar(&o.GoBenchTime, "gobench-time", "3s", "-benchtime of the Go benchmarks")
 	fs.StringVar(&o.Flashsale, "flashsale", "", "flashsale binary to exec (default: bin/flashsale, built when missing or older than the sources)")
 	fs.StringVar(&o.Profile, "profile", "", "write a CPU profile of the reserve process, taken during its first measured storm, to this file (needs the server to expose /debug/pprof)")
-	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile")
+	fs.StringVar(&o.Perf, "perf", "", "record the reserve process with `perf record -g` during its first measured storm into this file, with a flashsale built with symbols (the profiler's overhead is in that run's figures)")
+	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile (--profile, --perf)")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow (gobench has its own flag)")
 	_ = fs.Parse(os.Args[1:])
@@ -191,7 +193,16 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 	var flashsale, bare string
 	var err error
 	if !o.skips("storm") || !o.skips("soldout") {
-		if flashsale, err = flashsaleBinary(ctx, root, o.Flashsale); err != nil {
+		switch {
+		case o.Perf != "" && o.Flashsale == "":
+			// perf resolves symbols from the symbol table, which `make build` strips.
+			flashsale = filepath.Join(work, "flashsale-symbols")
+			logf("--perf: building flashsale with symbols")
+			err = goBuildWith(ctx, root, flashsale, "./cmd/flashsale", "")
+		default:
+			flashsale, err = flashsaleBinary(ctx, root, o.Flashsale)
+		}
+		if err != nil {
 			return err
 		}
 		if bare, err = buildBare(ctx, root, work); err != nil {

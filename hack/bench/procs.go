@@ -57,11 +57,15 @@ func buildBare(ctx context.Context, root, work string) (string, error) {
 	return out, goBuild(ctx, root, out, "./hack/bench/bare")
 }
 
+// goBuild builds with the flags of `make build`, less the version stamps.
 func goBuild(ctx context.Context, root, out, pkg string) error {
+	return goBuildWith(ctx, root, out, pkg, "-s -w")
+}
+
+func goBuildWith(ctx context.Context, root, out, pkg, ldflags string) error {
 	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
-	// The flags of `make build`, less the version stamps.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", ldflags, "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var stderr bytes.Buffer

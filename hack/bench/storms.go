@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -290,12 +291,21 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
 	var profErr error
 	var profWG sync.WaitGroup
-	if target == targetReserve && kind == "reservations" && e.o.Profile != "" && !e.profiled {
+	if target == targetReserve && kind == "reservations" && (e.o.Profile != "" || e.o.Perf != "") && !e.profiled {
 		e.profiled = true
 		profWG.Add(1)
 		go func() {
 			defer profWG.Done()
-			profErr = e.profile(ctx, srv, min(e.o.ProfileSeconds, int(dur/time.Second)-2))
+			secs := min(e.o.ProfileSeconds, int(dur/time.Second)-2)
+			if e.o.Perf != "" {
+				profErr = e.perfRecord(ctx, srv, secs)
+				e.rep.Notes = append(e.rep.Notes, fmt.Sprintf("the %s row ran under `perf record` (%s): its figures include the profiler's overhead", label, e.o.Perf))
+			}
+			if e.o.Profile != "" {
+				if err := e.profile(ctx, srv, secs); err != nil {
+					profErr = errors.Join(profErr, err)
+				}
+			}
 		}()
 	}
 	srvCPU, redisCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), selfCPU()
@@ -359,6 +369,28 @@ func (e *benchEnv) redisCPU(ctx context.Context) time.Duration {
 		}
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// perfRecord samples the reserve process (its pid only) with call graphs, a
+// couple of seconds into the storm.
+func (e *benchEnv) perfRecord(ctx context.Context, srv *server, seconds int) error {
+	if seconds < 1 {
+		return fmt.Errorf("the storm is too short for a profile")
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(2 * time.Second):
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Duration(seconds+30)*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(pctx, "perf", "record", "-F", "499", "-g", "-p", strconv.Itoa(srv.pid()),
+		"-o", e.o.Perf, "--", "sleep", strconv.Itoa(seconds)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("perf record: %v\n%s", err, out)
+	}
+	logf("perf profile of the reserve process written to %s (perf report -i %s --no-children)", e.o.Perf, e.o.Perf)
+	return nil
 }
 
 // profile takes a CPU profile of the reserve process through its
