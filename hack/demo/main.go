@@ -1,0 +1,442 @@
+// Command demo is `make demo`: a whole flash sale on one machine. It installs
+// what is missing, builds bin/flashsale, starts a Kubernetes API server and
+// etcd, Redis, PostgreSQL, the operator and the local pod runner under one
+// working directory, applies the samples from config/samples with kubectl,
+// storms the sale with `flashsale storm`, prints `kubectl get flashsales` and
+// the audit, and tears everything down again; with --keep it stays up until
+// Ctrl-C so that a person can poke at it.
+//
+//	go run ./hack/demo [--keep] [--dir .demo] [--buyers 10000]
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+)
+
+// The sample the demo runs, as config/samples has it.
+const (
+	namespace     = "shop"
+	saleName      = "ps5-drop"
+	saleManifest  = "config/samples/flashsale_v1alpha1_flashsale.yaml"
+	readyTimeout  = 2 * time.Minute
+	stormTimeout  = 5 * time.Minute
+	statusTimeout = 30 * time.Second
+)
+
+// secretManifests are the sample Secrets; the Redis and ledger ones get this
+// machine's addresses in place of their placeholders.
+var secretManifests = []string{
+	"config/samples/secret_shop-redis.yaml",
+	"config/samples/secret_shop-ledger.yaml",
+	"config/samples/secret_waiting-room.yaml",
+}
+
+type options struct {
+	keep   bool
+	dir    string
+	buyers int
+}
+
+func main() {
+	var o options
+	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the storm, until Ctrl-C")
+	flag.StringVar(&o.dir, "dir", ".demo", "working directory (wiped at start; logs stay there afterwards)")
+	flag.IntVar(&o.buyers, "buyers", 10000, "buyers in the storm")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, o)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "\ndemo failed: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// out prints the demo's progress: each step with how long it took.
+type out struct {
+	start time.Time
+	w     io.Writer
+}
+
+func (p *out) done(step string, took time.Duration) {
+	fmt.Fprintf(p.w, "  ✓ %-60s %6.1fs\n", step, took.Seconds())
+}
+
+func (p *out) section(title string) {
+	fmt.Fprintf(p.w, "\n==> %s  [%s]\n", title, time.Since(p.start).Round(100*time.Millisecond))
+}
+
+func (p *out) command(args ...string) {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = shellQuote(a)
+	}
+	fmt.Fprintf(p.w, "  $ %s\n", strings.Join(quoted, " "))
+}
+
+// shellQuote quotes an argument for a POSIX shell when it needs it, so that a
+// printed command can be pasted.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=/.,:@<>+%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// timed runs f and reports it as a step.
+func (p *out) timed(step string, f func() error) error {
+	start := time.Now()
+	if err := f(); err != nil {
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	p.done(step, time.Since(start))
+	return nil
+}
+
+func run(ctx context.Context, o options) (err error) {
+	root := testharness.RepoRoot()
+	if err := os.Chdir(root); err != nil {
+		return err
+	}
+	p := &out{start: time.Now(), w: os.Stdout}
+	dir, err := prepareDir(o.dir)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(p.w, "flashsale demo: a whole flash sale on this machine (working directory %s)\n", dir)
+
+	p.section("Build")
+	if err := p.timed("Debian packages (hack/install-deps.sh)", func() error {
+		return runQuiet(ctx, "bash", "hack/install-deps.sh")
+	}); err != nil {
+		return err
+	}
+	if err := p.timed("envtest binaries (hack/build-envtest.sh, cached)", func() error {
+		return runQuiet(ctx, "bash", "hack/build-envtest.sh")
+	}); err != nil {
+		return err
+	}
+	bin := filepath.Join(root, "bin", "flashsale")
+	if err := p.timed("bin/flashsale (go build -o bin/flashsale ./cmd/flashsale)", func() error {
+		return runQuiet(ctx, "go", "build", "-o", bin, "./cmd/flashsale")
+	}); err != nil {
+		return err
+	}
+
+	p.section("Start a local cluster")
+	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, Binary: bin, Progress: p.done})
+	if env != nil {
+		defer func() {
+			p.section("Tear down")
+			start := time.Now()
+			cerr := env.Close()
+			if cerr == nil {
+				p.done(fmt.Sprintf("stopped the pod runner (pid %d), the manager (pid %d), the API server, Redis and PostgreSQL",
+					env.Runner.PID(), env.Manager.PID()), time.Since(start))
+				fmt.Fprintf(p.w, "  logs: %s\n", filepath.Join(dir, "logs"))
+			}
+			err = errors.Join(err, cerr)
+		}()
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(p.w, "  API server %s, Redis %s, PostgreSQL 127.0.0.1:%d\n", env.Kube.Config.Host, env.Redis.Addr(), env.Postgres.Port())
+	fmt.Fprintf(p.w, "  manager pid %d, pod runner pid %d; logs in %s\n", env.Manager.PID(), env.Runner.PID(), filepath.Join(dir, "logs"))
+
+	p.section("Apply the samples from config/samples with kubectl")
+	kubectl := func(stdin []byte, args ...string) (string, error) {
+		p.command(append([]string{"kubectl"}, args...)...)
+		return env.Kubectl(ctx, stdin, args...)
+	}
+	if _, err := kubectl(nil, "create", "namespace", namespace); err != nil {
+		return err
+	}
+	values := env.SecretValues()
+	for _, m := range secretManifests {
+		rendered, changed, err := localenv.RenderSecret(m, values)
+		if err != nil {
+			return err
+		}
+		if len(changed) == 0 {
+			if _, err := kubectl(nil, "apply", "-n", namespace, "-f", m); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintf(p.w, "  # %s with this machine's %s\n", m, strings.Join(changed, ", "))
+		if _, err := kubectl(rendered, "apply", "-n", namespace, "-f", "-"); err != nil {
+			return err
+		}
+	}
+	if _, err := kubectl(nil, "apply", "-n", namespace, "-f", saleManifest); err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := kubectl(nil, "wait", "-n", namespace, "--for=condition=Ready", "flashsale/"+saleName,
+		"--timeout="+readyTimeout.String()); err != nil {
+		return fmt.Errorf("%w\n%s\n%s", err, localenv.LogTail(env.Manager.Log, 20), localenv.LogTail(env.Runner.Log, 20))
+	}
+	p.done("FlashSale "+saleName+" is Ready: stock seeded, reserve API up", time.Since(start))
+	start = time.Now()
+	for _, d := range []string{saleName + "-reserve", saleName + "-sweeper"} {
+		if _, err := kubectl(nil, "rollout", "status", "-n", namespace, "deployment/"+d, "--timeout="+readyTimeout.String()); err != nil {
+			return err
+		}
+	}
+	p.done("every replica ready, as the pod runner reports it", time.Since(start))
+	if err := printKubectl(ctx, p, env, "get", "flashsales,deployments,services", "-n", namespace); err != nil {
+		return err
+	}
+
+	alloc, err := env.Kubectl(ctx, nil, "get", "flashsale", saleName, "-n", namespace, "-o", "jsonpath={.spec.allocation}")
+	if err != nil {
+		return err
+	}
+	p.section(fmt.Sprintf("Storm: %d buyers for %s units", o.buyers, alloc))
+	url, err := env.ServiceURL(ctx, namespace, saleName+"-reserve")
+	if err != nil {
+		return err
+	}
+	if err := storm(ctx, p, env, bin, dir, url, o.buyers); err != nil {
+		return err
+	}
+
+	p.section("What the operator reports")
+	if err := waitStatusSettled(ctx, env); err != nil {
+		return err
+	}
+	if err := printKubectl(ctx, p, env, "get", "flashsales", "-n", namespace, "-o", "wide"); err != nil {
+		return err
+	}
+	if err := printKubectl(ctx, p, env, "get", "flashsale", saleName, "-n", namespace, "-o",
+		`jsonpath=epoch {.status.epoch}: allocation {.status.allocation} = available {.status.available} + reserved {.status.reserved} + sold {.status.sold}{"\n"}`); err != nil {
+		return err
+	}
+
+	if o.keep {
+		return keep(ctx, p, env, bin, dir, url)
+	}
+	return nil
+}
+
+// prepareDir empties the working directory, unless a kept demo still uses it.
+func prepareDir(d string) (string, error) {
+	dir, err := filepath.Abs(d)
+	if err != nil {
+		return "", err
+	}
+	pidFile := filepath.Join(dir, "demo.pid")
+	if b, err := os.ReadFile(pidFile); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid != os.Getpid() && alive(pid) {
+			return "", fmt.Errorf("another demo (pid %d) is using %s: stop it with Ctrl-C, or use --dir", pid, dir)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	return dir, os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// runQuiet runs a command, showing its output only when it fails.
+func runQuiet(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, b)
+	}
+	return nil
+}
+
+func printKubectl(ctx context.Context, p *out, env *localenv.Env, args ...string) error {
+	p.command(append([]string{"kubectl"}, args...)...)
+	s, err := env.Kubectl(ctx, nil, args...)
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		fmt.Fprintf(p.w, "    %s\n", line)
+	}
+	return nil
+}
+
+// secretValue reads one key of a Secret with kubectl, as a person would.
+func secretValue(ctx context.Context, env *localenv.Env, name, key string) (string, error) {
+	s, err := env.Kubectl(ctx, nil, "get", "secret", name, "-n", namespace, "-o", "jsonpath={.data."+strings.ReplaceAll(key, ".", `\.`)+"}")
+	if err != nil {
+		return "", err
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	return string(b), err
+}
+
+// storm runs `flashsale storm` against the Service, configured from the
+// FlashSale and its Secrets, and streams its output.
+func storm(ctx context.Context, p *out, env *localenv.Env, bin, dir, url string, buyers int) error {
+	get := func(path string) (string, error) {
+		return env.Kubectl(ctx, nil, "get", "flashsale", saleName, "-n", namespace, "-o", "jsonpath="+path)
+	}
+	uid, err := get("{.metadata.uid}")
+	if err != nil {
+		return err
+	}
+	sku, err := get("{.spec.sku}")
+	if err != nil {
+		return err
+	}
+	redisAddr, err := secretValue(ctx, env, "shop-redis", "addresses")
+	if err != nil {
+		return err
+	}
+	dsn, err := secretValue(ctx, env, "shop-ledger", "dsn")
+	if err != nil {
+		return err
+	}
+	key, err := secretValue(ctx, env, "waiting-room", "hmac-key")
+	if err != nil {
+		return err
+	}
+	keyFile := filepath.Join(dir, "hmac-key")
+	if err := os.WriteFile(keyFile, []byte(key), 0o600); err != nil {
+		return err
+	}
+	args := []string{"storm", "--url", url, "--buyers", strconv.Itoa(buyers), "--sku", sku,
+		"--campaign-id", uid, "--redis-addresses", redisAddr, "--key-file", keyFile}
+	fmt.Fprintf(p.w, "  # the reserve Service %s/%s-reserve is exposed by the pod runner at %s\n", namespace, saleName, url)
+	fmt.Fprintf(p.w, "  # half the buyers who get a unit pay, a tenth cancel, the rest walk away\n")
+	fmt.Fprintf(p.w, "  $ export FLASHSALE_POSTGRES_DSN=\"$(kubectl get secret shop-ledger -n %s -o jsonpath={.data.dsn} | base64 -d)\"\n", namespace)
+	p.command(append([]string{"bin/flashsale"}, args...)...)
+	sctx, cancel := context.WithTimeout(ctx, stormTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(sctx, bin, args...)
+	cmd.Env = append(os.Environ(), "FLASHSALE_POSTGRES_DSN="+dsn)
+	cmd.Stdout, cmd.Stderr = indent(p.w), indent(os.Stderr)
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("flashsale storm: %w", err)
+	}
+	p.done("storm finished and its audit passed", time.Since(start))
+	return nil
+}
+
+// waitStatusSettled waits until the FlashSale's status adds up and stops
+// changing (the controller refreshes it every second or so).
+func waitStatusSettled(ctx context.Context, env *localenv.Env) error {
+	deadline := time.Now().Add(statusTimeout)
+	prev := ""
+	for {
+		s, err := env.Kubectl(ctx, nil, "get", "flashsale", saleName, "-n", namespace, "-o",
+			"jsonpath={.status.allocation} {.status.available} {.status.reserved} {.status.sold}")
+		if err != nil {
+			return err
+		}
+		var alloc, avail, res, sold int64
+		_, _ = fmt.Sscan(s, &alloc, &avail, &res, &sold)
+		if s == prev && alloc > 0 && avail+res+sold == alloc {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the FlashSale status did not settle within %v (last: %s)", statusTimeout, s)
+		}
+		prev = s
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(1500 * time.Millisecond):
+		}
+	}
+}
+
+// keep leaves everything running until Ctrl-C and says how to reach it.
+func keep(ctx context.Context, p *out, env *localenv.Env, bin, dir, url string) error {
+	p.section("Still running (--keep): press Ctrl-C to tear everything down")
+	rel := func(path string) string {
+		if r, err := filepath.Rel(testharness.RepoRoot(), path); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+		return path
+	}
+	fmt.Fprintf(p.w, `
+  export KUBECONFIG=%s
+  export PATH=%s:$PATH    # the kubectl built with the envtest binaries
+
+  kubectl get flashsales -n %s -w
+  kubectl get deployments,services,events -n %s
+  kubectl patch flashsale %s -n %s --type merge -p '{"spec":{"paused":true}}'
+
+  reservation API (Service %s/%s-reserve): %s
+  curl %s/api/v1/flash-sale/items/itm-ps5-pro/availability
+  TOKEN=$(%s token --sku itm-ps5-pro --user alice --key-file %s)
+  curl -H "Authorization: Bearer $TOKEN" -d '{"item_id":"itm-ps5-pro","user_id":"alice","quantity":1,"idempotency_key":"k1"}' %s/api/v1/flash-sale/reserve
+
+  pod runner: %s (GET /state); replica logs in %s
+`, env.Kubeconfig, filepath.Dir(env.KubectlBin), namespace, namespace, saleName, namespace,
+		namespace, saleName, url, url, rel(bin), rel(filepath.Join(dir, "hmac-key")), url,
+		env.RunnerAPI.URL, filepath.Join(env.RunnerDir, "logs"))
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(p.w)
+			return nil
+		case <-time.After(time.Second):
+		}
+		for _, proc := range []*localenv.Process{env.Manager, env.Runner} {
+			if proc.Exited() {
+				return fmt.Errorf("%s (pid %d) exited; see %s", proc.Name, proc.PID(), proc.Log)
+			}
+		}
+	}
+}
+
+// indent prefixes each line a child writes, so its output sits inside the step.
+func indent(w io.Writer) io.Writer { return &indenter{w: w, bol: true} }
+
+type indenter struct {
+	w   io.Writer
+	bol bool
+}
+
+func (in *indenter) Write(b []byte) (int, error) {
+	var buf []byte
+	for _, c := range b {
+		if in.bol {
+			buf = append(buf, "    "...)
+		}
+		buf = append(buf, c)
+		in.bol = c == '\n'
+	}
+	if _, err := in.w.Write(buf); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
