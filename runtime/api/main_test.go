@@ -65,7 +65,7 @@ type fixture struct {
 	t      *testing.T
 	e      *engine.Engine
 	l      *ledger.Ledger
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	srv    *Server
 	base   string
 	client *http.Client
@@ -76,9 +76,10 @@ type fixture struct {
 }
 
 type fixtureConfig struct {
-	engine engine.Config
-	api    Config
-	mat    ledger.MaterializerConfig
+	engine  engine.Config
+	api     Config
+	mat     ledger.MaterializerConfig
+	cluster []string // Redis Cluster addresses; none: the shared standalone Redis
 }
 
 type option func(*fixtureConfig)
@@ -95,7 +96,7 @@ func withRateLimit(perSecond float64, burst int) option {
 func withMaterializer(m ledger.MaterializerConfig) option {
 	return func(c *fixtureConfig) { c.mat = m }
 }
-func withAPI(f func(*Config)) option { return func(c *fixtureConfig) { f(&c.api) } }
+func withCluster(addrs []string) option { return func(c *fixtureConfig) { c.cluster = addrs } }
 
 func randomID() string {
 	b := make([]byte, 8)
@@ -140,7 +141,11 @@ func newFixture(t *testing.T, opts ...option) *fixture {
 	}
 	t.Cleanup(l.Close)
 	f := &fixture{t: t, l: l}
-	f.rdb = redis.NewClient(&redis.Options{Addr: sharedRedis.Addr(), PoolSize: 64})
+	if len(fc.cluster) > 0 {
+		f.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: fc.cluster, PoolSize: 64})
+	} else {
+		f.rdb = redis.NewClient(&redis.Options{Addr: sharedRedis.Addr(), PoolSize: 64})
+	}
 	t.Cleanup(func() { _ = f.rdb.Close() })
 	metrics := NewMetrics()
 	f.rdb.AddHook(metrics.RedisHook())

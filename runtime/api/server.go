@@ -45,7 +45,7 @@ type Config struct {
 	Metrics      *Metrics       // nil: NewMetrics()
 	Logger       *slog.Logger   // nil: discard
 
-	Addr string // for Start, e.g. ":8080"
+	Addr string // for Start; default ":8080"
 
 	// RateLimit is each user's sustained requests per second on the buyer routes
 	// and RateBurst the bucket size; a RateLimit of 0 disables the limit.
@@ -80,6 +80,9 @@ func (c *Config) defaults() {
 	def(&c.WriteTimeout, c.RequestTimeout+5*time.Second)
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.Addr == "" {
+		c.Addr = ":8080"
+	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}

@@ -2,15 +2,18 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -318,5 +321,100 @@ func TestReadinessNeedsTheCampaign(t *testing.T) {
 	}
 	if r := f.call(http.MethodGet, "/healthz", "", nil); r.status != http.StatusOK {
 		t.Fatalf("healthz: %d", r.status)
+	}
+}
+
+// The same journey on a Redis Cluster: every script touches one slot, the shard
+// read for availability spans them all.
+func TestReserveOnRedisCluster(t *testing.T) {
+	cluster := testharness.RedisClusterT(t)
+	f := newFixture(t, withCluster(cluster.Addrs()), withAllocation(12), withShards(6))
+	r := f.reserve("carol", "k", 2)
+	if again := f.call(http.MethodPost, reservePath, f.token("carol"), reserveBody("carol", "k", 2)); again.status != http.StatusOK {
+		t.Fatalf("replay: %d %s", again.status, again.body)
+	}
+	if co := f.checkout("carol", r.ReservationID, "pay"); co.status != http.StatusOK {
+		t.Fatalf("checkout: %d %s", co.status, co.body)
+	}
+	d := f.reserve("dave", "k", 1)
+	if c := f.call(http.MethodDelete, cancelPath(d.ReservationID), f.token("dave"), nil); c.status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", c.status, c.body)
+	}
+	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+	if !strings.Contains(string(av.body), `"available":10,"status":"OPEN"`) {
+		t.Fatalf("availability: %s", av.body)
+	}
+	if r := f.call(http.MethodGet, "/readyz", "", nil); r.status != http.StatusOK {
+		t.Fatalf("readyz: %d %s", r.status, r.body)
+	}
+	c := f.assertConserved()
+	if c.Sold != 2 || c.Reserved != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// Many buyers at once, each retrying its request: one unit per acknowledged
+// reservation, replays name the same reservation, and the audit balances (I1, I2,
+// I3, I4, I5 through HTTP).
+func TestConcurrentBuyers(t *testing.T) {
+	const (
+		buyers     = 150
+		allocation = 60
+	)
+	f := newFixture(t, withAllocation(allocation), withShards(4), withMaxPerUser(1))
+	var (
+		mu      sync.Mutex
+		ids     = map[string]string{} // user -> reservation id
+		created int
+		wg      sync.WaitGroup
+	)
+	for i := range buyers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u := fmt.Sprintf("buyer-%d", i)
+			tok := f.token(u)
+			for attempt := range 3 {
+				// Two tries of one request, then a second request the limit refuses.
+				key := "first"
+				if attempt == 2 {
+					key = "second"
+				}
+				r := f.call(http.MethodPost, reservePath, tok, reserveBody(u, key, 1))
+				mu.Lock()
+				switch r.status {
+				case http.StatusCreated, http.StatusOK:
+					var b ReservationBody
+					r.decode(t, &b)
+					if key == "second" {
+						t.Errorf("%s got a second reservation", u)
+					} else if prev, ok := ids[u]; ok && prev != b.ReservationID {
+						t.Errorf("%s: two ids for one request: %s, %s", u, prev, b.ReservationID)
+					}
+					ids[u] = b.ReservationID
+					if r.status == http.StatusCreated {
+						created++
+					}
+				case http.StatusGone, http.StatusConflict:
+				default:
+					t.Errorf("%s: %d %s", u, r.status, r.body)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	c := f.assertConserved()
+	if int64(created) != c.Reserved || created != len(ids) || created > allocation {
+		t.Fatalf("%d created, %d buyers hold one, Redis holds %d units of %d", created, len(ids), c.Reserved, allocation)
+	}
+	// Stealing keeps the undersell small: at most a shard's worth stays unsold.
+	if created < allocation-allocation/4 {
+		t.Fatalf("only %d of %d units reserved by %d buyers", created, allocation, buyers)
+	}
+	for u, id := range ids {
+		if o, err := f.l.GetOrder(context.Background(), id); err != nil || o.UserID != u {
+			t.Fatalf("%s: row %+v %v", id, o, err)
+		}
 	}
 }
