@@ -239,6 +239,30 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / clockTicks
 }
 
+// childPIDs lists the live children of pid.
+func childPIDs(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		rest := string(b)
+		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
 // clockTicks is USER_HZ, 100 on every Linux this runs on.
 const clockTicks = 100
 

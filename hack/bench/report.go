@@ -140,23 +140,23 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	}
 	if len(res) > 0 {
 		p("### Reservation storms (every answer a reservation)\n\n")
-		p("| target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / client | load | outcomes | ledger audit |\n")
+		p("| target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | outcomes | ledger audit |\n")
 		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|\n")
 		for _, s := range res {
-			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f | %.2f | %s | %s |\n",
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %s | %s |\n",
 				targetName(s.Target), s.Concurrency, s.Requests, s.ReservationsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
-				s.ServerCPUus, s.RedisCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes), audit(s))
+				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes), audit(s))
 		}
 		p("\n")
 	}
 	if len(sold) > 0 {
 		p("### Sold-out storms (allocation %d, taken during the warm-up)\n\n", r.Options.SoldOutAllocation)
-		p("| target | buyers | requests | answers/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / client | load | outcomes |\n")
+		p("| target | buyers | requests | answers/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | outcomes |\n")
 		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
 		for _, s := range sold {
-			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f | %.2f | %s |\n",
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %s |\n",
 				targetName(s.Target), s.Concurrency, s.Requests, s.RequestsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
-				s.ServerCPUus, s.RedisCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes))
+				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes))
 		}
 		p("\n")
 	}

@@ -10,11 +10,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
@@ -55,6 +57,7 @@ type benchEnv struct {
 	key        []byte
 	listenFlag string
 	profiled   bool
+	postmaster int // pid, found on first use
 }
 
 // campaign is one seeded FlashSale; the run keeps an engine on it for audits.
@@ -233,11 +236,12 @@ type StormRow struct {
 	AllOutcomes           map[string]map[string]int64 `json:"all_outcomes,omitempty"`
 	// CPU microseconds per request: the server process, redis-server and this
 	// process (the storm client); on a small machine they share the cores.
-	ServerCPUus float64 `json:"server_cpu_us_per_request"`
-	RedisCPUus  float64 `json:"redis_cpu_us_per_request"`
-	ClientCPUus float64 `json:"client_cpu_us_per_request"`
-	LoadBefore  Load    `json:"load_before"`
-	LoadAfter   Load    `json:"load_after"`
+	ServerCPUus   float64 `json:"server_cpu_us_per_request"`
+	RedisCPUus    float64 `json:"redis_cpu_us_per_request"`
+	PostgresCPUus float64 `json:"postgres_cpu_us_per_request"`
+	ClientCPUus   float64 `json:"client_cpu_us_per_request"`
+	LoadBefore    Load    `json:"load_before"`
+	LoadAfter     Load    `json:"load_after"`
 	// Audit of the ledger after a storm against `flashsale reserve`: every
 	// acknowledged reservation has its row, nothing oversold.
 	AuditOK       *bool    `json:"audit_ok,omitempty"`
@@ -308,12 +312,12 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 			}
 		}()
 	}
-	srvCPU, redisCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), selfCPU()
+	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), selfCPU()
 	res, err := storm.Run(ctx, cfg)
 	if err != nil {
 		return StormRow{}, err
 	}
-	srvCPU, redisCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, selfCPU()-selfCPU0
+	srvCPU, redisCPU, pgCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, e.postgresCPU(ctx)-pgCPU, selfCPU()-selfCPU0
 	row.LoadAfter = readLoad()
 	profWG.Wait()
 	if profErr != nil {
@@ -338,6 +342,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	if n := float64(r.Requests); n > 0 {
 		row.ServerCPUus = float64(srvCPU.Microseconds()) / n
 		row.RedisCPUus = float64(redisCPU.Microseconds()) / n
+		row.PostgresCPUus = float64(pgCPU.Microseconds()) / n
 		row.ClientCPUus = float64(selfCPU0.Microseconds()) / n
 	}
 	if target == targetReserve {
@@ -369,6 +374,34 @@ func (e *benchEnv) redisCPU(ctx context.Context) time.Duration {
 		}
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// postgresCPU is the CPU used so far by the postmaster and its live children
+// (the backends of the ledger pools stay connected through a storm).
+func (e *benchEnv) postgresCPU(ctx context.Context) time.Duration {
+	if e.postmaster == 0 {
+		conn, err := pgx.Connect(ctx, e.pg.AdminDSN())
+		if err != nil {
+			return 0
+		}
+		var dir string
+		err = conn.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir)
+		conn.Close(ctx)
+		if err != nil {
+			return 0
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+		if err != nil {
+			return 0
+		}
+		first, _, _ := strings.Cut(string(b), "\n")
+		e.postmaster, _ = strconv.Atoi(strings.TrimSpace(first))
+	}
+	total := procCPU(e.postmaster)
+	for _, pid := range childPIDs(e.postmaster) {
+		total += procCPU(pid)
+	}
+	return total
 }
 
 // perfRecord samples the reserve process (its pid only) with call graphs, a
