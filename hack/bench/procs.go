@@ -151,6 +151,8 @@ func startServer(ctx context.Context, name, logDir, bin string, args []string, l
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(append(os.Environ(), env...), "FLASHSALE_LISTEN="+addr)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// A server must not outlive a bench that was killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
