@@ -62,7 +62,7 @@ var testKey = []byte("test-admission-key-0123456789")
 
 // fixture is one FlashSale on a fresh ledger database, served over real HTTP.
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	e      *engine.Engine
 	l      *ledger.Ledger
 	rdb    redis.UniversalClient
@@ -116,7 +116,7 @@ func (h countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }
 
-func newFixture(t *testing.T, opts ...option) *fixture {
+func newFixture(t testing.TB, opts ...option) *fixture {
 	t.Helper()
 	fc := fixtureConfig{
 		engine: engine.Config{
