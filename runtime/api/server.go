@@ -245,7 +245,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	s.log.Info("serving", "addr", ln.Addr().String(), "sku", s.sku, "campaign", s.engine.Config().CampaignID)
+	s.log.Info("serving", "addr", ln.Addr().String(), "sku", s.sku)
 
 	select {
 	case err := <-errc:
