@@ -42,7 +42,7 @@ const readyTimeout = 2 * time.Second
 type Config struct {
 	Engine       *engine.Engine // required; the server closes it when Serve returns
 	AdmissionKey []byte         // required: the HMAC key of admission tokens
-	Metrics      *Metrics       // nil: NewMetrics()
+	Metrics      *Metrics       // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
 	Logger       *slog.Logger   // nil: discard
 
 	Addr string // for Start; default ":8080"
