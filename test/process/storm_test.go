@@ -119,7 +119,6 @@ func (s *stormRun) wait() (*report, []string, int) {
 	return &r, strings.Fields(string(b)), code
 }
 
-
 // startReserve runs one `flashsale reserve` replica and waits until it is ready.
 func (c *campaign) startReserve(name string) *process {
 	p := c.start(name, c.env(), "reserve")
