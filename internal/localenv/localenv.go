@@ -27,7 +27,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/podrunner"
@@ -135,6 +137,10 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err := os.Setenv("TMPDIR", filepath.Join(dir, "tmp")); err != nil {
 		return nil, err
 	}
+
+	// envtest logs through controller-runtime; the servers' own logs are in
+	// their directories, so its messages go nowhere.
+	ctrllog.SetLogger(logr.Discard())
 
 	step := func(name string, f func() error) error {
 		start := time.Now()
