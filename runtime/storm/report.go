@@ -89,7 +89,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "buyers: %d confirmed, %d cancelled, %d abandoned\n", r.Confirmed, r.Cancelled, r.Abandoned)
 
 	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "\noutcomes:\t\t")
+	fmt.Fprintln(tw, "\noutcomes:")
 	for _, op := range sortedOps(r.Outcomes) {
 		labels := make([]string, 0, len(r.Outcomes[op]))
 		for l := range r.Outcomes[op] {
