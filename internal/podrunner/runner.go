@@ -165,6 +165,12 @@ type deployment struct {
 	obj             *appsv1.Deployment
 	replicas        []*replica // not asked to stop, ordered by slot
 	failure         string     // why its pods cannot run here
+
+	// The last status written and the version of the object it was written
+	// over: until the watch delivers our own write, the cached object still
+	// shows the old status, which must not cause a second write.
+	written   *appsv1.DeploymentStatus
+	writtenRV string
 }
 
 // New checks the configuration.
@@ -330,8 +336,11 @@ func (r *Runner) sync(ctx context.Context) {
 		}
 		st.obj = d
 		r.reconcile(st)
-		if s := r.status(st); !sameStatus(d.Status, s) {
+		s := r.status(st)
+		pending := st.written != nil && st.writtenRV == d.ResourceVersion && sameStatus(*st.written, s)
+		if !pending && !sameStatus(d.Status, s) {
 			writes = append(writes, statusWrite{obj: d, status: s})
+			st.written, st.writtenRV = &s, d.ResourceVersion
 		}
 	}
 	for k, st := range r.deps {
@@ -354,8 +363,15 @@ func (r *Runner) sync(ctx context.Context) {
 	r.mu.Unlock()
 
 	for _, w := range writes {
-		if err := r.writeStatus(ctx, w); err != nil && ctx.Err() == nil {
-			r.log.Warn("writing deployment status", "deployment", w.obj.Namespace+"/"+w.obj.Name, "err", err)
+		if err := r.writeStatus(ctx, w); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("writing deployment status", "deployment", w.obj.Namespace+"/"+w.obj.Name, "err", err)
+			}
+			r.mu.Lock()
+			if st := r.deps[w.obj.Namespace+"/"+w.obj.Name]; st != nil {
+				st.written = nil // write it again on the next sync
+			}
+			r.mu.Unlock()
 		}
 	}
 	r.saveState(state)
