@@ -33,7 +33,7 @@ func TestReserveReplicaKilledMidStormLosesNoAcknowledgement(t *testing.T) {
 	t.Parallel()
 	storms.Lock()
 	defer storms.Unlock()
-	const ns = "reserve-kill"
+	ns := namespaceName("reserve-kill")
 	newNamespace(t, ns, env.Redis.Addr())
 	s := applySale(t, ns, "reserve-kill.yaml", nil)
 	deploy := s.name + "-reserve"
@@ -122,7 +122,7 @@ func TestSweeperKilledMidPassNextPassCompletes(t *testing.T) {
 	t.Parallel()
 	storms.Lock()
 	defer storms.Unlock()
-	const ns = "sweeper-kill"
+	ns := namespaceName("sweeper-kill")
 	const allocation = 4000
 	newNamespace(t, ns, env.Redis.Addr())
 	s := applySale(t, ns, "sweeper-kill.yaml", map[string]any{"Allocation": allocation, "Interval": "3s"})

@@ -18,7 +18,7 @@ import (
 // reserved, the phase Completed.
 func TestScheduledDropOpensPausesEndsAndCompletes(t *testing.T) {
 	t.Parallel()
-	const ns = "scheduled"
+	ns := namespaceName("scheduled")
 	newNamespace(t, ns, env.Redis.Addr())
 	start := time.Now().Add(20 * time.Second).UTC().Truncate(time.Second)
 	s := applySale(t, ns, "scheduled.yaml", map[string]any{
@@ -103,7 +103,7 @@ func waitPhase(t *testing.T, s *sale, phase string) {
 // ledger keeps its orders.
 func TestDeletedSaleStopsItsProcessesAndKeepsTheLedger(t *testing.T) {
 	t.Parallel()
-	const ns = "deleted"
+	ns := namespaceName("deleted")
 	newNamespace(t, ns, env.Redis.Addr())
 	s := applySale(t, ns, "doomed.yaml", nil)
 	for _, d := range []string{"-reserve", "-sweeper"} {

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"text/template"
 	"time"
@@ -131,6 +132,18 @@ type sale struct {
 	url                string // the reserve Service, exposed by the pod runner
 	redisAddr          string
 	keyFile            string
+}
+
+var nsRuns sync.Map // base name -> *atomic.Int32
+
+// namespaceName is base, then base-2, base-3... when a test runs again in the
+// same environment (go test -count).
+func namespaceName(base string) string {
+	n, _ := nsRuns.LoadOrStore(base, new(atomic.Int32))
+	if i := n.(*atomic.Int32).Add(1); i > 1 {
+		return fmt.Sprintf("%s-%d", base, i)
+	}
+	return base
 }
 
 // newNamespace creates a namespace with the three Secrets a FlashSale refers

@@ -70,7 +70,7 @@ func TestRedisLostMidStormIsRebuiltFromTheLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const ns = "redis-loss"
+	ns := namespaceName("redis-loss")
 	newNamespace(t, ns, rs.Addr())
 	s := applySale(t, ns, "redis-loss.yaml", nil)
 

@@ -17,7 +17,7 @@ func TestSamplesStormAndStatusAgreeWithTheLedger(t *testing.T) {
 	t.Parallel()
 	storms.Lock()
 	defer storms.Unlock()
-	const ns = "samples"
+	ns := namespaceName("samples")
 	samples := filepath.Join(testharness.RepoRoot(), "config", "samples")
 	kubectl(t, nil, "create", "namespace", ns)
 	for _, f := range []string{"secret_shop-redis.yaml", "secret_shop-ledger.yaml", "secret_waiting-room.yaml"} {
