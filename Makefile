@@ -85,6 +85,10 @@ deps: ## Install the system packages the tests need (when missing).
 envtest: ## Build the kube-apiserver and etcd test binaries (cached).
 	hack/build-envtest.sh
 
+.PHONY: demo
+demo: ## Run a whole flash sale on this machine: local cluster, operator, storm, audit (DEMO_FLAGS=--keep keeps it up).
+	go run ./hack/demo $(DEMO_FLAGS)
+
 .PHONY: test
 test: deps envtest ## Install what is missing, build the envtest binaries, run every test.
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" go test -race -count=1 ./...
