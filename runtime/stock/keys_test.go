@@ -1,0 +1,68 @@
+package stock
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestReservationIDs(t *testing.T) {
+	secret := []byte("0123456789abcdef")
+	k := ReservationKey(secret, "c", "alice", "req-1")
+	if k != ReservationKey(secret, "c", "alice", "req-1") {
+		t.Fatal("the same request must give the same key")
+	}
+	for _, other := range []string{
+		ReservationKey(secret, "c", "alice", "req-2"),
+		ReservationKey(secret, "c", "bob", "req-1"),
+		ReservationKey(secret, "d", "alice", "req-1"),
+		ReservationKey([]byte("another secret!!"), "c", "alice", "req-1"),
+		// Field boundaries are part of the MAC input.
+		ReservationKey(secret, "c", "alicer", "eq-1"),
+	} {
+		if other == k {
+			t.Fatalf("collision: %s", k)
+		}
+	}
+	id := FormatID(7, k)
+	shard, key, err := ParseID(id, 10)
+	if err != nil || shard != 7 || key != k {
+		t.Fatalf("ParseID(%q) = %d %q %v", id, shard, key, err)
+	}
+	for _, bad := range []string{"", "7", "7.", "x." + k, "10." + k, "-1." + k, "07." + k, "7." + k + "A", "7." + strings.Repeat("*", len(k))} {
+		if _, _, err := ParseID(bad, 10); err == nil {
+			t.Errorf("ParseID(%q) accepted", bad)
+		}
+	}
+}
+
+func TestHomeShardIsStableAndSpread(t *testing.T) {
+	counts := make([]int, 10)
+	for i := range 10000 {
+		u := "user-" + strconv.Itoa(i)
+		h := HomeShard(u, 10)
+		if h != HomeShard(u, 10) || h < 0 || h >= 10 {
+			t.Fatalf("home shard of %s: %d", u, h)
+		}
+		counts[h]++
+	}
+	for s, n := range counts {
+		if n < 700 || n > 1300 {
+			t.Fatalf("shard %d is home to %d of 10000 users: %v", s, n, counts)
+		}
+	}
+}
+
+func TestKeysShareOneHashTag(t *testing.T) {
+	uid := "7c9e6679-7425-40de-944b-e07fc1f90ae7"
+	k := ShardKeys(uid, 3)
+	tag := "{fs:" + CampaignTag(uid) + ":3}"
+	for _, key := range []string{k.Stock(), k.Meta(), k.Index(), k.Users(), k.Res("abc")} {
+		if !strings.HasPrefix(key, tag+":") {
+			t.Fatalf("%s lacks the shard's hash tag %s", key, tag)
+		}
+	}
+	if len(CampaignTag(uid)) != 22 || CampaignTag("c-123") != "c-123" || CampaignTag(uid) == CampaignTag("7c9e6679-7425-40de-944b-e07fc1f90ae8") {
+		t.Fatalf("campaign tag %q", CampaignTag(uid))
+	}
+}
