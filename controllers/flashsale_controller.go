@@ -489,7 +489,16 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 		s.event(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
 	}
 	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
-		if err := r.Status().Patch(ctx, s.fs, client.MergeFrom(before)); err != nil {
+		var err error
+		if before.Status.ObservedGeneration == 0 && before.Status.Phase == "" {
+			// The first write stores every count, zeros included (a merge patch
+			// would leave out fields equal to the empty status), so the printer
+			// columns show 0 rather than nothing.
+			err = r.Status().Update(ctx, s.fs)
+		} else {
+			err = r.Status().Patch(ctx, s.fs, client.MergeFrom(before))
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -75,6 +75,11 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "ps5-drop-reserve"}, &svc); err != nil {
 		t.Fatal(err)
 	}
+	// Every count is in status from the start, zeros included (printer columns).
+	raw := kubectl(t, "get", "fs", "ps5-drop", "-n", e.ns, "-o", "jsonpath={.status.reserved},{.status.sold},{.status.available}")
+	if raw != "0,0,100" {
+		t.Fatalf("status counts as stored: %q", raw)
+	}
 	// Not Ready until the reservation API has a ready replica.
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse {
 		t.Fatalf("Ready before the API runs: %+v", c)
