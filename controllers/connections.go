@@ -13,6 +13,11 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
+// controllerLedgerConns bounds each FlashSale's ledger pool in the operator: it
+// runs a few queries per reconcile, and one pool per sale must not exhaust
+// PostgreSQL's connections.
+const controllerLedgerConns = 4
+
 // campaignConn is the controller's open connections to one FlashSale's Redis and
 // ledger, reused across reconciles and replaced when a Secret or the spec changes.
 type campaignConn struct {
@@ -60,7 +65,7 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 		c.close()
 		delete(cs.byKey, name)
 	}
-	l, err := ledger.Open(ctx, refs.postgresDSN)
+	l, err := ledger.Open(ctx, refs.postgresDSN, ledger.WithMaxConns(controllerLedgerConns))
 	if err != nil {
 		return nil, &ledgerError{err}
 	}

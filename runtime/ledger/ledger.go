@@ -57,9 +57,18 @@ type Ledger struct {
 	pool *pgxpool.Pool
 }
 
+// Option tunes Open.
+type Option func(*pgxpool.Config)
+
+// WithMaxConns caps the pool unless the DSN sets pool_max_conns: the controller
+// holds one pool per FlashSale and needs few connections for each.
+func WithMaxConns(n int32) Option {
+	return func(c *pgxpool.Config) { c.MaxConns = n }
+}
+
 // Open connects to dsn, checks the connection and applies migrations. The
 // pool holds defaultMaxConns connections unless the DSN sets pool_max_conns.
-func Open(ctx context.Context, dsn string) (*Ledger, error) {
+func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: parse dsn: %w", err)
@@ -68,6 +77,9 @@ func Open(ctx context.Context, dsn string) (*Ledger, error) {
 	// explicit setting, so look at the DSN itself.
 	if !strings.Contains(dsn, "pool_max_conns") {
 		cfg.MaxConns = defaultMaxConns
+		for _, o := range opts {
+			o(cfg)
+		}
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "flashsale-ledger"
