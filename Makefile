@@ -93,6 +93,8 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 test: deps envtest ## Install what is missing, build the envtest binaries, run every test.
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" go test -race -count=1 ./...
 	go vet ./...
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$unformatted" ]; then \
+		echo "gofmt would change: $$unformatted (run make fmt)"; exit 1; fi
 	$(MAKE) --no-print-directory verify-test
 
 ##@ Build
