@@ -46,6 +46,7 @@ type HotRowRow struct {
 	Latency     storm.LatencyMS `json:"latency_ms"`
 	LoadBefore  Load            `json:"load_before"`
 	LoadAfter   Load            `json:"load_after"`
+	OthersCores float64         `json:"others_cpu_cores"`
 }
 
 func (e *benchEnv) hotRows(ctx context.Context) error {
@@ -134,7 +135,10 @@ func (e *benchEnv) hotRow(ctx context.Context, dsn, variant string, clients int)
 	}
 	row := HotRowRow{Variant: variant, Clients: clients, LoadBefore: readLoad()}
 	logf("%s: %s at %d clients (load %s)", label, e.o.HotRowDuration, clients, row.LoadBefore)
+	pgCPU, self, busy, t0 := e.postgresCPU(ctx), selfCPU(), machineBusy(), time.Now()
 	r := loop(ctx, clients, e.o.HotRowDuration, e.o.HotRowMaxTx, tx)
+	ours := e.postgresCPU(ctx) - pgCPU + selfCPU() - self
+	row.OthersCores = othersCores(machineBusy()-busy, ours, time.Since(t0))
 	row.LoadAfter = readLoad()
 	row.Seconds, row.Tx, row.Errors = r.elapsed.Seconds(), r.ok, r.errors
 	if row.Seconds > 0 {

@@ -57,6 +57,7 @@ type options struct {
 	ProfileSeconds    int
 	Perf              string
 	JSON              bool
+	JSONFile          string
 	Skip              []string
 }
 
@@ -81,6 +82,7 @@ func main() {
 	fs.StringVar(&o.Perf, "perf", "", "record the reserve process with `perf record -g` during its first measured storm into this file, with a flashsale built with symbols (the profiler's overhead is in that run's figures)")
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile (--profile, --perf)")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")
+	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow (gobench has its own flag)")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
@@ -97,6 +99,13 @@ func main() {
 	// Whatever happened, no server of ours outlives the run.
 	if cerr := testharness.CloseAll(); cerr != nil {
 		fmt.Fprintln(os.Stderr, "bench: closing servers:", cerr)
+	}
+	if rep != nil && o.JSONFile != "" {
+		if b, jerr := json.MarshalIndent(rep, "", "  "); jerr != nil {
+			fmt.Fprintln(os.Stderr, "bench:", jerr)
+		} else if werr := os.WriteFile(o.JSONFile, append(b, '\n'), 0o644); werr != nil {
+			fmt.Fprintln(os.Stderr, "bench:", werr)
+		}
 	}
 	if rep != nil {
 		if o.JSON {

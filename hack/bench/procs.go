@@ -241,6 +241,38 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / clockTicks
 }
 
+// machineBusy is the CPU time all processes of the machine have used since
+// boot, from /proc/stat: what is not idle or waiting for I/O.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var busy int64
+	for i, v := range f[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / clockTicks
+}
+
+// othersCores is how many cores, on average over elapsed, processes other
+// than ours kept busy: the noise in a row's figures.
+func othersCores(busy, ours, elapsed time.Duration) float64 {
+	if elapsed <= 0 {
+		return 0
+	}
+	return max(0, (busy-ours).Seconds()/elapsed.Seconds())
+}
+
 // childPIDs lists the live children of pid.
 func childPIDs(pid int) []int {
 	entries, _ := os.ReadDir("/proc")

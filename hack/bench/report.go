@@ -126,7 +126,7 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	if r.Servers != "" {
 		p("- servers: %s, all on 127.0.0.1\n", r.Servers)
 	}
-	p("- load average (1/5/15 min): %s at start, %s at the end; each row gives the 1-minute load before it ran\n", r.Load.Start, r.Load.End)
+	p("- load average (1/5/15 min): %s at start, %s at the end; each row gives the 1-minute load before it ran (the bench's own processes raise it) and the CPU, in cores, that processes other than the bench's used while it ran\n", r.Load.Start, r.Load.End)
 	p("- run took %.0f s; storms of %s (sold-out %s) after a %s warm-up, hot-row runs of %s\n\n",
 		r.Seconds, r.Options.Duration, r.Options.SoldOutDuration, r.Options.Warmup, r.Options.HotRowDuration)
 
@@ -140,33 +140,33 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	}
 	if len(res) > 0 {
 		p("### Reservation storms (every answer a reservation)\n\n")
-		p("| target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | outcomes | ledger audit |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|\n")
+		p("| target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | others' CPU | outcomes | ledger audit |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|\n")
 		for _, s := range res {
-			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %s | %s |\n",
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %.2f | %s | %s |\n",
 				targetName(s.Target), s.Concurrency, s.Requests, s.ReservationsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
-				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes), audit(s))
+				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], s.OthersCores, outcomes(s.Outcomes), audit(s))
 		}
 		p("\n")
 	}
 	if len(sold) > 0 {
 		p("### Sold-out storms (allocation %d, taken during the warm-up)\n\n", r.Options.SoldOutAllocation)
-		p("| target | buyers | requests | answers/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | outcomes |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
+		p("| target | buyers | requests | answers/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | others' CPU | outcomes |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n")
 		for _, s := range sold {
-			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %s |\n",
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %.2f | %s |\n",
 				targetName(s.Target), s.Concurrency, s.Requests, s.RequestsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
-				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], outcomes(s.Outcomes))
+				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], s.OthersCores, outcomes(s.Outcomes))
 		}
 		p("\n")
 	}
 	if len(r.HotRow) > 0 {
 		p("### PostgreSQL hot row (one inventory row)\n\n")
-		p("| statement | clients | tx | tx/s | p50 ms | p90 ms | p99 ms | max ms | errors | load |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("| statement | clients | tx | tx/s | p50 ms | p90 ms | p99 ms | max ms | errors | load | others' CPU |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, h := range r.HotRow {
-			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %d | %.2f |\n",
-				variantName(h.Variant), h.Clients, h.Tx, h.TxPerSecond, h.Latency.P50, h.Latency.P90, h.Latency.P99, h.Latency.Max, h.Errors, h.LoadBefore[0])
+			p("| %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %d | %.2f | %.2f |\n",
+				variantName(h.Variant), h.Clients, h.Tx, h.TxPerSecond, h.Latency.P50, h.Latency.P90, h.Latency.P99, h.Latency.Max, h.Errors, h.LoadBefore[0], h.OthersCores)
 		}
 		p("\n")
 	}

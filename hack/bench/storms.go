@@ -242,6 +242,8 @@ type StormRow struct {
 	ClientCPUus   float64 `json:"client_cpu_us_per_request"`
 	LoadBefore    Load    `json:"load_before"`
 	LoadAfter     Load    `json:"load_after"`
+	// OthersCores is the CPU the rest of the machine used meanwhile, in cores.
+	OthersCores float64 `json:"others_cpu_cores"`
 	// Audit of the ledger after a storm against `flashsale reserve`: every
 	// acknowledged reservation has its row, nothing oversold.
 	AuditOK       *bool    `json:"audit_ok,omitempty"`
@@ -313,11 +315,13 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		}()
 	}
 	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), selfCPU()
+	busy, t0 := machineBusy(), time.Now()
 	res, err := storm.Run(ctx, cfg)
 	if err != nil {
 		return StormRow{}, err
 	}
 	srvCPU, redisCPU, pgCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, e.postgresCPU(ctx)-pgCPU, selfCPU()-selfCPU0
+	row.OthersCores = othersCores(machineBusy()-busy, srvCPU+redisCPU+pgCPU+selfCPU0, time.Since(t0))
 	row.LoadAfter = readLoad()
 	profWG.Wait()
 	if profErr != nil {
