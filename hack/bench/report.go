@@ -160,6 +160,22 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		}
 		p("\n")
 	}
+	var inside []StormRow
+	for _, s := range r.Storms {
+		if s.Server != nil {
+			inside = append(inside, s)
+		}
+	}
+	if len(inside) > 0 {
+		p("### Inside `flashsale reserve` (its /metrics, over each measured storm)\n\n")
+		p("| storm | buyers | request mean ms | reserve script mean ms | script calls per request | ledger batches | rows per batch | batch transaction mean ms |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, s := range inside {
+			m := s.Server
+			p("| %s | %d | %.2f | %.2f | %.2f | %.0f | %.1f | %.2f |\n", s.Kind, s.Concurrency, m.RequestMeanMs, m.ScriptMeanMs, m.ScriptCallsPerRequest, m.Batches, m.BatchMeanRows, m.BatchMeanMs)
+		}
+		p("\n")
+	}
 	if len(r.HotRow) > 0 {
 		p("### PostgreSQL hot row (one inventory row)\n\n")
 		p("| statement | clients | tx | tx/s | p50 ms | p90 ms | p99 ms | max ms | errors | load | others' CPU |\n")

@@ -244,6 +244,8 @@ type StormRow struct {
 	LoadAfter     Load    `json:"load_after"`
 	// OthersCores is the CPU the rest of the machine used meanwhile, in cores.
 	OthersCores float64 `json:"others_cpu_cores"`
+	// Server is the reserve process's view from its /metrics (reserve only).
+	Server *ServerMetrics `json:"server_metrics,omitempty"`
 	// Audit of the ledger after a storm against `flashsale reserve`: every
 	// acknowledged reservation has its row, nothing oversold.
 	AuditOK       *bool    `json:"audit_ok,omitempty"`
@@ -314,6 +316,12 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 			}
 		}()
 	}
+	var metricsBefore map[string]float64
+	if target == targetReserve {
+		if metricsBefore, err = scrape(ctx, srv.url()+"/metrics"); err != nil {
+			logf("%s: /metrics: %v", label, err)
+		}
+	}
 	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), selfCPU()
 	busy, t0 := machineBusy(), time.Now()
 	res, err := storm.Run(ctx, cfg)
@@ -322,6 +330,13 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	}
 	srvCPU, redisCPU, pgCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, e.postgresCPU(ctx)-pgCPU, selfCPU()-selfCPU0
 	row.OthersCores = othersCores(machineBusy()-busy, srvCPU+redisCPU+pgCPU+selfCPU0, time.Since(t0))
+	if metricsBefore != nil {
+		if after, err := scrape(ctx, srv.url()+"/metrics"); err == nil {
+			row.Server = serverMetrics(metricsBefore, after)
+		} else {
+			logf("%s: /metrics: %v", label, err)
+		}
+	}
 	row.LoadAfter = readLoad()
 	profWG.Wait()
 	if profErr != nil {
