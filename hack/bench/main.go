@@ -58,6 +58,7 @@ type options struct {
 	Perf              string
 	JSON              bool
 	JSONFile          string
+	PostgresDSN       string
 	Skip              []string
 }
 
@@ -83,6 +84,7 @@ func main() {
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile (--profile, --perf)")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")
 	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
+	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one, e.g. one with fsync on; the run's databases are dropped at the end")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow (gobench has its own flag)")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
@@ -218,17 +220,32 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 			return err
 		}
 	}
-	logf("starting redis-server and PostgreSQL")
+	logf("starting redis-server (and PostgreSQL unless --postgres-dsn)")
 	rs, err := testharness.StartRedis()
 	if err != nil {
 		return err
 	}
 	defer rs.Close()
-	pg, err := testharness.StartPostgres()
-	if err != nil {
-		return err
+	var pg pgServer
+	if o.PostgresDSN != "" {
+		ext, err := newExternalPG(o.PostgresDSN)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := ext.Close(); err != nil {
+				logf("dropping the run's databases: %v", err)
+			}
+		}()
+		pg = ext
+	} else {
+		hpg, err := testharness.StartPostgres()
+		if err != nil {
+			return err
+		}
+		defer hpg.Close()
+		pg = hpg
 	}
-	defer pg.Close()
 	env := &benchEnv{o: o, work: work, flashsale: flashsale, bare: bare, redis: rs, pg: pg, rep: rep}
 	defer env.close()
 	rep.Servers = serverVersions(ctx, rs, pg)
@@ -253,7 +270,7 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 
 // serverVersions names the Redis and PostgreSQL the run measured, with the
 // harness settings that matter for the numbers.
-func serverVersions(ctx context.Context, rs *testharness.Redis, pg *testharness.Postgres) string {
+func serverVersions(ctx context.Context, rs *testharness.Redis, pg pgServer) string {
 	redisV, pgV := "?", "?"
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	defer rdb.Close()

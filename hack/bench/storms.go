@@ -48,7 +48,7 @@ type benchEnv struct {
 	flashsale string
 	bare      string
 	redis     *testharness.Redis
-	pg        *testharness.Postgres
+	pg        pgServer
 	rep       *Report
 
 	rdb        *redis.Client
@@ -361,7 +361,8 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	if n := float64(r.Requests); n > 0 {
 		row.ServerCPUus = float64(srvCPU.Microseconds()) / n
 		row.RedisCPUus = float64(redisCPU.Microseconds()) / n
-		row.PostgresCPUus = float64(pgCPU.Microseconds()) / n
+		// A backend that exits takes its CPU out of the sum: never below 0.
+		row.PostgresCPUus = max(0, float64(pgCPU.Microseconds())/n)
 		row.ClientCPUus = float64(selfCPU0.Microseconds()) / n
 	}
 	if target == targetReserve {
