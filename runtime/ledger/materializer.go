@@ -16,7 +16,10 @@ import (
 // MaterializerConfig tunes the group-commit writer. Zero values take defaults.
 type MaterializerConfig struct {
 	MaxBatch    int           // rows per transaction; default 256
-	MaxWait     time.Duration // how long a batch waits for more rows after its first; default 2ms
+	// MaxWait is how long a worker lingers for more rows after taking the first;
+	// default 0: a free worker sends what is queued at once. Batches still grow
+	// with load, because rows queue up while every worker is busy.
+	MaxWait     time.Duration
 	Concurrency int           // batches in flight at once; default 4
 	// Timeout bounds one batch transaction, so a hung PostgreSQL turns into
 	// errors instead of stuck callers; default 5s.
@@ -28,7 +31,6 @@ type MaterializerConfig struct {
 
 const (
 	defaultMaxBatch       = 256
-	defaultMaxWait        = 2 * time.Millisecond
 	defaultConcurrency    = 4
 	defaultMaterializeTTL = 5 * time.Second
 )
@@ -68,7 +70,6 @@ type Materializer struct {
 	closed bool
 
 	queue   chan *pendingRow
-	batches chan []*pendingRow
 	wg      sync.WaitGroup
 	once    sync.Once
 }
@@ -79,13 +80,10 @@ type pendingRow struct {
 	res chan error // buffered: the writer never blocks on a caller
 }
 
-// NewMaterializer starts the collector and the workers; Close stops them.
+// NewMaterializer starts the workers; Close stops them.
 func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = defaultMaxBatch
-	}
-	if cfg.MaxWait <= 0 {
-		cfg.MaxWait = defaultMaxWait
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = defaultConcurrency
@@ -97,10 +95,8 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 		l:       l,
 		cfg:     cfg,
 		queue:   make(chan *pendingRow, cfg.MaxBatch*cfg.Concurrency),
-		batches: make(chan []*pendingRow),
 	}
-	m.wg.Add(1 + cfg.Concurrency)
-	go m.collect()
+	m.wg.Add(cfg.Concurrency)
 	for range cfg.Concurrency {
 		go m.work()
 	}
@@ -170,14 +166,17 @@ func (m *Materializer) Close() {
 	m.wg.Wait()
 }
 
-// collect groups queued rows: a batch starts with the first row and closes at
-// MaxBatch rows or MaxWait after that row. While every worker is busy the
-// hand-off blocks and the queue fills, so batches grow with load.
-func (m *Materializer) collect() {
+// work takes the first queued row, then whatever else is queued (up to MaxBatch,
+// lingering MaxWait when set), and writes them in one transaction. This is group
+// commit without a timer: a lone reservation is written at once, and under load
+// the queue fills while the workers are busy, so batches grow with the load.
+func (m *Materializer) work() {
 	defer m.wg.Done()
-	defer close(m.batches)
-	timer := time.NewTimer(0)
-	<-timer.C
+	var timer *time.Timer
+	if m.cfg.MaxWait > 0 {
+		timer = time.NewTimer(0)
+		<-timer.C
+	}
 	for {
 		first, ok := <-m.queue
 		if !ok {
@@ -185,28 +184,34 @@ func (m *Materializer) collect() {
 		}
 		batch := make([]*pendingRow, 1, m.cfg.MaxBatch)
 		batch[0] = first
-		timer.Reset(m.cfg.MaxWait)
-	fill:
+	drain:
 		for len(batch) < m.cfg.MaxBatch {
 			select {
 			case r, ok := <-m.queue:
 				if !ok {
-					break fill
+					break drain
 				}
 				batch = append(batch, r)
-			case <-timer.C:
-				break fill
+			default:
+				break drain
 			}
 		}
-		// Go 1.23+ timers: Stop then Reset needs no drain.
-		timer.Stop()
-		m.batches <- batch
-	}
-}
-
-func (m *Materializer) work() {
-	defer m.wg.Done()
-	for batch := range m.batches {
+		if timer != nil && len(batch) < m.cfg.MaxBatch {
+			timer.Reset(m.cfg.MaxWait)
+		linger:
+			for len(batch) < m.cfg.MaxBatch {
+				select {
+				case r, ok := <-m.queue:
+					if !ok {
+						break linger
+					}
+					batch = append(batch, r)
+				case <-timer.C:
+					break linger
+				}
+			}
+			timer.Stop()
+		}
 		m.write(batch)
 	}
 }
