@@ -59,6 +59,7 @@ type options struct {
 	JSON              bool
 	JSONFile          string
 	PostgresDSN       string
+	Durable           bool
 	Skip              []string
 }
 
@@ -84,7 +85,8 @@ func main() {
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile (--profile, --perf)")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")
 	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
-	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one, e.g. one with fsync on; the run's databases are dropped at the end")
+	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one; the run's databases are dropped at the end")
+	fs.BoolVar(&o.Durable, "durable", true, "run the started PostgreSQL with fsync on, as production does (the ledger's group commit and the hot-row baselines both pay for durability); --durable=false measures without it")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow (gobench has its own flag)")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
@@ -239,7 +241,11 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 		}()
 		pg = ext
 	} else {
-		hpg, err := testharness.StartPostgres()
+		settings := []string{"fsync=on"}
+		if !o.Durable {
+			settings = nil
+		}
+		hpg, err := testharness.StartPostgresArgs(settings...)
 		if err != nil {
 			return err
 		}

@@ -39,11 +39,17 @@ type Postgres struct {
 	p       *proc               // nil while not running
 	closed  bool
 	dbSeq   int
+	extra   []string // "name=value" settings given to StartPostgresArgs
 }
 
 // StartPostgres runs initdb in a new temporary directory and starts postgres
 // on a free 127.0.0.1 port.
-func StartPostgres() (*Postgres, error) {
+func StartPostgres() (*Postgres, error) { return StartPostgresArgs() }
+
+// StartPostgresArgs is StartPostgres with extra "name=value" settings that
+// override the defaults, e.g. "fsync=on" for benchmarks that must pay for
+// durability as production does.
+func StartPostgresArgs(settings ...string) (*Postgres, error) {
 	binDir, err := pgBinDir()
 	if err != nil {
 		return nil, err
@@ -56,7 +62,7 @@ func StartPostgres() (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	pg := &Postgres{binDir: binDir, dir: dir, dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log"), cred: cred}
+	pg := &Postgres{binDir: binDir, dir: dir, dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log"), cred: cred, extra: settings}
 	if err := pg.initdb(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -161,15 +167,18 @@ func (pg *Postgres) start() error {
 	if pg.p != nil {
 		return fmt.Errorf("postgres on port %d already running", pg.port)
 	}
-	p, err := startProc(pg.logPath, pg.dir, pg.cred, []string{"LC_ALL=C"}, filepath.Join(pg.binDir, "postgres"),
-		"-D", pg.dataDir, "-p", strconv.Itoa(pg.port),
+	args := []string{"-D", pg.dataDir, "-p", strconv.Itoa(pg.port),
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "unix_socket_directories="+pg.dir,
+		"-c", "unix_socket_directories=" + pg.dir,
 		"-c", "fsync=off", // committed data survives a process kill, not a machine crash
 		"-c", "max_connections=300",
 		"-c", "shared_buffers=32MB",
 		"-c", "dynamic_shared_memory_type=mmap", // files in the data dir, not /dev/shm
-		"-c", "logging_collector=off")
+		"-c", "logging_collector=off"}
+	for _, s := range pg.extra {
+		args = append(args, "-c", s) // later settings win
+	}
+	p, err := startProc(pg.logPath, pg.dir, pg.cred, []string{"LC_ALL=C"}, filepath.Join(pg.binDir, "postgres"), args...)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ type MaterializerConfig struct {
 	// default 0: a free worker sends what is queued at once. Batches still grow
 	// with load, because rows queue up while every worker is busy.
 	MaxWait     time.Duration
-	Concurrency int           // batches in flight at once; default 4
+	Concurrency int           // batches in flight at once; default 2 (batches grow with load)
 	// Timeout bounds one batch transaction, so a hung PostgreSQL turns into
 	// errors instead of stuck callers; default 5s.
 	Timeout time.Duration
@@ -31,7 +31,7 @@ type MaterializerConfig struct {
 
 const (
 	defaultMaxBatch       = 256
-	defaultConcurrency    = 4
+	defaultConcurrency    = 2
 	defaultMaterializeTTL = 5 * time.Second
 )
 
