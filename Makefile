@@ -89,6 +89,10 @@ envtest: ## Build the kube-apiserver and etcd test binaries (cached).
 demo: ## Run a whole flash sale on this machine: local cluster, operator, storm, audit (DEMO_FLAGS=--keep keeps it up).
 	go run ./hack/demo $(DEMO_FLAGS)
 
+.PHONY: bench
+bench: deps ## Run the benchmarks of docs/benchmarks.md (about 4 minutes); BENCH_ARGS="--json" for JSON.
+	go run ./hack/bench $(BENCH_ARGS)
+
 .PHONY: test
 test: deps envtest ## Install what is missing, build the envtest binaries, run every test.
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" go test -race -count=1 ./...
