@@ -15,12 +15,12 @@ import (
 
 // MaterializerConfig tunes the group-commit writer. Zero values take defaults.
 type MaterializerConfig struct {
-	MaxBatch    int           // rows per transaction; default 256
+	MaxBatch int // rows per transaction; default 256
 	// MaxWait is how long a worker lingers for more rows after taking the first;
 	// default 0: a free worker sends what is queued at once. Batches still grow
 	// with load, because rows queue up while every worker is busy.
 	MaxWait     time.Duration
-	Concurrency int           // batches in flight at once; default 2 (batches grow with load)
+	Concurrency int // batches in flight at once; default 2 (batches grow with load)
 	// Timeout bounds one batch transaction, so a hung PostgreSQL turns into
 	// errors instead of stuck callers; default 5s.
 	Timeout time.Duration
@@ -69,9 +69,9 @@ type Materializer struct {
 	mu     sync.RWMutex
 	closed bool
 
-	queue   chan *pendingRow
-	wg      sync.WaitGroup
-	once    sync.Once
+	queue chan *pendingRow
+	wg    sync.WaitGroup
+	once  sync.Once
 }
 
 type pendingRow struct {
@@ -92,9 +92,9 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 		cfg.Timeout = defaultMaterializeTTL
 	}
 	m := &Materializer{
-		l:       l,
-		cfg:     cfg,
-		queue:   make(chan *pendingRow, cfg.MaxBatch*cfg.Concurrency),
+		l:     l,
+		cfg:   cfg,
+		queue: make(chan *pendingRow, cfg.MaxBatch*cfg.Concurrency),
 	}
 	m.wg.Add(cfg.Concurrency)
 	for range cfg.Concurrency {
