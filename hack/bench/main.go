@@ -80,7 +80,7 @@ func main() {
 	fs.BoolVar(&o.GoBench, "gobench", true, "also run the Go benchmarks of runtime/engine and runtime/ledger")
 	fs.StringVar(&o.GoBenchTime, "gobench-time", "3s", "-benchtime of the Go benchmarks")
 	fs.StringVar(&o.Flashsale, "flashsale", "", "flashsale binary to exec (default: bin/flashsale, built when missing or older than the sources)")
-	fs.StringVar(&o.Profile, "profile", "", "write a CPU profile of the reserve process, taken during its first measured storm, to this file (needs the server to expose /debug/pprof)")
+	fs.StringVar(&o.Profile, "profile", "", "write a CPU profile of the reserve process, taken during its first measured storm, to this file (the reserve process then runs with --debug-listen)")
 	fs.StringVar(&o.Perf, "perf", "", "record the reserve process with perf record -g during its first measured storm into this file, with a flashsale built with symbols (the profiler's overhead is in that run's figures)")
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile (--profile, --perf)")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")

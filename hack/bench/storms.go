@@ -46,6 +46,7 @@ type benchEnv struct {
 	o         *options
 	work      string
 	flashsale string
+	debugAddr string // the reserve process's --debug-listen address, with --profile
 	bare      string
 	redis     *testharness.Redis
 	pg        pgServer
@@ -165,7 +166,16 @@ const (
 
 func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label string) (*server, error) {
 	if target == targetReserve {
-		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, e.env(c))
+		env := e.env(c)
+		if e.o.Profile != "" {
+			port, err := testharness.FreePort()
+			if err != nil {
+				return nil, err
+			}
+			e.debugAddr = fmt.Sprintf("127.0.0.1:%d", port)
+			env = append(env, "FLASHSALE_DEBUG_LISTEN="+e.debugAddr)
+		}
+		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, env)
 	}
 	return startServer(ctx, label, e.work, e.bare, nil, "--listen", e.env(c))
 }
@@ -458,13 +468,13 @@ func (e *benchEnv) profile(ctx context.Context, srv *server, seconds int) error 
 	case <-time.After(2 * time.Second):
 	}
 	client := &http.Client{Timeout: time.Duration(seconds+30) * time.Second}
-	resp, err := client.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", srv.url(), seconds))
+	resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", e.debugAddr, seconds))
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("`flashsale reserve` exposes no /debug/pprof (GET answered %s)", resp.Status)
+		return fmt.Errorf("GET /debug/pprof/profile answered %s", resp.Status)
 	}
 	f, err := os.Create(e.o.Profile)
 	if err != nil {

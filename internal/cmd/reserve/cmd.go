@@ -24,6 +24,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"runtime/debug"
@@ -59,6 +62,7 @@ const (
 	EnvLedgerWriters     = "FLASHSALE_LEDGER_WRITERS"
 	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
 	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
+	EnvDebugListen       = "FLASHSALE_DEBUG_LISTEN"
 )
 
 // Defaults of the rate limit: generous for a person, tight for a retry loop.
@@ -81,6 +85,8 @@ type Options struct {
 	Ledger ledger.MaterializerConfig
 	// GCPercent is the Go GC target (debug.SetGCPercent) unless GOGC is set.
 	GCPercent int
+	// DebugListen, when set, serves net/http/pprof there (keep it on loopback).
+	DebugListen string
 
 	envErrs []error
 }
@@ -148,6 +154,8 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		"ledger transactions in flight at once; batches grow with load, so more writers mostly add PostgreSQL backends competing for one WAL flush (env "+EnvLedgerWriters+")")
 	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.envDuration(EnvLedgerLinger, 0),
 		"how long a ledger writer waits for more rows before writing a batch; 0 writes what is queued at once (env "+EnvLedgerLinger+")")
+	f.StringVar(&o.DebugListen, "debug-listen", envString(EnvDebugListen, ""),
+		"serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty; never expose it (env "+EnvDebugListen+")")
 	f.IntVar(&o.GCPercent, "gc-percent", o.envInt(EnvGCPercent, DefaultGCPercent),
 		"Go GC target: the process holds little memory, so collecting less often saves CPU on the hot path; GOGC, when set, wins (env "+EnvGCPercent+")")
 }
@@ -256,6 +264,14 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		eng.Close()
 		return err
 	}
+	if opts.DebugListen != "" {
+		_, stop, err := serveDebug(opts.DebugListen, log)
+		if err != nil {
+			eng.Close()
+			return err
+		}
+		defer stop()
+	}
 	if err := srv.Start(ctx); err != nil {
 		err = errors.New(redact(err.Error()))
 		log.Error("serve", "err", err)
@@ -339,4 +355,23 @@ func (o *Options) envDuration(name string, def time.Duration) time.Duration {
 		return def
 	}
 	return v
+}
+
+// serveDebug serves the Go profiles on their own listener, apart from the API,
+// so they are never reachable through the sale's Service.
+func serveDebug(addr string, log *slog.Logger) (bound string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--debug-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	log.Info("serving Go profiles", "addr", ln.Addr().String())
+	return ln.Addr().String(), func() { _ = srv.Close() }, nil
 }

@@ -23,6 +23,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -395,4 +396,25 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func TestDebugListenerServesProfiles(t *testing.T) {
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	addr, stop, err := serveDebug("127.0.0.1:0", discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "goroutine profile") {
+		t.Fatalf("%d %.200s", resp.StatusCode, body)
+	}
+	if _, _, err := serveDebug("256.0.0.1:1", discard); err == nil {
+		t.Fatal("a bad --debug-listen address must be refused")
+	}
 }
