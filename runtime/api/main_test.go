@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,8 +28,6 @@ import (
 // Real servers, started once for the package by the first test that needs them,
 // so that the fuzz targets (and their workers) run without them.
 var (
-	sharedOnce  sync.Once
-	sharedErr   error
 	sharedRedis *testharness.Redis
 	sharedPG    *testharness.Postgres
 )
@@ -45,15 +42,7 @@ func TestMain(m *testing.M) {
 
 func startShared(t testing.TB) {
 	t.Helper()
-	sharedOnce.Do(func() {
-		if sharedRedis, sharedErr = testharness.StartRedis(); sharedErr != nil {
-			return
-		}
-		sharedPG, sharedErr = testharness.StartPostgres()
-	})
-	if sharedErr != nil {
-		t.Fatal(sharedErr)
-	}
+	sharedRedis, sharedPG = testharness.Shared(t)
 }
 
 const testSKU = "itm-ps5-pro" // the SKU of the examples in docs/openapi.yaml

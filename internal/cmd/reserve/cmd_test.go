@@ -46,10 +46,8 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// The servers are started by the first test that needs them.
+// The servers are started by the first test that needs them (testharness.Shared).
 var (
-	sharedOnce  sync.Once
-	sharedErr   error
 	sharedRedis *testharness.Redis
 	sharedPG    *testharness.Postgres
 )
@@ -64,15 +62,7 @@ func TestMain(m *testing.M) {
 
 func startShared(t *testing.T) {
 	t.Helper()
-	sharedOnce.Do(func() {
-		if sharedRedis, sharedErr = testharness.StartRedis(); sharedErr != nil {
-			return
-		}
-		sharedPG, sharedErr = testharness.StartPostgres()
-	})
-	if sharedErr != nil {
-		t.Fatal(sharedErr)
-	}
+	sharedRedis, sharedPG = testharness.Shared(t)
 }
 
 // clearEnv unsets every FLASHSALE_* variable for the test, so the caller's
