@@ -19,8 +19,10 @@ type MaterializerConfig struct {
 	// MaxWait is how long a worker lingers for more rows after taking the first;
 	// default 0: a free worker sends what is queued at once. Batches still grow
 	// with load, because rows queue up while every worker is busy.
-	MaxWait     time.Duration
-	Concurrency int // batches in flight at once; default 2 (batches grow with load)
+	MaxWait time.Duration
+	// Concurrency is the most batches in flight at once; default 2. One is the
+	// rule: a further batch starts only when MaxBatch rows are waiting.
+	Concurrency int
 	// Timeout bounds one batch transaction, so a hung PostgreSQL turns into
 	// errors instead of stuck callers; default 5s.
 	Timeout time.Duration
@@ -39,8 +41,26 @@ const (
 // transaction): the CTE share-locks the campaign rows, so a rebuild's FOR UPDATE
 // waits for this statement to commit, or this statement waits for the rebuild and
 // then sees the new epoch. Only rows whose epoch matches their live campaign are
-// inserted; rows that already exist are skipped. Neither kind is returned.
-const sqlInsertPending = `WITH live AS (
+// inserted and returned.
+//
+// It has no ON CONFLICT clause: a row that already exists fails the whole
+// statement (unique_violation, nothing written) and the batch is sent again as
+// sqlInsertPendingSkipDuplicates. Duplicates are rare (a request whose earlier
+// row outlived its Redis hash), and the clause would make PostgreSQL probe the
+// primary key before every insert on top of the probe the insert itself does.
+const sqlInsertPending = sqlInsertPendingHead + `
+RETURNING reservation_id`
+
+// sqlInsertPendingSkipDuplicates is sqlInsertPending that skips rows already
+// present instead of failing.
+const sqlInsertPendingSkipDuplicates = sqlInsertPendingHead + `
+ON CONFLICT (reservation_id) DO NOTHING
+RETURNING reservation_id`
+
+// uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
+const uniqueViolation = "23505"
+
+const sqlInsertPendingHead = `WITH live AS (
     SELECT campaign_id, epoch FROM flashsale_campaigns
     WHERE campaign_id = ANY($9::text[]) AND deleted_at IS NULL
     ORDER BY campaign_id
@@ -50,9 +70,7 @@ INSERT INTO flashsale_orders
 SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'PENDING', t.e, t.x
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
     AS t(r, c, s, u, sh, q, e, x)
-JOIN live ON live.campaign_id = t.c AND live.epoch = t.e
-ON CONFLICT (reservation_id) DO NOTHING
-RETURNING reservation_id`
+JOIN live ON live.campaign_id = t.c AND live.epoch = t.e`
 
 // sqlExistingOrders tells, for rows the insert skipped, which already existed
 // (duplicates); the others were fenced.
@@ -61,17 +79,25 @@ const sqlExistingOrders = `SELECT reservation_id FROM flashsale_orders WHERE res
 // Materializer writes PENDING order rows in batches: many concurrent Submits
 // share one transaction, so PostgreSQL sees a few commits per millisecond
 // instead of one per reservation.
+//
+// One batch is in flight while the load allows: rows queue up during its
+// transaction and go together in the next, so batches grow with the load and
+// PostgreSQL pays its per-statement cost once per batch. A further batch starts
+// alongside only when a full batch (MaxBatch rows) is waiting, that is when one
+// transaction at a time can no longer keep up.
 type Materializer struct {
 	l   *Ledger
 	cfg MaterializerConfig
 
-	// mu orders Submit's queue send against Close's close(queue).
-	mu     sync.RWMutex
-	closed bool
+	mu      sync.Mutex
+	pending []*pendingRow
+	busy    int // batches taken and not yet written
+	closed  bool
 
-	queue chan *pendingRow
-	wg    sync.WaitGroup
-	once  sync.Once
+	wake chan struct{} // poked when rows arrive; capacity 1
+	done chan struct{} // closed by Close
+	wg   sync.WaitGroup
+	once sync.Once
 }
 
 type pendingRow struct {
@@ -92,9 +118,10 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 		cfg.Timeout = defaultMaterializeTTL
 	}
 	m := &Materializer{
-		l:     l,
-		cfg:   cfg,
-		queue: make(chan *pendingRow, cfg.MaxBatch*cfg.Concurrency),
+		l:    l,
+		cfg:  cfg,
+		wake: make(chan struct{}, 1),
+		done: make(chan struct{}),
 	}
 	m.wg.Add(cfg.Concurrency)
 	for range cfg.Concurrency {
@@ -113,27 +140,33 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 //   - ErrAmbiguous: COMMIT failed, the row may or may not exist;
 //   - anything else: definitely not written.
 //
-// A ctx cancelled before the row's batch is sent means not written. Once the
+// A ctx that ends before the row's batch is sent means not written. Once the
 // batch is sent Submit waits for it (at most cfg.Timeout) even if ctx ends,
 // because only then is the outcome known. o.Status must be empty or PENDING.
 func (m *Materializer) Submit(ctx context.Context, o Order) error {
 	if err := validatePending(o); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ledger: materialize %s: not sent: %w", o.ReservationID, err)
+	}
 	r := &pendingRow{ctx: ctx, o: o, res: make(chan error, 1)}
-	m.mu.RLock()
+	m.mu.Lock()
 	if m.closed {
-		m.mu.RUnlock()
+		m.mu.Unlock()
 		return ErrClosed
 	}
-	select {
-	case m.queue <- r:
-		m.mu.RUnlock()
-	case <-ctx.Done():
-		m.mu.RUnlock()
-		return fmt.Errorf("ledger: materialize %s: not sent: %w", o.ReservationID, ctx.Err())
-	}
+	m.pending = append(m.pending, r)
+	m.mu.Unlock()
+	m.poke()
 	return <-r.res
+}
+
+func (m *Materializer) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default: // a wake-up is already due
+	}
 }
 
 func validatePending(o Order) error {
@@ -154,66 +187,90 @@ func validatePending(o Order) error {
 	return nil
 }
 
-// Close writes what is already queued, then stops the writer. Submit after
+// Close writes what is already queued, then stops the writers. Submit after
 // Close returns ErrClosed. Close is idempotent.
 func (m *Materializer) Close() {
 	m.once.Do(func() {
 		m.mu.Lock()
 		m.closed = true
-		close(m.queue)
 		m.mu.Unlock()
+		close(m.done)
 	})
 	m.wg.Wait()
 }
 
-// work takes the first queued row, then whatever else is queued (up to MaxBatch,
-// lingering MaxWait when set), and writes them in one transaction. This is group
-// commit without a timer: a lone reservation is written at once, and under load
-// the queue fills while the workers are busy, so batches grow with the load.
+// work writes batches until Close has been called and nothing is queued.
 func (m *Materializer) work() {
 	defer m.wg.Done()
-	var timer *time.Timer
-	if m.cfg.MaxWait > 0 {
-		timer = time.NewTimer(0)
-		<-timer.C
-	}
 	for {
-		first, ok := <-m.queue
-		if !ok {
+		batch := m.take()
+		if batch == nil {
 			return
 		}
-		batch := make([]*pendingRow, 1, m.cfg.MaxBatch)
-		batch[0] = first
-	drain:
-		for len(batch) < m.cfg.MaxBatch {
-			select {
-			case r, ok := <-m.queue:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		if timer != nil && len(batch) < m.cfg.MaxBatch {
-			timer.Reset(m.cfg.MaxWait)
-		linger:
-			for len(batch) < m.cfg.MaxBatch {
-				select {
-				case r, ok := <-m.queue:
-					if !ok {
-						break linger
-					}
-					batch = append(batch, r)
-				case <-timer.C:
-					break linger
-				}
-			}
-			timer.Stop()
-		}
 		m.write(batch)
+		m.mu.Lock()
+		m.busy--
+		m.mu.Unlock()
 	}
+}
+
+// take blocks until this worker may send a batch and returns it (nil once
+// closed and drained). A worker may send when no batch is in flight, or when a
+// full batch is waiting, or while closing. With MaxWait set it then lingers up to
+// MaxWait for the batch to fill.
+func (m *Materializer) take() []*pendingRow {
+	var linger <-chan time.Time
+	lingering := false
+	m.mu.Lock()
+	for {
+		n := len(m.pending)
+		full := n >= m.cfg.MaxBatch
+		switch {
+		case lingering && (full || linger == nil || m.closed):
+			return m.cut()
+		case !lingering && n > 0 && (m.busy == 0 || full || m.closed):
+			m.busy++
+			if full || m.closed || m.cfg.MaxWait <= 0 {
+				return m.cut()
+			}
+			lingering = true
+			timer := time.NewTimer(m.cfg.MaxWait)
+			defer timer.Stop()
+			linger = timer.C
+			continue
+		case !lingering && n == 0 && m.closed:
+			m.mu.Unlock()
+			return nil
+		}
+		done := m.done
+		if m.closed {
+			done = nil // already seen
+		}
+		m.mu.Unlock()
+		select {
+		case <-m.wake:
+		case <-done:
+		case <-linger:
+			linger = nil
+		}
+		m.mu.Lock()
+	}
+}
+
+// cut takes up to MaxBatch queued rows, unlocks m.mu and passes the wake-up on
+// when rows remain, so that another worker can judge them.
+func (m *Materializer) cut() []*pendingRow {
+	k := min(len(m.pending), m.cfg.MaxBatch)
+	batch := make([]*pendingRow, k)
+	copy(batch, m.pending)
+	rest := copy(m.pending, m.pending[k:])
+	clear(m.pending[rest:])
+	m.pending = m.pending[:rest]
+	m.mu.Unlock()
+	if rest > 0 {
+		m.poke()
+	}
+	return batch
 }
 
 // write runs one batch transaction and tells every caller its row's outcome.
@@ -290,14 +347,24 @@ func (m *Materializer) insertBatch(ctx context.Context, rows []*pendingRow) []er
 		}
 	}
 	results := make([]error, n)
-	inserted, err := m.l.pool.Query(ctx, sqlInsertPending, ids, camps, skus, users, shards, qtys, epochs, expires, campaigns)
 	returned := make(map[string]bool, n)
-	if err == nil {
+	insert := func(sql string) error {
+		inserted, err := m.l.pool.Query(ctx, sql, ids, camps, skus, users, shards, qtys, epochs, expires, campaigns)
+		if err != nil {
+			return err
+		}
 		var id string
 		_, err = pgx.ForEachRow(inserted, []any{&id}, func() error {
 			returned[id] = true
 			return nil
 		})
+		return err
+	}
+	err := insert(sqlInsertPending)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
+		// Refused as a whole: nothing of this batch was written.
+		clear(returned)
+		err = insert(sqlInsertPendingSkipDuplicates)
 	}
 	if err != nil {
 		// A statement the server refused, or one never sent, changed nothing;

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -434,5 +435,88 @@ func TestMaterializerPostgresDown(t *testing.T) {
 		if orderExists(t, l, o.ReservationID) {
 			t.Errorf("%s failed while PostgreSQL was down but exists", o.ReservationID)
 		}
+	}
+}
+
+// One batch is in flight while one keeps up: rows that arrive during its
+// transaction wait for it, until a full batch (MaxBatch rows) waits, which
+// starts alongside. The campaign row is held FOR UPDATE (as a rebuild would) so
+// that the batches block where they can be counted.
+func TestMaterializerSecondBatchOnlyWhenAFullOneWaits(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 1000, 1)
+	var stats batchStats
+	m := l.NewMaterializer(MaterializerConfig{MaxBatch: 8, Concurrency: 3, OnBatch: stats.hook})
+	defer m.Close()
+
+	lock, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	inFlight := func() int { // batch statements of this database waiting for the lock
+		var n int
+		if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH live AS%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	queued := func() int {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return len(m.pending)
+	}
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	results := make(chan error, 12)
+	submit := func(n int) {
+		for range n {
+			go func() { results <- m.Submit(ctx, pendingOrder(c, uniqueID("u"), 0, time.Hour)) }()
+		}
+	}
+
+	submit(1)
+	eventually("the first batch to block", func() bool { return inFlight() == 1 })
+	submit(7)
+	eventually("7 rows to queue", func() bool { return queued() == 7 })
+	time.Sleep(100 * time.Millisecond)
+	if n := inFlight(); n != 1 {
+		t.Fatalf("%d batches in flight with 7 of 8 rows queued, want 1", n)
+	}
+	submit(1)
+	eventually("a second batch once 8 rows wait", func() bool { return inFlight() == 2 && queued() == 0 })
+	submit(3)
+	eventually("3 rows to queue", func() bool { return queued() == 3 })
+	time.Sleep(100 * time.Millisecond)
+	if n := inFlight(); n != 2 {
+		t.Fatalf("%d batches in flight with 3 rows queued, want 2", n)
+	}
+
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 12 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats.mu.Lock()
+	sizes := slices.Clone(stats.sizes)
+	stats.mu.Unlock()
+	slices.Sort(sizes)
+	if !slices.Equal(sizes, []int{1, 3, 8}) {
+		t.Errorf("batch sizes %v, want 1, 8 and 3", sizes)
 	}
 }

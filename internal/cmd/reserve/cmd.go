@@ -151,7 +151,7 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		"keep serving this long after SIGTERM with /readyz failing, before closing the listener (env "+EnvDrainDelay+")")
 	f.StringVar(&o.LogLevel, "log-level", envString(EnvLogLevel, "info"), "debug, info, warn or error (env "+EnvLogLevel+")")
 	f.IntVar(&o.Ledger.Concurrency, "ledger-writers", o.envInt(EnvLedgerWriters, DefaultLedgerWriters),
-		"ledger transactions in flight at once; batches grow with load, so more writers mostly add PostgreSQL backends competing for one WAL flush (env "+EnvLedgerWriters+")")
+		"most ledger transactions in flight at once; one at a time while it keeps up (batches grow with load), another only when a full batch of 256 rows waits (env "+EnvLedgerWriters+")")
 	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.envDuration(EnvLedgerLinger, 0),
 		"how long a ledger writer waits for more rows before writing a batch; 0 writes what is queued at once (env "+EnvLedgerLinger+")")
 	f.StringVar(&o.DebugListen, "debug-listen", envString(EnvDebugListen, ""),
