@@ -146,17 +146,11 @@ func (c Config) Validate() error {
 }
 
 // NewClient is an HTTP client for a storm: keep-alive connections, as many as
-// there are workers per host (more would only queue at the server), and
-// timeouts on every phase so that a dead server costs a bounded wait.
+// there are workers per host (more would only queue at the server), each
+// request done on its worker's goroutine (Transport), and a timeout on every
+// request so that a dead server costs a bounded wait.
 func NewClient(concurrency int, timeout time.Duration) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns = 0
-	tr.MaxIdleConnsPerHost = concurrency
-	tr.MaxConnsPerHost = concurrency
-	tr.IdleConnTimeout = 90 * time.Second
-	tr.ResponseHeaderTimeout = timeout
-	tr.ForceAttemptHTTP2 = false
-	return &http.Client{Transport: tr, Timeout: timeout}
+	return &http.Client{Transport: &Transport{MaxIdlePerHost: concurrency}, Timeout: timeout}
 }
 
 // Progress is a live snapshot.
