@@ -37,40 +37,36 @@ const (
 	defaultMaterializeTTL = 5 * time.Second
 )
 
-// sqlInsertPending writes a batch in ONE statement (one round trip, its own
-// transaction): the CTE share-locks the campaign rows, so a rebuild's FOR UPDATE
-// waits for this statement to commit, or this statement waits for the rebuild and
-// then sees the new epoch. Only rows whose epoch matches their live campaign are
-// inserted and returned.
+// sqlInsertPending writes the rows of one campaign, sku and epoch in ONE
+// statement (one round trip, its own transaction). The CTE share-locks the
+// campaign row, so a rebuild's FOR UPDATE waits for this statement to commit,
+// or this statement waits for the rebuild and then sees the new epoch: either
+// every row is written or, when the epoch is not the campaign's (or the
+// campaign is deleted or missing), none is.
 //
 // It has no ON CONFLICT clause: a row that already exists fails the whole
-// statement (unique_violation, nothing written) and the batch is sent again as
+// statement (unique_violation, nothing written) and the rows are sent again as
 // sqlInsertPendingSkipDuplicates. Duplicates are rare (a request whose earlier
 // row outlived its Redis hash), and the clause would make PostgreSQL probe the
 // primary key before every insert on top of the probe the insert itself does.
-const sqlInsertPending = sqlInsertPendingHead + `
-RETURNING reservation_id`
+const sqlInsertPending = `WITH live AS (
+    SELECT epoch FROM flashsale_campaigns
+    WHERE campaign_id = $1 AND deleted_at IS NULL
+    FOR SHARE)
+INSERT INTO flashsale_orders
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
+SELECT t.r, $1, $2, t.u, t.sh, t.q, 'PENDING', $3, t.x
+FROM unnest($4::text[], $5::text[], $6::integer[], $7::integer[], $8::timestamptz[]) AS t(r, u, sh, q, x)
+WHERE (SELECT epoch FROM live) = $3`
 
-// sqlInsertPendingSkipDuplicates is sqlInsertPending that skips rows already
-// present instead of failing.
-const sqlInsertPendingSkipDuplicates = sqlInsertPendingHead + `
+// sqlInsertPendingSkipDuplicates is sqlInsertPending that skips the rows
+// already present and returns the ids it wrote.
+const sqlInsertPendingSkipDuplicates = sqlInsertPending + `
 ON CONFLICT (reservation_id) DO NOTHING
 RETURNING reservation_id`
 
 // uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
 const uniqueViolation = "23505"
-
-const sqlInsertPendingHead = `WITH live AS (
-    SELECT campaign_id, epoch FROM flashsale_campaigns
-    WHERE campaign_id = ANY($9::text[]) AND deleted_at IS NULL
-    ORDER BY campaign_id
-    FOR SHARE)
-INSERT INTO flashsale_orders
-    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
-SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'PENDING', t.e, t.x
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
-    AS t(r, c, s, u, sh, q, e, x)
-JOIN live ON live.campaign_id = t.c AND live.epoch = t.e`
 
 // sqlExistingOrders tells, for rows the insert skipped, which already existed
 // (duplicates); the others were fenced.
@@ -330,84 +326,125 @@ func (m *Materializer) write(batch []*pendingRow) {
 	}
 }
 
-// insertBatch returns one outcome per row (rows have distinct ids).
+// insertBatch returns one outcome per row (rows have distinct ids). Rows are
+// written per campaign, sku and epoch: a process serving one campaign sends one
+// statement per batch.
 func (m *Materializer) insertBatch(ctx context.Context, rows []*pendingRow) []error {
-	n := len(rows)
-	ids, camps, skus, users := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
-	shards, qtys := make([]int32, 0, n), make([]int32, 0, n)
-	epochs, expires := make([]int64, 0, n), make([]time.Time, 0, n)
-	var campaigns []string
-	for _, r := range rows {
-		o := r.o
-		ids, camps, skus, users = append(ids, o.ReservationID), append(camps, o.CampaignID), append(skus, o.SKU), append(users, o.UserID)
-		shards, qtys = append(shards, int32(o.Shard)), append(qtys, int32(o.Quantity))
-		epochs, expires = append(epochs, o.Epoch), append(expires, o.ExpiresAt)
-		if !slices.Contains(campaigns, o.CampaignID) {
-			campaigns = append(campaigns, o.CampaignID)
+	results := make([]error, len(rows))
+	type group struct {
+		campaign, sku string
+		epoch         int64
+	}
+	var idx []int
+	done := make([]bool, len(rows))
+	for i := range rows {
+		if done[i] {
+			continue
+		}
+		g := group{rows[i].o.CampaignID, rows[i].o.SKU, rows[i].o.Epoch}
+		idx = idx[:0]
+		for j := i; j < len(rows); j++ {
+			if o := rows[j].o; !done[j] && (group{o.CampaignID, o.SKU, o.Epoch}) == g {
+				idx = append(idx, j)
+				done[j] = true
+			}
+		}
+		m.insertGroup(ctx, rows, idx, results)
+	}
+	return results
+}
+
+// insertGroup writes rows[idx] (one campaign, sku and epoch) and sets their
+// results.
+func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx []int, results []error) {
+	n := len(idx)
+	first := rows[idx[0]].o
+	ids, users := make([]string, n), make([]string, n)
+	shards, qtys := make([]int32, n), make([]int32, n)
+	expires := make([]time.Time, n)
+	for k, i := range idx {
+		o := rows[i].o
+		ids[k], users[k], shards[k], qtys[k], expires[k] = o.ReservationID, o.UserID, int32(o.Shard), int32(o.Quantity), o.ExpiresAt
+	}
+	args := []any{first.CampaignID, first.SKU, first.Epoch, ids, users, shards, qtys, expires}
+	set := func(err error) {
+		for _, i := range idx {
+			results[i] = err
 		}
 	}
-	results := make([]error, n)
-	returned := make(map[string]bool, n)
-	insert := func(sql string) error {
-		inserted, err := m.l.pool.Query(ctx, sql, ids, camps, skus, users, shards, qtys, epochs, expires, campaigns)
-		if err != nil {
-			return err
-		}
-		var id string
-		_, err = pgx.ForEachRow(inserted, []any{&id}, func() error {
-			returned[id] = true
-			return nil
-		})
-		return err
+	fenced := func(i int) error {
+		o := rows[i].o
+		return fmt.Errorf("%w: %s: campaign %s is not at epoch %d (rebuilt, deleted or missing)", ErrFenced, o.ReservationID, o.CampaignID, o.Epoch)
 	}
-	err := insert(sqlInsertPending)
+
+	tag, err := m.l.pool.Exec(ctx, sqlInsertPending, args...)
+	if err == nil {
+		switch written := tag.RowsAffected(); {
+		case written == int64(n):
+			set(nil)
+		case written == 0:
+			for _, i := range idx {
+				results[i] = fenced(i)
+			}
+		default: // all or nothing by construction
+			set(fmt.Errorf("%w: %d of %d rows of campaign %s written", ErrAmbiguous, written, n, first.CampaignID))
+		}
+		return
+	}
+	returned := map[string]bool{}
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
-		// Refused as a whole: nothing of this batch was written.
-		clear(returned)
-		err = insert(sqlInsertPendingSkipDuplicates)
+		// Refused as a whole, nothing written: again, skipping the rows present.
+		var inserted pgx.Rows
+		inserted, err = m.l.pool.Query(ctx, sqlInsertPendingSkipDuplicates, args...)
+		if err == nil {
+			var id string
+			_, err = pgx.ForEachRow(inserted, []any{&id}, func() error {
+				returned[id] = true
+				return nil
+			})
+		}
 	}
 	if err != nil {
 		// A statement the server refused, or one never sent, changed nothing;
 		// any other failure may have hit the implicit commit.
 		var pgErr *pgconn.PgError
 		definite := errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
-		for i, r := range rows {
+		for _, i := range idx {
 			if definite {
-				results[i] = fmt.Errorf("ledger: materialize %s: %w", r.o.ReservationID, err)
+				results[i] = fmt.Errorf("ledger: materialize %s: %w", rows[i].o.ReservationID, err)
 			} else {
-				results[i] = fmt.Errorf("%w: %s: %w", ErrAmbiguous, r.o.ReservationID, err)
+				results[i] = fmt.Errorf("%w: %s: %w", ErrAmbiguous, rows[i].o.ReservationID, err)
 			}
 		}
-		return results
+		return
 	}
 	var skipped []string
-	for _, r := range rows {
-		if !returned[r.o.ReservationID] {
-			skipped = append(skipped, r.o.ReservationID)
+	for _, id := range ids {
+		if !returned[id] {
+			skipped = append(skipped, id)
 		}
 	}
-	if len(skipped) == 0 {
-		return results
-	}
-	// Skipped rows were certainly not written by this batch; tell duplicates from
-	// fenced rows.
+	// Skipped rows were certainly not written by this statement; tell
+	// duplicates from fenced rows.
 	existing := map[string]bool{}
-	if ex, err := m.l.pool.Query(ctx, sqlExistingOrders, skipped); err == nil {
-		var id string
-		_, _ = pgx.ForEachRow(ex, []any{&id}, func() error {
-			existing[id] = true
-			return nil
-		})
+	if len(skipped) > 0 {
+		if ex, err := m.l.pool.Query(ctx, sqlExistingOrders, skipped); err == nil {
+			var id string
+			_, _ = pgx.ForEachRow(ex, []any{&id}, func() error {
+				existing[id] = true
+				return nil
+			})
+		}
 	}
-	for i, r := range rows {
-		id := r.o.ReservationID
+	for _, i := range idx {
+		id := rows[i].o.ReservationID
 		switch {
 		case returned[id]:
+			results[i] = nil
 		case existing[id]:
 			results[i] = fmt.Errorf("%w: %s", ErrDuplicate, id)
 		default:
-			results[i] = fmt.Errorf("%w: %s: campaign %s is not at epoch %d (rebuilt, deleted or missing)", ErrFenced, id, r.o.CampaignID, r.o.Epoch)
+			results[i] = fenced(i)
 		}
 	}
-	return results
 }
