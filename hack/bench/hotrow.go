@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
 )
 
@@ -135,10 +136,10 @@ func (e *benchEnv) hotRow(ctx context.Context, dsn, variant string, clients int)
 	}
 	row := HotRowRow{Variant: variant, Clients: clients, LoadBefore: readLoad()}
 	logf("%s: %s at %d clients (load %s)", label, e.o.HotRowDuration, clients, row.LoadBefore)
-	pgCPU, self, busy, t0 := e.postgresCPU(ctx), selfCPU(), machineBusy(), time.Now()
+	pgCPU, self, busy, t0 := e.postgresCPU(ctx), cpustat.Self(), cpustat.MachineBusy(), time.Now()
 	r := loop(ctx, clients, e.o.HotRowDuration, e.o.HotRowMaxTx, tx)
-	ours := e.postgresCPU(ctx) - pgCPU + selfCPU() - self
-	row.OthersCores = othersCores(machineBusy()-busy, ours, time.Since(t0))
+	ours := e.postgresCPU(ctx) - pgCPU + cpustat.Self() - self
+	row.OthersCores = othersCores(cpustat.MachineBusy()-busy, ours, time.Since(t0))
 	row.LoadAfter = readLoad()
 	row.Seconds, row.Tx, row.Errors = r.elapsed.Seconds(), r.ok, r.errors
 	if row.Seconds > 0 {

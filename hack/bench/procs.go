@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
@@ -219,50 +220,7 @@ func (s *server) exitErr() error {
 }
 
 // cpuTime is the user+system CPU the process has used so far.
-func (s *server) cpuTime() time.Duration { return procCPU(s.pid()) }
-
-// procCPU reads utime+stime of a pid from /proc (0 when unreadable).
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name may contain spaces: fields count from after ')'.
-	rest := string(b)
-	if i := strings.LastIndexByte(rest, ')'); i >= 0 {
-		rest = rest[i+1:]
-	}
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
-}
-
-// machineBusy is the CPU time all processes of the machine have used since
-// boot, from /proc/stat: what is not idle or waiting for I/O.
-func machineBusy() time.Duration {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0
-	}
-	var busy int64
-	for i, v := range f[1:9] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		n, _ := strconv.ParseInt(v, 10, 64)
-		busy += n
-	}
-	return time.Duration(busy) * time.Second / clockTicks
-}
+func (s *server) cpuTime() time.Duration { return cpustat.Process(s.pid()) }
 
 // othersCores is how many cores, on average over elapsed, processes other
 // than ours kept busy: the noise in a row's figures.
@@ -271,42 +229,6 @@ func othersCores(busy, ours, elapsed time.Duration) float64 {
 		return 0
 	}
 	return max(0, (busy-ours).Seconds()/elapsed.Seconds())
-}
-
-// childPIDs lists the live children of pid.
-func childPIDs(pid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		rest := string(b)
-		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
-			rest = rest[i+1:]
-		}
-		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			out = append(out, child)
-		}
-	}
-	return out
-}
-
-// clockTicks is USER_HZ, 100 on every Linux this runs on.
-const clockTicks = 100
-
-// selfCPU is this process's user+system CPU time.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func tail(path string) string {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
@@ -332,14 +333,14 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 			logf("%s: /metrics: %v", label, err)
 		}
 	}
-	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), selfCPU()
-	busy, t0 := machineBusy(), time.Now()
+	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), cpustat.Self()
+	busy, t0 := cpustat.MachineBusy(), time.Now()
 	res, err := storm.Run(ctx, cfg)
 	if err != nil {
 		return StormRow{}, err
 	}
-	srvCPU, redisCPU, pgCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, e.postgresCPU(ctx)-pgCPU, selfCPU()-selfCPU0
-	row.OthersCores = othersCores(machineBusy()-busy, srvCPU+redisCPU+pgCPU+selfCPU0, time.Since(t0))
+	srvCPU, redisCPU, pgCPU, selfCPU0 = srv.cpuTime()-srvCPU, e.redisCPU(ctx)-redisCPU, e.postgresCPU(ctx)-pgCPU, cpustat.Self()-selfCPU0
+	row.OthersCores = othersCores(cpustat.MachineBusy()-busy, srvCPU+redisCPU+pgCPU+selfCPU0, time.Since(t0))
 	if metricsBefore != nil {
 		if after, err := scrape(ctx, srv.url()+"/metrics"); err == nil {
 			row.Server = serverMetrics(metricsBefore, after)
@@ -427,11 +428,7 @@ func (e *benchEnv) postgresCPU(ctx context.Context) time.Duration {
 		first, _, _ := strings.Cut(string(b), "\n")
 		e.postmaster, _ = strconv.Atoi(strings.TrimSpace(first))
 	}
-	total := procCPU(e.postmaster)
-	for _, pid := range childPIDs(e.postmaster) {
-		total += procCPU(pid)
-	}
-	return total
+	return cpustat.Tree(e.postmaster)
 }
 
 // perfRecord samples the reserve process (its pid only) with call graphs, a

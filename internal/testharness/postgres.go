@@ -120,6 +120,17 @@ func (pg *Postgres) initdb() error {
 // Port returns the TCP port.
 func (pg *Postgres) Port() int { return pg.port }
 
+// PID is the postmaster's process id (its backends are its children), 0
+// while it is not running.
+func (pg *Postgres) PID() int {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if pg.p == nil {
+		return 0
+	}
+	return pg.p.pid()
+}
+
 // LogPath returns the server's log file (kept across restarts).
 func (pg *Postgres) LogPath() string { return pg.logPath }
 

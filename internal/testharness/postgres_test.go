@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -71,6 +73,13 @@ func TestPostgres(t *testing.T) {
 		if got != want {
 			t.Errorf("%s = %q, want %q", setting, got, want)
 		}
+	}
+	var backend int
+	if err := admin.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cpustat.Children(pg.PID()), backend) {
+		t.Errorf("backend %d is not a child of PID() %d", backend, pg.PID())
 	}
 	if os.Geteuid() == 0 {
 		if uid := procUID(t, pg.p.pid()); uid == "0" {

@@ -101,6 +101,16 @@ func (r *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // Port returns the TCP port.
 func (r *Redis) Port() int { return r.port }
 
+// PID is the redis-server process id, 0 while it is not running.
+func (r *Redis) PID() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.p == nil {
+		return 0
+	}
+	return r.p.pid()
+}
+
 // LogPath returns the server's log file (kept across restarts).
 func (r *Redis) LogPath() string { return r.logPath }
 

@@ -2,6 +2,7 @@ package testharness
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"strconv"
@@ -51,6 +52,9 @@ func TestRedisConfigAndKill(t *testing.T) {
 			t.Errorf("CONFIG GET %s = %q, want %q", param, got[param], want)
 		}
 	}
+	if info, err := c.Info(ctx, "server").Result(); err != nil || !strings.Contains(info, fmt.Sprintf("process_id:%d\r\n", r.PID())) {
+		t.Errorf("PID() = %d, not the process_id of INFO server (%v)", r.PID(), err)
+	}
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +74,9 @@ func TestRedisConfigAndKill(t *testing.T) {
 	}
 	if err := r.Kill(); err != nil {
 		t.Fatalf("second Kill: %v", err)
+	}
+	if pid := r.PID(); pid != 0 {
+		t.Errorf("PID() = %d after Kill, want 0", pid)
 	}
 
 	// Start after Kill without a SAVE: same port, no data.

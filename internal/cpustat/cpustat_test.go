@@ -1,0 +1,60 @@
+package cpustat
+
+import (
+	"os"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+)
+
+func spin(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+	}
+}
+
+func TestSelfAndProcessCountWhatRuns(t *testing.T) {
+	s0, p0, m0 := Self(), Process(os.Getpid()), MachineBusy()
+	spin(300 * time.Millisecond)
+	s1, p1, m1 := Self(), Process(os.Getpid()), MachineBusy()
+	if d := s1 - s0; d < 200*time.Millisecond {
+		t.Errorf("Self grew by %v over 300 ms of spinning", d)
+	}
+	if d := p1 - p0; d < 200*time.Millisecond {
+		t.Errorf("Process grew by %v over 300 ms of spinning", d)
+	}
+	if d := m1 - m0; d < 200*time.Millisecond {
+		t.Errorf("MachineBusy grew by %v over 300 ms of spinning", d)
+	}
+	if Process(-1) != 0 {
+		t.Error("a pid that does not exist has CPU time")
+	}
+}
+
+func TestTreeCountsChildren(t *testing.T) {
+	// A child that spins: this process's tree counts it, the process alone does not.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperSpin$")
+	cmd.Env = append(os.Environ(), "CPUSTAT_SPIN=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); Process(cmd.Process.Pid) < 200*time.Millisecond; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the child never used 200 ms of CPU")
+		}
+	}
+	if !slices.Contains(Children(os.Getpid()), cmd.Process.Pid) {
+		t.Fatalf("children %v lack %d", Children(os.Getpid()), cmd.Process.Pid)
+	}
+	if tree, own := Tree(os.Getpid()), Process(os.Getpid()); tree-own < 200*time.Millisecond {
+		t.Errorf("tree %v, process %v: the child's CPU is missing", tree, own)
+	}
+}
+
+func TestHelperSpin(t *testing.T) {
+	if os.Getenv("CPUSTAT_SPIN") == "" {
+		t.Skip("helper process")
+	}
+	spin(time.Minute)
+}
