@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -93,16 +94,51 @@ func parseGoBench(out string) []GoBench {
 	return res
 }
 
-// metric finds a Go benchmark's metric by the name's prefix (the -N suffix
-// is GOMAXPROCS).
-func (r *Report) metric(namePrefix, unit string) (float64, bool) {
+// metric is the median of a Go benchmark's metric over its runs: the name
+// without the -N (GOMAXPROCS) and #NN (repeat) suffixes is namePrefix. It
+// also returns every run's value, in order.
+func (r *Report) metric(namePrefix, unit string) (float64, []float64, bool) {
+	var vs []float64
 	for _, b := range r.GoBench {
-		if b.Name == namePrefix || strings.HasPrefix(b.Name, namePrefix+"-") {
-			v, ok := b.Metrics[unit]
-			return v, ok
+		if baseName(b.Name) != namePrefix {
+			continue
+		}
+		if v, ok := b.Metrics[unit]; ok {
+			vs = append(vs, v)
 		}
 	}
-	return 0, false
+	if len(vs) == 0 {
+		return 0, nil, false
+	}
+	sorted := slices.Sorted(slices.Values(vs))
+	mid := len(sorted) / 2
+	if len(sorted)%2 == 1 {
+		return sorted[mid], vs, true
+	}
+	return (sorted[mid-1] + sorted[mid]) / 2, vs, true
+}
+
+// baseName strips "-N" and then "#NN" from "BenchmarkX/y#01-2".
+func baseName(name string) string {
+	if i := strings.LastIndexByte(name, '-'); i > 0 && allDigits(name[i+1:]) {
+		name = name[:i]
+	}
+	if i := strings.LastIndexByte(name, '#'); i > 0 && allDigits(name[i+1:]) {
+		name = name[:i]
+	}
+	return name
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // shellQuote writes a command so that it can be pasted into a shell.
