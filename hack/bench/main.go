@@ -42,6 +42,7 @@ type options struct {
 	Duration          time.Duration
 	Warmup            time.Duration
 	Concurrency       []int
+	Rounds            int
 	Allocation        int64
 	Shards            int
 	SoldOutAllocation int64
@@ -66,7 +67,8 @@ type options struct {
 func main() {
 	var o options
 	fs := pflag.NewFlagSet("bench", pflag.ExitOnError)
-	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each measured storm")
+	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "length of each measured reservation storm")
+	fs.IntVar(&o.Rounds, "rounds", 3, "times the reservation storms are repeated, reserve and bare handler taking turns; the ratios use the medians")
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "unmeasured load before each measured run (connections, script cache, pools)")
 	fs.IntSliceVar(&o.Concurrency, "concurrency", []int{64, 256}, "concurrent buyers of the reservation storms (the targets are read at 64 and 256)")
 	fs.Int64Var(&o.Allocation, "allocation", 100_000_000, "units of the reservation campaigns: more than any storm can take, so every answer is a reservation")
@@ -136,6 +138,8 @@ func (o *options) validate() error {
 		return errors.New("--max-requests and --hotrow-max-tx must be positive")
 	case o.Shards < 1:
 		return errors.New("--shards must be at least 1")
+	case o.Rounds < 1:
+		return errors.New("--rounds must be at least 1")
 	}
 	for _, c := range append(append([]int{}, o.Concurrency...), o.HotRowClients...) {
 		// The harness's PostgreSQL allows 300 connections; the ledger pools and
