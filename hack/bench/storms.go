@@ -201,11 +201,10 @@ func (e *benchEnv) reservationStorms(ctx context.Context) error {
 	for round := 1; round <= e.o.Rounds; round++ {
 		for _, conc := range e.o.Concurrency {
 			for _, t := range []string{targetReserve, targetBare} {
-				row, err := e.storm(ctx, "reservations", t, camps[t], conc, e.o.Duration)
+				row, err := e.storm(ctx, "reservations", t, camps[t], conc, round, e.o.Duration)
 				if err != nil {
 					return err
 				}
-				row.Round = round
 				e.rep.Storms = append(e.rep.Storms, row)
 			}
 		}
@@ -226,7 +225,7 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 			return err
 		}
 		defer c.engine.Close()
-		row, err := e.storm(ctx, "sold-out", t, c, conc, e.o.SoldOutDuration)
+		row, err := e.storm(ctx, "sold-out", t, c, conc, 0, e.o.SoldOutDuration)
 		if err != nil {
 			return err
 		}
@@ -269,8 +268,13 @@ type StormRow struct {
 	Note          string   `json:"note,omitempty"`
 }
 
-func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc int, dur time.Duration) (StormRow, error) {
+// storm runs one measured storm (after its warm-up). The label names the
+// buyers too, so no storm replays another's requests.
+func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc, round int, dur time.Duration) (StormRow, error) {
 	label := fmt.Sprintf("%s-%s-%d", kind, target, conc)
+	if round > 0 {
+		label += fmt.Sprintf("-round%d", round)
+	}
 	srv, err := e.start(ctx, target, c, label)
 	if err != nil {
 		return StormRow{}, err
@@ -311,7 +315,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	}
 	cfg.Duration, cfg.UserPrefix = dur, label
 
-	row := StormRow{Kind: kind, Target: target, Concurrency: conc, LoadBefore: readLoad()}
+	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, LoadBefore: readLoad()}
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
 	var profErr error
 	var profWG sync.WaitGroup
@@ -371,6 +375,16 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	row.ReservationsPerSecond = r.ReservationsPerSecond
 	row.Latency = r.LatencyMS[storm.OpReserve]
 	row.Outcomes = r.Outcomes[storm.OpReserve]
+	if kind == "reservations" {
+		// New reservations only: a replay (200) writes nothing to the ledger.
+		row.ReservationsPerSecond = 0
+		if r.ElapsedSeconds > 0 {
+			row.ReservationsPerSecond = float64(row.Outcomes["201"]) / r.ElapsedSeconds
+		}
+		if n := row.Outcomes["201"]; n != r.Requests {
+			e.rep.Notes = append(e.rep.Notes, fmt.Sprintf("%s: %d of %d answers were not new reservations (201): %v", label, r.Requests-n, r.Requests, row.Outcomes))
+		}
+	}
 	if len(r.Outcomes) > 1 {
 		row.AllOutcomes = r.Outcomes
 	}
