@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,12 +109,7 @@ func (r *Report) metric(namePrefix, unit string) (float64, []float64, bool) {
 	if len(vs) == 0 {
 		return 0, nil, false
 	}
-	sorted := slices.Sorted(slices.Values(vs))
-	mid := len(sorted) / 2
-	if len(sorted)%2 == 1 {
-		return sorted[mid], vs, true
-	}
-	return (sorted[mid-1] + sorted[mid]) / 2, vs, true
+	return medianOf(vs), vs, true
 }
 
 // baseName strips "-N" and then "#NN" from "BenchmarkX/y#01-2".
