@@ -31,7 +31,15 @@ type Config struct {
 	Grace       time.Duration // extra time before the sweeper releases
 	StealProbes int           // 0..2 other shards tried when the home shard is sold out
 	IDSecret    []byte        // keys the reservation ids
+	// ClaimSlack: a quota claim for stealing whose reservation was never
+	// confirmed placed (the process placing it died) is given back by Sweep once
+	// it is TTL + Grace + ClaimSlack old, when any reservation placed under it
+	// has expired. ClaimSlack covers the placing itself; default one minute.
+	ClaimSlack time.Duration
 }
+
+// DefaultClaimSlack is Config.ClaimSlack's default.
+const DefaultClaimSlack = time.Minute
 
 // Validate reports the first problem with a Config.
 func (c Config) Validate() error {
@@ -46,6 +54,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("ttl must be positive, got %s", c.TTL)
 	case c.Grace < 0:
 		return fmt.Errorf("grace period must not be negative, got %s", c.Grace)
+	case c.ClaimSlack < 0:
+		return fmt.Errorf("claim slack must not be negative, got %s", c.ClaimSlack)
 	case c.StealProbes < 0 || c.StealProbes > 2:
 		return fmt.Errorf("stealProbes must be 0..2, got %d", c.StealProbes)
 	case len(c.IDSecret) < 16:
@@ -73,6 +83,9 @@ type Engine struct {
 func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.MaterializerConfig) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.ClaimSlack == 0 {
+		cfg.ClaimSlack = DefaultClaimSlack
 	}
 	return &Engine{
 		cfg:     cfg,

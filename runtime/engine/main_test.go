@@ -98,6 +98,9 @@ func withTTL(ttl, grace time.Duration) option {
 	return func(c *engine.Config) { c.TTL, c.Grace = ttl, grace }
 }
 func withSteal(n int) option { return func(c *engine.Config) { c.StealProbes = n } }
+func withClaimSlack(d time.Duration) option {
+	return func(c *engine.Config) { c.ClaimSlack = d }
+}
 
 func randomID() string {
 	b := make([]byte, 8)
@@ -231,7 +234,8 @@ func (f *fixture) sweepUntilQuiet() engine.SweepStats {
 		total.Released += st.Released
 		total.Committed += st.Committed
 		total.Abandoned += st.Abandoned
-		if st.Released+st.Committed+st.Abandoned+st.Skipped == 0 {
+		total.ReapedClaims += st.ReapedClaims
+		if st.Released+st.Committed+st.Abandoned+st.Skipped+st.ReapedClaims == 0 {
 			return total
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -22,6 +22,9 @@ type SweepStats struct {
 	Committed int // committed in the ledger: only Redis was cleaned
 	Abandoned int // no ledger row (the API died before writing it): recorded, released
 	Skipped   int // not yet expired by the database clock, or shard being rebuilt
+	// ReapedClaims counts quota claims for stealing given back because the
+	// process placing their reservation died (see Config.ClaimSlack).
+	ReapedClaims int
 }
 
 func (s *SweepStats) add(o SweepStats) {
@@ -29,18 +32,22 @@ func (s *SweepStats) add(o SweepStats) {
 	s.Committed += o.Committed
 	s.Abandoned += o.Abandoned
 	s.Skipped += o.Skipped
+	s.ReapedClaims += o.ReapedClaims
 }
 
 // Sweep makes one pass over every shard: expired reservations (expiry + grace, by the
 // Redis clock) are cancelled in the ledger first, then released atomically in Redis.
 // Two sweepers running at once release each unit once: the ledger update and the
-// release script are both conditional.
+// release script are both conditional. Then it gives back the quota of claims
+// older than TTL + grace + ClaimSlack that were never confirmed: their placing
+// process died, and without this the user would stay at the limit.
 func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 	now, err := e.store.Now(ctx)
 	if err != nil {
 		return SweepStats{}, fmt.Errorf("redis time: %w", err)
 	}
 	cutoff := now.Add(-e.cfg.Grace).UnixMilli()
+	claimCutoff := now.Add(-e.cfg.TTL - e.cfg.Grace - e.cfg.ClaimSlack)
 	var (
 		mu    sync.Mutex
 		total SweepStats
@@ -54,6 +61,9 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			st, err := e.sweepShard(ctx, shard, cutoff)
+			if err == nil {
+				st.ReapedClaims, err = e.reapClaims(ctx, shard, claimCutoff)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			total.add(st)
@@ -81,6 +91,32 @@ func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (Sweep
 		// Skipped ones stay in the index: stop when a batch made no progress.
 		if len(keys) < SweepBatch || st.Skipped == len(keys) {
 			return total, nil
+		}
+	}
+}
+
+// reapClaims gives back the quota of shard's claims made at or before cutoff.
+func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (int, error) {
+	reaped := 0
+	for {
+		keys, err := e.store.StaleClaims(ctx, shard, cutoff, SweepBatch)
+		if err != nil || len(keys) == 0 {
+			return reaped, err
+		}
+		batch := 0
+		for _, k := range keys {
+			ok, err := e.store.ReapClaim(ctx, shard, k, cutoff)
+			if err != nil {
+				return reaped, err
+			}
+			if ok {
+				batch++
+			}
+		}
+		reaped += batch
+		// A batch that gave nothing back leaves anything odd to the next pass.
+		if len(keys) < SweepBatch || batch == 0 {
+			return reaped, nil
 		}
 	}
 }

@@ -265,3 +265,168 @@ func TestCheckoutRacingSweeper(t *testing.T) {
 		t.Logf("%d of %d committed at the edge", sold, len(ids))
 	})
 }
+
+// Failure matrix: the API died while stealing. It had claimed the user's quota on
+// the sold-out home shard and never confirmed the claim or gave it back. Until
+// the claim is TTL + grace + ClaimSlack old the user stays at the limit (the
+// same request is BUSY); then the sweeper gives the quota back, once. A claim
+// whose reservation was already placed on another shard when the API died is
+// given back once too: by the release of that expired reservation or by the
+// reaper, whichever comes first, never both.
+func TestAPIDiedWhileStealing(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		const slack = 300 * time.Millisecond
+		f := newFixture(t, rdb, withAllocation(8), withShards(4), withTTL(shortTTL, 0), withClaimSlack(slack))
+		ctx := context.Background()
+		s := f.e.Store()
+		// Two users homed on one shard, which fillers homed there empty.
+		var users []string
+		for i := 0; len(users) < 2; i++ {
+			if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
+				users = append(users, u)
+			}
+		}
+		fillers := 0
+		for i := 0; f.counts().Shards[0].Available > 0; i++ {
+			if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 4) == 0 {
+				f.reserve(u, "r", 1)
+				fillers++
+			}
+		}
+		claim := func(user string) string {
+			key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+			r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
+				Quantity: 1, MaxPerUser: 1, TTL: shortTTL})
+			if err != nil || r.Code != stock.Claimed {
+				t.Fatalf("claim for %s: %+v %v", user, r, err)
+			}
+			return key
+		}
+		held := func(user string) string {
+			v, err := rdb.HGet(ctx, s.Keys(0).Users(), user).Result()
+			if err != nil {
+				t.Fatalf("quota of %s: %v", user, err)
+			}
+			return v
+		}
+		// ann: the API died right after claiming.
+		claim(users[0])
+		// bob: the API died after placing the reservation on shard 1, before confirming.
+		bobKey := claim(users[1])
+		if r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 1, Home: 0, Mode: stock.ModeSteal, User: users[1], Key: bobKey,
+			Quantity: 1, MaxPerUser: 1, TTL: shortTTL}); err != nil || r.Code != stock.Reserved {
+			t.Fatalf("steal for %s: %+v %v", users[1], r, err)
+		}
+
+		for _, u := range users {
+			if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeBusy {
+				t.Fatalf("%s retrying the request: %s, want BUSY", u, r.Outcome)
+			}
+			if r := f.reserve(u, "another", 1); r.Outcome != engine.OutcomeLimit {
+				t.Fatalf("%s with a new request: %s, want LIMIT_EXCEEDED", u, r.Outcome)
+			}
+		}
+		if st, err := f.e.Sweep(ctx); err != nil || st.ReapedClaims != 0 || st.Released != 0 {
+			t.Fatalf("sweep before the claims are stale: %+v %v", st, err)
+		}
+
+		time.Sleep(shortTTL + slack + 200*time.Millisecond)
+		st := f.sweepUntilQuiet()
+		if st.Abandoned != 1 || st.Released != fillers+1 {
+			t.Fatalf("sweep %+v: want the %d fillers' reservations released, and bob's abandoned and released", st, fillers)
+		}
+		if st.ReapedClaims < 1 || st.ReapedClaims > 2 {
+			t.Fatalf("reaped %d claims, want ann's (and bob's unless his release gave it back first)", st.ReapedClaims)
+		}
+		for _, u := range users {
+			if h := held(u); h != "0" {
+				t.Fatalf("%s holds %s units in Redis after the sweep, want 0", u, h)
+			}
+		}
+		if n, err := rdb.ZCard(ctx, s.Keys(0).Claims()).Result(); err != nil || n != 0 {
+			t.Fatalf("%d claims left in the index (%v)", n, err)
+		}
+		// Both may buy again, once each.
+		for _, u := range users {
+			if r := f.reserve(u, "after", 1); r.Outcome != engine.OutcomeReserved {
+				t.Fatalf("%s after the sweep: %s", u, r.Outcome)
+			}
+			if r := f.reserve(u, "after-2", 1); r.Outcome != engine.OutcomeLimit {
+				t.Fatalf("%s buying a second unit: %s, want LIMIT_EXCEEDED", u, r.Outcome)
+			}
+		}
+		f.assertConserved()
+	})
+}
+
+// The quota script's claim bookkeeping, directly: a young claim is not reaped,
+// a reaped claim cannot be confirmed or given back again, and a confirmed
+// pointer only leaves the claims index.
+func TestClaimReapEdges(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(4), withShards(2), withMaxPerUser(2))
+	ctx := context.Background()
+	s := f.e.Store()
+	for i := 0; f.counts().Shards[0].Available > 0; i++ {
+		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 2) == 0 {
+			f.reserve(u, "r", 1)
+		}
+	}
+	user := ""
+	for i := 0; user == ""; i++ {
+		if u := fmt.Sprintf("u-%d", i); stock.HomeShard(u, 2) == 0 {
+			user = u
+		}
+	}
+	claim := func(req string, qty int) string {
+		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, req)
+		r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
+			Quantity: qty, MaxPerUser: 2, TTL: time.Minute})
+		if err != nil || r.Code != stock.Claimed {
+			t.Fatalf("claim: %+v %v", r, err)
+		}
+		return key
+	}
+	held := func() string {
+		v, err := rdb.HGet(ctx, s.Keys(0).Users(), user).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	now, err := s.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	a := claim("a", 2)
+	if ok, err := s.ReapClaim(ctx, 0, a, now.Add(-time.Minute)); err != nil || ok {
+		t.Fatalf("young claim reaped: %v %v", ok, err)
+	}
+	later := now.Add(time.Minute)
+	if keys, err := s.StaleClaims(ctx, 0, later, 10); err != nil || len(keys) != 1 || keys[0] != a {
+		t.Fatalf("stale claims %v %v", keys, err)
+	}
+	if ok, err := s.ReapClaim(ctx, 0, a, later); err != nil || !ok || held() != "0" {
+		t.Fatalf("reap: %v %v, held %s", ok, err, held())
+	}
+	for _, op := range []string{stock.QuotaConfirm, stock.QuotaUnclaim, stock.QuotaRelease} {
+		if ok, err := s.Quota(ctx, 0, op, user, a, 2, 1, 1); err != nil || ok {
+			t.Fatalf("%s after reap changed something: %v %v", op, ok, err)
+		}
+	}
+	if ok, err := s.ReapClaim(ctx, 0, a, later); err != nil || ok || held() != "0" {
+		t.Fatalf("second reap: %v %v, held %s", ok, err, held())
+	}
+
+	b := claim("b", 1)
+	if ok, err := s.Quota(ctx, 0, stock.QuotaConfirm, user, b, 1, 1, later.UnixMilli()); err != nil || !ok {
+		t.Fatalf("confirm: %v %v", ok, err)
+	}
+	if ok, err := s.ReapClaim(ctx, 0, b, later); err != nil || ok || held() != "1" {
+		t.Fatalf("reap of a confirmed pointer: %v %v, held %s", ok, err, held())
+	}
+	if n, err := rdb.ZCard(ctx, s.Keys(0).Claims()).Result(); err != nil || n != 0 {
+		t.Fatalf("%d entries left in the claims index (%v)", n, err)
+	}
+}

@@ -126,7 +126,7 @@ type ReserveRequest struct {
 func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, error) {
 	k := s.shards[r.Shard]
 	v, err := reserveScript.Run(ctx, s.rdb,
-		[]string{k.Stock(), k.Meta(), k.Index(), k.Res(r.Key), k.Users()},
+		[]string{k.Stock(), k.Meta(), k.Index(), k.Res(r.Key), k.Users(), k.Claims()},
 		r.User, r.Key, r.Quantity, r.MaxPerUser, r.TTL.Milliseconds(),
 		int64(s.backstop/time.Second), r.MinEpoch, string(r.Mode), r.Home,
 	).Slice()
@@ -199,9 +199,35 @@ const (
 // anything (false: already done, or lost with the data).
 func (s *Store) Quota(ctx context.Context, home int, op, user, key string, qty int, shard int, expiryMs int64) (bool, error) {
 	ptr := strconv.Itoa(shard) + "|" + strconv.FormatInt(expiryMs, 10)
-	n, err := quotaScript.Run(ctx, s.rdb, []string{s.shards[home].Users()}, op, user, key, qty, ptr).Int()
+	k := s.shards[home]
+	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, op, user, key, qty, ptr).Int()
 	if err != nil {
 		return false, fmt.Errorf("quota %s on shard %d: %w", op, home, err)
+	}
+	return n == 1, nil
+}
+
+// StaleClaims lists up to limit keys of claims made on shard at or before
+// cutoff: quota claimed for stealing whose placing process may have died.
+func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, limit int) ([]string, error) {
+	keys, err := s.rdb.ZRangeByScore(ctx, s.shards[shard].Claims(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(cutoff.UnixMilli(), 10), Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("claims of shard %d: %w", shard, err)
+	}
+	return keys, nil
+}
+
+// ReapClaim gives back the quota of the claim of key on shard when it was made
+// at or before cutoff and is still a claim (its reservation was never confirmed
+// placed). It reports whether it gave quota back; a claim that was confirmed or
+// given back meanwhile only leaves the claims index.
+func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (bool, error) {
+	k := s.shards[shard]
+	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, "reap", "", key, 0, cutoff.UnixMilli()).Int()
+	if err != nil {
+		return false, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
 	return n == 1, nil
 }
@@ -463,7 +489,7 @@ func atoi64(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
 // RebuildBegin closes shard n for a rebuild under the new epoch and wipes it.
 func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
 	k := s.shards[n]
-	return rebuildBeginScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Users()}, epoch, k.ResPrefix()).Err()
+	return rebuildBeginScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Users(), k.Claims()}, epoch, k.ResPrefix()).Err()
 }
 
 // RebuildRestore recreates still-valid pending reservations on shard n.

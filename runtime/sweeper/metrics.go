@@ -12,6 +12,7 @@ import (
 type Metrics struct {
 	passes       *prometheus.CounterVec
 	reservations *prometheus.CounterVec
+	reapedClaims prometheus.Counter
 	duration     prometheus.Histogram
 	leader       prometheus.Gauge
 }
@@ -27,6 +28,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "flashsale_sweeper_reservations_total",
 			Help: "Expired reservations handled, by outcome: released (units back to stock), committed (Redis cleaned after a checkout), abandoned (no ledger row: recorded, then released), skipped (not yet expired by the database clock, or shard rebuilding).",
 		}, []string{"outcome"}),
+		reapedClaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_sweeper_reaped_claims_total",
+			Help: "Quota claims for stealing given back because the process placing their reservation died before confirming it.",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "flashsale_sweeper_pass_duration_seconds",
 			Help:    "Duration of one sweep pass over every shard.",
@@ -43,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"released", "committed", "abandoned", "skipped"} {
 		m.reservations.WithLabelValues(o)
 	}
-	reg.MustRegister(m.passes, m.reservations, m.duration, m.leader)
+	reg.MustRegister(m.passes, m.reservations, m.reapedClaims, m.duration, m.leader)
 	return m
 }
 
@@ -72,4 +77,5 @@ func (m *Metrics) observePass(st engine.SweepStats, d time.Duration, err error) 
 	m.reservations.WithLabelValues("committed").Add(float64(st.Committed))
 	m.reservations.WithLabelValues("abandoned").Add(float64(st.Abandoned))
 	m.reservations.WithLabelValues("skipped").Add(float64(st.Skipped))
+	m.reapedClaims.Add(float64(st.ReapedClaims))
 }

@@ -114,10 +114,10 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) {
 	switch {
 	case err != nil:
 		log.Error("sweep pass failed", "err", err, "duration", d, "released", st.Released,
-			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped)
-	case st.Released+st.Committed+st.Abandoned > 0:
+			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
+	case st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0:
 		log.Info("sweep pass", "duration", d, "released", st.Released,
-			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped)
+			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
 	default:
 		log.Debug("sweep pass", "duration", d, "skipped", st.Skipped)
 	}

@@ -9,7 +9,10 @@
 --                e expiry ms, p epoch, h home shard of the user
 -- KEYS[5] users  hash (home shard only): <user> -> units the user holds (reserved or
 --                committed); p:<key> -> "<shard>|<expiry>" for a reservation placed on
---                another shard, or "c" while it is being placed there
+--                another shard, or "c|<claimed at, ms>|<qty>|<user>" while it is being
+--                placed there (a claim)
+-- KEYS[6] claims zset (home shard only): reservation key -> claimed at (ms), so that the
+--                sweeper finds claims whose placing process died
 -- ARGV[1] user id
 -- ARGV[2] reservation key (derived by the server, never by the client)
 -- ARGV[3] quantity
@@ -55,7 +58,7 @@ end
 if mode ~= 'steal' then
   local ptr = redis.call('HGET', KEYS[5], 'p:' .. key)
   if ptr then
-    if ptr == 'c' then
+    if string.sub(ptr, 1, 1) == 'c' then
       return {7, 0, epoch, 0, ''}
     end
     local sep = string.find(ptr, '|', 1, true)
@@ -70,8 +73,11 @@ end
 local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
 if stock < qty then
   if mode == 'claim' then
+    local t = redis.call('TIME')
+    local at = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     redis.call('HINCRBY', KEYS[5], user, qty)
-    redis.call('HSET', KEYS[5], 'p:' .. key, 'c')
+    redis.call('HSET', KEYS[5], 'p:' .. key, 'c|' .. at .. '|' .. qty .. '|' .. user)
+    redis.call('ZADD', KEYS[6], at, key)
     return {6, 0, epoch, 0, ''}
   end
   return {3, 0, epoch, 0, ''}
