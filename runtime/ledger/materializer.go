@@ -153,8 +153,14 @@ func (m *Materializer) Submit(ctx context.Context, o Order) error {
 		return ErrClosed
 	}
 	m.pending = append(m.pending, r)
+	// Only an idle writer set (nothing in flight) or a full batch lets a worker
+	// start; otherwise the busy worker takes the row when it is done, and waking
+	// an idle one would only put it back to sleep.
+	wake := m.busy == 0 || len(m.pending) >= m.cfg.MaxBatch
 	m.mu.Unlock()
-	m.poke()
+	if wake {
+		m.poke()
+	}
 	return <-r.res
 }
 
@@ -254,7 +260,7 @@ func (m *Materializer) take() []*pendingRow {
 }
 
 // cut takes up to MaxBatch queued rows, unlocks m.mu and passes the wake-up on
-// when rows remain, so that another worker can judge them.
+// when a full batch remains.
 func (m *Materializer) cut() []*pendingRow {
 	k := min(len(m.pending), m.cfg.MaxBatch)
 	batch := make([]*pendingRow, k)
@@ -263,8 +269,8 @@ func (m *Materializer) cut() []*pendingRow {
 	clear(m.pending[rest:])
 	m.pending = m.pending[:rest]
 	m.mu.Unlock()
-	if rest > 0 {
-		m.poke()
+	if rest >= m.cfg.MaxBatch {
+		m.poke() // another full batch: another worker may take it
 	}
 	return batch
 }
