@@ -6,14 +6,36 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 var fastLease = LeaseTiming{LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 50 * time.Millisecond}
 
 func TestLeaseOneLeaderAndHandOver(t *testing.T) {
-	cs := fake.NewClientset()
+	testLeaseOneLeaderAndHandOver(t, fake.NewClientset())
+}
+
+// The same against a real API server, whose optimistic concurrency (resource
+// versions) decides the races the fake client does not.
+func TestLeaseOneLeaderAndHandOverAPIServer(t *testing.T) {
+	k := testharness.KubeT(t)
+	cs, err := kubernetes.NewForConfig(k.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
+	if _, err := cs.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testLeaseOneLeaderAndHandOver(t, cs)
+}
+
+func testLeaseOneLeaderAndHandOver(t *testing.T, cs kubernetes.Interface) {
 	ctx := context.Background()
 	name := LeaseName("c-9")
 	a, err := NewLease(cs, "shop", name, "a", fastLease, nil)
