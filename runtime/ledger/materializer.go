@@ -18,7 +18,7 @@ type MaterializerConfig struct {
 	MaxBatch int // rows per transaction; default 256
 	// MaxWait is how long a worker lingers for more rows after taking the first;
 	// default 0: a free worker sends what is queued at once. Batches still grow
-	// with load, because rows queue up while every worker is busy.
+	// with load, because rows queue up while a batch is in flight.
 	MaxWait time.Duration
 	// Concurrency is the most batches in flight at once; default 2. One is the
 	// rule: a further batch starts only when MaxBatch rows are waiting.
