@@ -156,20 +156,24 @@ func (r *Report) ratios() []Ratio {
 		out = append(out, Ratio{Name: fmt.Sprintf("reserve / PostgreSQL hot row, %d clients", t.clients), Value: v, Unit: "x",
 			Target: fmt.Sprintf(">= %gx", t.target), Met: v >= t.target, Detail: d})
 	}
-	if eng, engRuns, ok := r.metric("BenchmarkReserve/engine", "reservations/s"); ok {
-		if raw, rawRuns, ok := r.metric("BenchmarkReserve/raw-script", "reservations/s"); ok && raw > 0 {
-			v := eng / raw
-			var pairs []float64
-			for i := range min(len(engRuns), len(rawRuns)) {
-				if rawRuns[i] > 0 {
-					pairs = append(pairs, engRuns[i]/rawRuns[i])
-				}
-			}
-			paired := medianOf(pairs)
-			out = append(out, Ratio{Name: "engine / raw reserve script (go test -bench)", Value: v * 100, Unit: "%", Target: ">= 60%", Met: v >= 0.60 && paired >= 0.60,
-				Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d alternating runs each (engine %s; raw %s); median of the runs' own ratios %.1f%%",
-					eng, raw, len(engRuns), joinFloats(engRuns), joinFloats(rawRuns), paired*100)})
+	for _, inFlight := range []int{64, 256} {
+		eng, engRuns, ok := r.metric(fmt.Sprintf("BenchmarkReserve/engine/%d", inFlight), "reservations/s")
+		raw, rawRuns, okRaw := r.metric(fmt.Sprintf("BenchmarkReserve/raw-script/%d", inFlight), "reservations/s")
+		if !ok || !okRaw || raw <= 0 {
+			continue
 		}
+		v := eng / raw
+		var pairs []float64
+		for i := range min(len(engRuns), len(rawRuns)) {
+			if rawRuns[i] > 0 {
+				pairs = append(pairs, engRuns[i]/rawRuns[i])
+			}
+		}
+		paired := medianOf(pairs)
+		out = append(out, Ratio{Name: fmt.Sprintf("engine / raw reserve script, %d in flight (go test -bench)", inFlight), Value: v * 100, Unit: "%",
+			Target: ">= 60%", Met: v >= 0.60 && paired >= 0.60,
+			Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d alternating runs each (engine %s; raw %s); median of the runs' own ratios %.1f%%",
+				eng, raw, len(engRuns), joinFloats(engRuns), joinFloats(rawRuns), paired*100)})
 	}
 	if mem, _, ok := r.metric("BenchmarkRedisMemoryPerReservation", "bytes/reservation"); ok {
 		out = append(out, Ratio{Name: "Redis memory per outstanding reservation (go test -bench)", Value: mem, Unit: "bytes", Target: "<= 300 bytes", Met: mem <= 300})

@@ -53,3 +53,29 @@ func TestRatiosUseMediansOfRounds(t *testing.T) {
 	}
 	check("reserve / bare handler throughput, 64 buyers", 6600.0/11000*100, false)
 }
+
+func TestEngineRatiosPerConcurrency(t *testing.T) {
+	out := `pkg: github.com/flashsale-dev/flashsale-operator/runtime/engine
+BenchmarkReserve/engine/64-2       100  1 ns/op  15000 reservations/s
+BenchmarkReserve/raw-script/64-2   100  1 ns/op  30000 reservations/s
+BenchmarkReserve/engine/256-2      100  1 ns/op  20000 reservations/s
+BenchmarkReserve/raw-script/256-2  100  1 ns/op  25000 reservations/s
+`
+	r := &Report{GoBench: parseGoBench(out)}
+	got := map[string]Ratio{}
+	for _, x := range r.ratios() {
+		got[x.Name] = x
+	}
+	for name, want := range map[string]struct {
+		v   float64
+		met bool
+	}{
+		"engine / raw reserve script, 64 in flight (go test -bench)":  {50, false},
+		"engine / raw reserve script, 256 in flight (go test -bench)": {80, true},
+	} {
+		x, ok := got[name]
+		if !ok || math.Abs(x.Value-want.v) > 1e-9 || x.Met != want.met {
+			t.Errorf("%s: %+v (present %v), want %v met %v", name, x, ok, want.v, want.met)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,27 +18,35 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// benchParallelism multiplies GOMAXPROCS into the number of concurrent buyers.
-const benchParallelism = 32
+// benchInFlight are the numbers of concurrent callers BenchmarkReserve runs
+// with: 64, the buyers of the HTTP storms, and 256, where the engine's larger
+// ledger batches pay for themselves.
+var benchInFlight = []int{64, 256}
 
-// benchRounds is how many times BenchmarkReserve alternates its two variants:
-// on a shared machine the rate drifts by more than the difference measured,
-// so the variants take turns and a reader compares medians.
+// benchRounds is how many times BenchmarkReserve alternates its variants: on a
+// shared machine the rate drifts by more than the difference measured, so the
+// variants take turns and a reader compares medians.
 const benchRounds = 3
 
 // BenchmarkReserve measures reservations/s through the whole engine (reserve script,
 // epoch-fenced group commit into PostgreSQL) side by side with the raw reserve
 // script driven directly on the same Redis: the ceiling. Every call reserves a unit
 // (the allocation is far larger than b.N), so the figures are reservations, not
-// sold-out answers. The two alternate benchRounds times (engine, raw-script,
-// engine#01, raw-script#01, ...). Besides the rate, each reports the CPU time
-// per reservation of this process (the engine or the raw client), of
-// redis-server and of PostgreSQL (postmaster and backends): the three share
-// the machine's cores.
+// sold-out answers. The variants are named <engine|raw-script>/<callers in
+// flight> and alternate benchRounds times (engine/64, raw-script/64,
+// engine/256, raw-script/256, engine/64#01, ...). Besides the rate, each
+// reports the CPU time per reservation of this process (the engine or the raw
+// client), of redis-server and of PostgreSQL (postmaster and backends): the
+// three share the machine's cores.
 func BenchmarkReserve(b *testing.B) {
 	for range benchRounds {
-		for _, kind := range []string{"engine", "raw-script"} {
-			b.Run(kind, func(b *testing.B) { benchmarkReserve(b, kind) })
+		for _, inFlight := range benchInFlight {
+			for _, kind := range []string{"engine", "raw-script"} {
+				b.Run(fmt.Sprintf("%s/%d", kind, inFlight), func(b *testing.B) {
+					b.SetParallelism(max(1, inFlight/runtime.GOMAXPROCS(0)))
+					benchmarkReserve(b, kind)
+				})
+			}
 		}
 	}
 }
@@ -52,7 +61,6 @@ func benchmarkReserve(b *testing.B, kind string) {
 	}
 	f := newFixture(b, rdb, withAllocation(1_000_000_000), withShards(10), withMaxPerUser(1))
 	var seq atomic.Int64
-	b.SetParallelism(benchParallelism)
 	cpu0 := markCPU()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
