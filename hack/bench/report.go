@@ -66,14 +66,13 @@ func median(rows []StormRow, f func(StormRow) float64) float64 {
 	return medianOf(vs)
 }
 
-// pairedRatio is the median over rounds of a's rate over b's in the same
-// round: the pairs ran back to back, so a drift between rounds cancels out.
-// The rows are in round order.
-func pairedRatio(a, b []StormRow) float64 {
+// pairedRatio is the median over runs of a[i] / b[i]: each pair ran back to
+// back, so a drift of the machine between pairs cancels out.
+func pairedRatio(a, b []float64) float64 {
 	var vs []float64
 	for i := range min(len(a), len(b)) {
-		if b[i].ReservationsPerSecond > 0 {
-			vs = append(vs, a[i].ReservationsPerSecond/b[i].ReservationsPerSecond)
+		if b[i] > 0 {
+			vs = append(vs, a[i]/b[i])
 		}
 	}
 	return medianOf(vs)
@@ -92,13 +91,13 @@ func medianOf(vs []float64) float64 {
 
 func rate(s StormRow) float64 { return s.ReservationsPerSecond }
 
-// rates lists the rounds' rates, "a, b, c".
-func rates(rows []StormRow) string {
+// rates are the rounds' reservation rates, in round order.
+func rates(rows []StormRow) []float64 {
 	vs := make([]float64, len(rows))
 	for i, s := range rows {
 		vs[i] = s.ReservationsPerSecond
 	}
-	return joinFloats(vs)
+	return vs
 }
 
 // bestHotRow is the faster hot-row variant at a client count: the ratio is
@@ -125,10 +124,11 @@ func (r *Report) ratios() []Ratio {
 	const kind = "reservations"
 	res64, bare64 := r.stormRows(kind, targetReserve, 64), r.stormRows(kind, targetBare, 64)
 	if len(res64) > 0 && len(bare64) > 0 {
-		med, paired := median(res64, rate)/median(bare64, rate), pairedRatio(res64, bare64)
+		res, bare := median(res64, rate), median(bare64, rate)
+		med, paired := res/bare, pairedRatio(rates(res64), rates(bare64))
 		out = append(out, Ratio{Name: "reserve / bare handler throughput, 64 buyers", Value: med * 100, Unit: "%", Target: ">= 60%", Met: med >= 0.60 && paired >= 0.60,
 			Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d rounds (reserve %s; bare %s); median of the rounds' own ratios %.1f%%",
-				median(res64, rate), median(bare64, rate), len(res64), rates(res64), rates(bare64), paired*100)})
+				res, bare, len(res64), joinFloats(rates(res64)), joinFloats(rates(bare64)), paired*100)})
 	}
 	if len(res64) > 0 {
 		p99 := median(res64, func(s StormRow) float64 { return s.Latency.P99 })
@@ -162,14 +162,7 @@ func (r *Report) ratios() []Ratio {
 		if !ok || !okRaw || raw <= 0 {
 			continue
 		}
-		v := eng / raw
-		var pairs []float64
-		for i := range min(len(engRuns), len(rawRuns)) {
-			if rawRuns[i] > 0 {
-				pairs = append(pairs, engRuns[i]/rawRuns[i])
-			}
-		}
-		paired := medianOf(pairs)
+		v, paired := eng/raw, pairedRatio(engRuns, rawRuns)
 		out = append(out, Ratio{Name: fmt.Sprintf("engine / raw reserve script, %d in flight (go test -bench)", inFlight), Value: v * 100, Unit: "%",
 			Target: ">= 60%", Met: v >= 0.60 && paired >= 0.60,
 			Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d alternating runs each (engine %s; raw %s); median of the runs' own ratios %.1f%%",

@@ -193,6 +193,7 @@ const (
 	QuotaConfirm = "confirm"
 	QuotaUnclaim = "unclaim"
 	QuotaRelease = "release"
+	quotaReap    = "reap" // ReapClaim
 )
 
 // Quota runs quota.lua on the user's home shard. It reports whether it changed
@@ -225,7 +226,7 @@ func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, li
 // given back meanwhile only leaves the claims index.
 func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (bool, error) {
 	k := s.shards[shard]
-	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, "reap", "", key, 0, cutoff.UnixMilli()).Int()
+	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli()).Int()
 	if err != nil {
 		return false, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
