@@ -73,6 +73,10 @@ verify: manifests generate ## Regenerate and fail if any generated file is stale
 	fi
 	@echo "verify: generated files are up to date."
 
+.PHONY: verify-mod
+verify-mod: ## Fail if go.mod or go.sum differ from what `go mod tidy` writes.
+	@go mod tidy -diff || { echo; echo "ERROR: go.mod/go.sum are not tidy (diff above). Run 'go mod tidy' and commit the result."; exit 1; }
+
 .PHONY: verify-test
 verify-test: controller-gen ## Show that verify passes on a clean copy of the tree and fails after a hand-edit.
 	LOCALBIN="$(LOCALBIN)" hack/verify-test.sh
@@ -97,6 +101,7 @@ bench: deps ## Run the benchmarks of docs/benchmarks.md (about 7 minutes); BENCH
 test: deps envtest ## Install what is missing, build the envtest binaries, run every test.
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" go test -race -count=1 ./...
 	go vet ./...
+	$(MAKE) --no-print-directory verify-mod
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$unformatted" ]; then \
 		echo "gofmt would change: $$unformatted (run make fmt)"; exit 1; fi
 	$(MAKE) --no-print-directory verify-test
