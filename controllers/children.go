@@ -100,15 +100,16 @@ func childLabels(fs *flashsalev1alpha1.FlashSale, component string) map[string]s
 }
 
 // campaignEnv is the configuration both data-plane roles read (runtime/config),
-// secrets passed by reference, never by value.
-func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings) []corev1.EnvVar {
+// secrets passed by reference, never by value. Only the reserve pods get the
+// admission key: the sweeper neither checks tokens nor makes reservations.
+func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings, withAdmissionKey bool) []corev1.EnvVar {
 	secret := func(name, secretName, key string, optional bool) corev1.EnvVar {
 		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 			LocalObjectReference: corev1.LocalObjectReference{Name: secretName}, Key: key, Optional: ptr.To(optional),
 		}}}
 	}
 	redisSecret := fs.Spec.Redis.SecretRef.Name
-	return []corev1.EnvVar{
+	env := []corev1.EnvVar{
 		{Name: config.EnvCampaignID, Value: string(fs.UID)},
 		{Name: config.EnvNamespace, Value: fs.Namespace},
 		{Name: config.EnvName, Value: fs.Name},
@@ -124,8 +125,11 @@ func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings) []corev1.EnvVar {
 		secret(config.EnvRedisUsername, redisSecret, SecretKeyRedisUsername, true),
 		secret(config.EnvRedisPassword, redisSecret, SecretKeyRedisPassword, true),
 		secret(config.EnvPostgresDSN, fs.Spec.Postgres.SecretRef.Name, s.postgresKey, false),
-		secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false),
 	}
+	if withAdmissionKey {
+		env = append(env, secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false))
+	}
+	return env
 }
 
 // restricted meets the Pod Security "restricted" profile.
@@ -181,7 +185,7 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 // ReserveDeployment runs the reservation API of a FlashSale.
 func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
 	s := resolve(fs)
-	c := corev1.Container{Args: []string{"reserve"}, Env: campaignEnv(fs, s)}
+	c := corev1.Container{Args: []string{"reserve"}, Env: campaignEnv(fs, s, true)}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
 	}
@@ -209,7 +213,7 @@ const sweeperReplicas = 2
 // SweeperDeployment runs the sweeper of a FlashSale.
 func SweeperDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
 	s := resolve(fs)
-	env := append(campaignEnv(fs, s),
+	env := append(campaignEnv(fs, s, false),
 		corev1.EnvVar{Name: EnvSweepInterval, Value: s.sweepInterval.String()},
 		corev1.EnvVar{Name: EnvLeaderLock, Value: "postgres"},
 	)

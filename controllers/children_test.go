@@ -143,4 +143,12 @@ func TestServiceAndSweeper(t *testing.T) {
 	if *d.Spec.Replicas != 2 || d.Spec.Selector.MatchLabels[LabelComponent] != ComponentSweeper {
 		t.Fatalf("sweeper replicas/selector")
 	}
+	// Least privilege: the sweeper never checks a token, so its pods do not get
+	// the admission key; they do get what sweeping needs.
+	if _, ok := env[config.EnvAdmissionKey]; ok {
+		t.Fatalf("the sweeper got the admission key: %+v", env[config.EnvAdmissionKey])
+	}
+	if env[config.EnvPostgresDSN].ValueFrom == nil || env[config.EnvRedisAddresses].ValueFrom == nil || env[config.EnvCampaignID].Value != string(fs.UID) {
+		t.Fatalf("sweeper env %v", env)
+	}
 }

@@ -83,6 +83,11 @@ type Campaign struct {
 	PostgresDSN              string
 	AdmissionKey             []byte
 
+	// WithoutAdmissionKey is set by roles that neither check admission tokens nor
+	// make reservations (the sweeper): Complete does not read the key, so their
+	// pods need not hold it, and EngineConfig has no reservation id secret.
+	WithoutAdmissionKey bool
+
 	redisAddresses string
 	envErrs        []error // malformed environment values, reported by Complete
 }
@@ -129,11 +134,13 @@ func (c *Campaign) Complete() error {
 	c.PostgresDSN, err = Secret(EnvPostgresDSN)
 	errs = append(errs, err)
 	need(c.PostgresDSN, "(no flag: a secret)", EnvPostgresDSN+" or "+EnvPostgresDSN+FileSuffix)
-	key, err := Secret(EnvAdmissionKey)
-	errs = append(errs, err)
-	c.AdmissionKey = []byte(key)
-	if len(c.AdmissionKey) < 16 {
-		errs = append(errs, fmt.Errorf("the admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKey, EnvAdmissionKey, FileSuffix))
+	if !c.WithoutAdmissionKey {
+		key, err := Secret(EnvAdmissionKey)
+		errs = append(errs, err)
+		c.AdmissionKey = []byte(key)
+		if len(c.AdmissionKey) < 16 {
+			errs = append(errs, fmt.Errorf("the admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKey, EnvAdmissionKey, FileSuffix))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -141,12 +148,17 @@ func (c *Campaign) Complete() error {
 	return c.EngineConfig().Validate()
 }
 
-// EngineConfig is the engine's view of the campaign.
+// EngineConfig is the engine's view of the campaign. Without an admission key it
+// has no reservation id secret: such an engine sweeps but cannot reserve.
 func (c *Campaign) EngineConfig() engine.Config {
+	var idSecret []byte
+	if len(c.AdmissionKey) > 0 {
+		idSecret = DeriveIDSecret(c.AdmissionKey)
+	}
 	return engine.Config{
 		CampaignID: c.ID, Namespace: c.Namespace, Name: c.Name, SKU: c.SKU,
 		Shards: c.Shards, MaxPerUser: c.MaxPerUser, StealProbes: c.StealProbes,
-		TTL: c.TTL, Grace: c.GracePeriod, IDSecret: DeriveIDSecret(c.AdmissionKey),
+		TTL: c.TTL, Grace: c.GracePeriod, IDSecret: idSecret,
 	}
 }
 

@@ -11,10 +11,18 @@ import (
 
 func parse(t *testing.T, env map[string]string, args ...string) (*Campaign, error) {
 	t.Helper()
+	return parseAs(t, Campaign{}, env, args...)
+}
+
+// parseAs is parse starting from c (e.g. a role's WithoutAdmissionKey).
+func parseAs(t *testing.T, c Campaign, env map[string]string, args ...string) (*Campaign, error) {
+	t.Helper()
+	for _, k := range []string{EnvAdmissionKey, EnvAdmissionKey + FileSuffix} {
+		t.Setenv(k, "") // only what env says
+	}
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	var c Campaign
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	c.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -42,6 +50,33 @@ func TestFromEnvironment(t *testing.T) {
 	ec := c.EngineConfig()
 	if string(ec.IDSecret) == string(c.AdmissionKey) || len(ec.IDSecret) != 32 {
 		t.Fatal("the id secret must be derived, not the admission key itself")
+	}
+}
+
+// The sweeper's campaign: no admission key is read, none is required, and its
+// engine configuration has no id secret (it sweeps, it does not reserve).
+func TestWithoutAdmissionKey(t *testing.T) {
+	env := validEnv()
+	delete(env, EnvAdmissionKey)
+	if _, err := parse(t, env); err == nil || !strings.Contains(err.Error(), EnvAdmissionKey) {
+		t.Fatalf("reserve's campaign without a key: %v", err)
+	}
+	c, err := parseAs(t, Campaign{WithoutAdmissionKey: true}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec := c.EngineConfig()
+	if len(c.AdmissionKey) != 0 || ec.IDSecret != nil {
+		t.Fatalf("key %q, id secret %x", c.AdmissionKey, ec.IDSecret)
+	}
+	if err := ec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Given anyway (even a bad one), it is neither read nor checked.
+	env[EnvAdmissionKey] = "short"
+	env[EnvAdmissionKey+FileSuffix] = "/nonexistent"
+	if c, err = parseAs(t, Campaign{WithoutAdmissionKey: true}, env); err != nil || len(c.AdmissionKey) != 0 {
+		t.Fatalf("key %q, %v", c.AdmissionKey, err)
 	}
 }
 

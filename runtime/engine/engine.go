@@ -30,7 +30,9 @@ type Config struct {
 	TTL         time.Duration // reservation lifetime
 	Grace       time.Duration // extra time before the sweeper releases
 	StealProbes int           // 0..2 other shards tried when the home shard is sold out
-	IDSecret    []byte        // keys the reservation ids
+	// IDSecret keys the reservation ids: required to reserve. An engine without
+	// one (the sweeper's) sweeps, counts, checks out and cancels.
+	IDSecret []byte
 	// ClaimSlack: a quota claim for stealing whose reservation was never
 	// confirmed placed (the process placing it died) is given back by Sweep once
 	// it is TTL + Grace + ClaimSlack old, when any reservation placed under it
@@ -58,7 +60,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("claim slack must not be negative, got %s", c.ClaimSlack)
 	case c.StealProbes < 0 || c.StealProbes > 2:
 		return fmt.Errorf("stealProbes must be 0..2, got %d", c.StealProbes)
-	case len(c.IDSecret) < 16:
+	case len(c.IDSecret) > 0 && len(c.IDSecret) < 16:
 		return errors.New("the reservation id secret must be at least 16 bytes")
 	}
 	return nil

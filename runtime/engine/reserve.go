@@ -26,6 +26,10 @@ const (
 // ErrInvalid marks a request the engine refuses before touching anything.
 var ErrInvalid = errors.New("invalid request")
 
+// ErrNoIDSecret is Reserve's answer on an engine configured without the
+// reservation id secret (a sweeper's): it cannot derive ids, so it touches nothing.
+var ErrNoIDSecret = errors.New("engine has no reservation id secret: it cannot reserve")
+
 // ErrUnavailable means the reservation could not be made durable (ledger down or
 // fenced by a rebuild, Redis unreachable). Nothing was acknowledged; units taken
 // were given back or are left for the sweeper.
@@ -51,6 +55,9 @@ type ReserveResult struct {
 
 // Reserve takes quantity units for a user; requestID is the client's idempotency key.
 func (e *Engine) Reserve(ctx context.Context, user, requestID string, quantity int) (ReserveResult, error) {
+	if len(e.cfg.IDSecret) == 0 {
+		return ReserveResult{}, ErrNoIDSecret
+	}
 	if user == "" || requestID == "" {
 		return ReserveResult{}, fmt.Errorf("%w: user and request id are required", ErrInvalid)
 	}

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -77,6 +78,60 @@ func TestSweeperReleasesExpired(t *testing.T) {
 
 // Failure matrix: the API died after the Lua call and before the SQL write. The
 // sweeper finds no ledger row, records ABANDONED, then releases.
+// The sweeper's engine has no id secret (its pods do not get the admission
+// key): it cannot reserve, and everything else it does works on the
+// reservations a keyed engine made.
+func TestEngineWithoutIDSecret(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(10), withTTL(shortTTL, 0))
+		ctx := context.Background()
+		cfg := f.cfg
+		cfg.IDSecret = nil
+		g, err := engine.New(cfg, rdb, f.l, ledger.MaterializerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if r, err := g.Reserve(ctx, "u-x", "r", 1); !errors.Is(err, engine.ErrNoIDSecret) {
+			t.Fatalf("reserve without a secret: %+v %v", r, err)
+		}
+		if c := f.counts(); c.Available != 10 || c.Reserved != 0 {
+			t.Fatalf("a refused reserve changed the counts: %+v", c)
+		}
+		ids := reserveMany(t, f, "k", 3)
+		if r, err := g.Checkout(ctx, "k-0", ids[0], "pay"); err != nil || r.Outcome != ledger.CheckoutCommitted {
+			t.Fatalf("checkout %+v %v", r, err)
+		}
+		if r, err := g.Cancel(ctx, "k-1", ids[1]); err != nil || r.Outcome != ledger.CancelCancelled {
+			t.Fatalf("cancel %+v %v", r, err)
+		}
+		time.Sleep(shortTTL + 100*time.Millisecond)
+		var released int
+		for range 20 {
+			st, err := g.Sweep(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if released += st.Released; released >= 1 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if released != 1 || orderStatus(t, f, ids[2]) != ledger.StatusCancelledBySweeper {
+			t.Fatalf("released %d, %s", released, orderStatus(t, f, ids[2]))
+		}
+		if c := f.assertConserved(); c.Sold != 1 || c.Available != 9 {
+			t.Fatalf("counts %+v", c)
+		}
+	})
+	for _, short := range [][]byte{[]byte("short"), nil} {
+		cfg := engine.Config{CampaignID: "c", Shards: 1, MaxPerUser: 1, TTL: time.Minute, IDSecret: short}
+		if err := cfg.Validate(); (err != nil) != (short != nil) {
+			t.Fatalf("id secret %q: %v", short, err)
+		}
+	}
+}
+
 func TestAPIDiedBetweenRedisAndSQL(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		f := newFixture(t, rdb, withAllocation(10), withTTL(shortTTL, 0))

@@ -3,9 +3,11 @@ package process_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
@@ -16,8 +18,14 @@ const (
 )
 
 func (c *campaign) startSweeper(name string) *process {
-	// As the controller configures the sweeper pods.
-	p := c.start(name, c.env("FLASHSALE_SWEEP_INTERVAL="+sweepInterval.String(), "FLASHSALE_LEADER_LOCK=postgres"), "sweeper")
+	// As the controller configures the sweeper pods: without the admission key.
+	var env []string
+	for _, kv := range c.env("FLASHSALE_SWEEP_INTERVAL="+sweepInterval.String(), "FLASHSALE_LEADER_LOCK=postgres") {
+		if !strings.HasPrefix(kv, config.EnvAdmissionKey) {
+			env = append(env, kv)
+		}
+	}
+	p := c.start(name, env, "sweeper")
 	p.waitReady(30 * time.Second)
 	return p
 }

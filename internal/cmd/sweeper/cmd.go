@@ -62,6 +62,8 @@ type Options struct {
 // NewCmd returns the `sweeper` command.
 func NewCmd() *cobra.Command {
 	var opts Options
+	// The sweeper never checks a token nor derives a reservation id.
+	opts.Campaign.WithoutAdmissionKey = true
 	cmd := &cobra.Command{
 		Use:   "sweeper",
 		Short: "Release expired reservations of one FlashSale (one active replica)",
@@ -70,7 +72,9 @@ expired reservations are cancelled in the ledger, then their units go back to st
 Leadership is a Kubernetes Lease (flashsale-sweeper-<campaign id>) when --kubeconfig
 is given or the process runs in a cluster, otherwise a PostgreSQL advisory lock;
 --leader-lock chooses explicitly.
-Two active sweepers would still be safe; leadership only avoids duplicate work.`,
+Two active sweepers would still be safe; leadership only avoids duplicate work.
+It reads the same campaign configuration as reserve, except the admission key,
+which it does not need.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.envErr != nil {
