@@ -116,7 +116,7 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 
 	// kubectl get fs shows the columns filled in.
 	out := kubectl(t, "get", "fs", "-n", e.ns)
-	for _, want := range []string{"SKU", "PHASE", "AVAILABLE", "itm-ps5-drop", "Open", "100", "93", "4", "3"} {
+	for _, want := range []string{"SKU", "PHASE", "ADMITTING", "AVAILABLE", "itm-ps5-drop", "Open", "True", "100", "93", "4", "3"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("kubectl get fs output lacks %q:\n%s", want, out)
 		}
@@ -377,6 +377,21 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 	c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy)
 	if !strings.Contains(c.Message, "ledger") {
 		t.Fatalf("condition %+v", c)
+	}
+	// kubectl get says so, whatever the phase: not admitting, and why.
+	e.waitFor("ledgerless", settle, "Admitting False", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse)
+	})
+	out := kubectl(t, "get", "fs", "ledgerless", "-n", e.ns, "-o", "wide")
+	header, row, _ := strings.Cut(out, "\n")
+	cols := map[string]string{}
+	for i, name := range strings.Fields(header) {
+		if f := strings.Fields(row); i < len(f) {
+			cols[name] = f[i]
+		}
+	}
+	if cols["ADMITTING"] != "False" || cols["READY"] != "False" || cols["REASON"] != controllers.ReasonLedgerUnreachable {
+		t.Fatalf("kubectl get fs -o wide while the ledger is down:\n%s", out)
 	}
 	// Redis loses its data while the ledger is down: closed, and it says why.
 	if err := r.RestartEmpty(); err != nil {

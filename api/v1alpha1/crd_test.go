@@ -90,22 +90,30 @@ func TestCRDNamesAndSubresources(t *testing.T) {
 
 func TestCRDPrinterColumns(t *testing.T) {
 	v := servedVersion(t, loadCRD(t))
-	want := []struct{ name, typ, path string }{
-		{"SKU", "string", ".spec.sku"},
-		{"Phase", "string", ".status.phase"},
-		{"Allocation", "integer", ".spec.allocation"},
-		{"Available", "integer", ".status.available"},
-		{"Reserved", "integer", ".status.reserved"},
-		{"Sold", "integer", ".status.sold"},
-		{"Age", "date", ".metadata.creationTimestamp"},
+	want := []struct {
+		name, typ, path string
+		priority        int32 // 1: only with -o wide
+	}{
+		{"SKU", "string", ".spec.sku", 0},
+		{"Phase", "string", ".status.phase", 0},
+		// During an incident the phase may still say Open: Admitting says
+		// whether reservations are actually taken, Reason why the sale is not Ready.
+		{"Admitting", "string", `.status.conditions[?(@.type=="Admitting")].status`, 0},
+		{"Allocation", "integer", ".spec.allocation", 0},
+		{"Available", "integer", ".status.available", 0},
+		{"Reserved", "integer", ".status.reserved", 0},
+		{"Sold", "integer", ".status.sold", 0},
+		{"Ready", "string", `.status.conditions[?(@.type=="Ready")].status`, 1},
+		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
+		{"Age", "date", ".metadata.creationTimestamp", 0},
 	}
 	got := v.AdditionalPrinterColumns
 	if len(got) != len(want) {
 		t.Fatalf("got %d printer columns, want %d: %+v", len(got), len(want), got)
 	}
 	for i, w := range want {
-		if got[i].Name != w.name || got[i].Type != w.typ || got[i].JSONPath != w.path {
-			t.Errorf("column %d: got %s/%s/%s, want %s/%s/%s", i, got[i].Name, got[i].Type, got[i].JSONPath, w.name, w.typ, w.path)
+		if got[i].Name != w.name || got[i].Type != w.typ || got[i].JSONPath != w.path || got[i].Priority != w.priority {
+			t.Errorf("column %d: got %s/%s/%s/%d, want %s/%s/%s/%d", i, got[i].Name, got[i].Type, got[i].JSONPath, got[i].Priority, w.name, w.typ, w.path, w.priority)
 		}
 	}
 }

@@ -429,10 +429,13 @@ type RebuildStatus struct {
 // +kubebuilder:resource:shortName=fs
 // +kubebuilder:printcolumn:name="SKU",type=string,JSONPath=`.spec.sku`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Admitting",type=string,JSONPath=`.status.conditions[?(@.type=="Admitting")].status`
 // +kubebuilder:printcolumn:name="Allocation",type=integer,JSONPath=`.spec.allocation`
 // +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.available`
 // +kubebuilder:printcolumn:name="Reserved",type=integer,JSONPath=`.status.reserved`
 // +kubebuilder:printcolumn:name="Sold",type=integer,JSONPath=`.status.sold`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type FlashSale struct {
 	metav1.TypeMeta `json:",inline"`

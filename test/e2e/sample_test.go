@@ -66,7 +66,7 @@ func TestSamplesStormAndStatusAgreeWithTheLedger(t *testing.T) {
 
 	// The printer columns show the same figures.
 	row := strings.Fields(kubectl(t, nil, "get", "flashsales", "-n", ns, "--no-headers"))
-	want := []string{"ps5-drop", "itm-ps5-pro", cols[0], "1000", cols[2], cols[3], cols[4]}
+	want := []string{"ps5-drop", "itm-ps5-pro", cols[0], "True", "1000", cols[2], cols[3], cols[4]}
 	if len(row) < len(want) || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
 		t.Errorf("kubectl get flashsales: %q, want it to start with %q", row, want)
 	}
