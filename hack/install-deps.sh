@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the build and the tests need: Redis
-# (server and redis-cli), PostgreSQL (server and client), git, make, procps and
-# CA certificates. Packages already present are left alone, so a second run
+# (server and redis-cli), PostgreSQL (server and client), git, make, procps,
+# util-linux (setpriv, for the test API server) and CA certificates. Packages already present are left alone, so a second run
 # does nothing and prints nothing.
 set -euo pipefail
 
@@ -14,6 +14,7 @@ checks=(
 	"git:git"
 	"make:make"
 	"procps:ps"
+	"util-linux:setpriv"
 )
 
 have_postgres() {

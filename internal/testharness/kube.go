@@ -50,11 +50,46 @@ func checkAssets(dir string) error {
 type Kube struct {
 	Env    *envtest.Environment
 	Config *rest.Config
+
+	dir string // wrappers, etcd's data and the API server's certificates
 }
 
 // StartKube starts the API server with the CRDs from config/crd/bases.
+//
+// envtest starts etcd and kube-apiserver without a parent-death signal, so a
+// test binary killed before its cleanup (a -timeout, a SIGKILL) would leave
+// them running. They are started through wrappers that set one (setpriv
+// --pdeathsig KILL, then exec: the same PID envtest stops). Their files live
+// in one directory, which Stop removes.
 func StartKube() (*Kube, error) {
 	assets, err := KubeAssets()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := tempDir("kube")
+	if err != nil {
+		return nil, err
+	}
+	k, err := startKube(assets, dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return k, nil
+}
+
+func startKube(assets, dir string) (*Kube, error) {
+	bin, certs := filepath.Join(dir, "bin"), filepath.Join(dir, "certs")
+	for _, d := range []string{bin, certs} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	etcd, err := pdeathsigWrapper(bin, filepath.Join(assets, "etcd"))
+	if err != nil {
+		return nil, err
+	}
+	apiserver, err := pdeathsigWrapper(bin, filepath.Join(assets, "kube-apiserver"))
 	if err != nil {
 		return nil, err
 	}
@@ -63,12 +98,28 @@ func StartKube() (*Kube, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}
+	env.ControlPlane.Etcd = &envtest.Etcd{Path: etcd, DataDir: filepath.Join(dir, "etcd")}
+	env.ControlPlane.APIServer = &envtest.APIServer{Path: apiserver, CertDir: certs}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting envtest: %w", err)
 	}
-	return &Kube{Env: env, Config: cfg}, nil
+	return &Kube{Env: env, Config: cfg, dir: dir}, nil
 }
+
+// pdeathsigWrapper writes into dir a script that runs bin so that it dies
+// with its parent, and returns the script's path.
+func pdeathsigWrapper(dir, bin string) (string, error) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		return "", fmt.Errorf("setpriv (Debian package util-linux, `make deps`) not found: %w", err)
+	}
+	path := filepath.Join(dir, filepath.Base(bin))
+	script := fmt.Sprintf("#!/bin/sh\nexec %s --pdeathsig KILL %s \"$@\"\n", shellQuote(setpriv), shellQuote(bin))
+	return path, os.WriteFile(path, []byte(script), 0o755)
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // KubeT starts the API server for a test and stops it in t.Cleanup.
 func KubeT(t testing.TB) *Kube {
@@ -82,7 +133,13 @@ func KubeT(t testing.TB) *Kube {
 }
 
 // Stop stops the API server and etcd.
-func (k *Kube) Stop() error { return k.Env.Stop() }
+func (k *Kube) Stop() error {
+	err := k.Env.Stop()
+	if k.dir != "" {
+		_ = os.RemoveAll(k.dir)
+	}
+	return err
+}
 
 // Kubeconfig writes a kubeconfig for the API server (for kubectl and processes)
 // into dir and returns its path.

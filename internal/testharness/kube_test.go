@@ -1,0 +1,116 @@
+package testharness
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
+)
+
+// A test binary killed before its cleanup takes its API server and etcd with it.
+func TestKubeDiesWithItsParent(t *testing.T) {
+	helper := exec.Command(os.Args[0], "-test.run=^TestHelperKube$")
+	helper.Env = append(os.Environ(), "TESTHARNESS_KUBE_HELPER=1")
+	helper.Stderr = os.Stderr
+	out, err := helper.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = helper.Process.Kill(); _ = helper.Wait() }()
+
+	// The helper prints its control plane's PIDs and directory once it is up.
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var pids []int
+	var dir string
+	for dir == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the helper exited before starting the API server")
+			}
+			if v, ok := strings.CutPrefix(l, "pid "); ok {
+				pid, _ := strconv.Atoi(v)
+				pids = append(pids, pid)
+			}
+			if v, ok := strings.CutPrefix(l, "dir "); ok {
+				dir = v
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the helper did not start the API server in time")
+		}
+	}
+	defer os.RemoveAll(dir)
+	names := map[string]bool{}
+	for _, pid := range pids {
+		names[command(pid)] = true
+	}
+	if !names["etcd"] || !names["kube-apiserver"] {
+		t.Fatalf("the helper's children %v are %v, want etcd and kube-apiserver", pids, names)
+	}
+
+	if err := helper.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = helper.Wait()
+	deadline := time.Now().Add(15 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s (pid %d) outlived its killed parent", command(pid), pid)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func TestHelperKube(t *testing.T) {
+	if os.Getenv("TESTHARNESS_KUBE_HELPER") == "" {
+		t.Skip("helper process")
+	}
+	k, err := StartKube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range cpustat.Children(os.Getpid()) {
+		fmt.Printf("pid %d\n", pid)
+	}
+	fmt.Printf("dir %s\n", k.dir)
+	time.Sleep(5 * time.Minute) // until killed
+}
+
+// command is the name of pid's executable ("" once it is gone).
+func command(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// alive reports whether pid runs; a zombie that nobody reaped has died.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || !strings.HasPrefix(s[i+1:], " Z") && !strings.HasPrefix(s[i+1:], " X")
+}
