@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
 
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
@@ -34,17 +36,43 @@ func (c *campaignConn) close() {
 	_ = c.rdb.Close()
 }
 
-// sameRunIDs reports whether every server seen before still has its run id.
-func (c *campaignConn) sameRunIDs(now map[string]string) bool {
-	for addr, id := range c.runIDs {
-		if cur, ok := now[addr]; ok && cur != id {
-			return false
+// runIDsChanged compares the Redis servers holding the sale's shards now with
+// those verified before (this connection's memory, else the sale's status,
+// which survives an operator restart). It reports why the data may be older
+// than the ledger: a server restarted (its run id changed), or a server not
+// seen before holds shards (a failover promoted a replica). Nothing known
+// before (a new sale) is no change.
+func (c *campaignConn) runIDsChanged(status []flashsalev1alpha1.RedisServerStatus, now map[string]string) (string, bool) {
+	known := map[string]string{}
+	for _, srv := range status {
+		known[srv.Address] = srv.RunID
+	}
+	maps.Copy(known, c.runIDs)
+	if len(known) == 0 {
+		return "", false
+	}
+	for _, addr := range slices.Sorted(maps.Keys(now)) {
+		was, ok := known[addr]
+		switch {
+		case !ok:
+			return fmt.Sprintf("Redis server %s now holds shards of the sale: its data may be older than the ledger", addr), true
+		case was != now[addr]:
+			return fmt.Sprintf("Redis server %s restarted (its run id changed): its data may be older than the ledger", addr), true
 		}
 	}
-	return true
+	return "", false
 }
 
 func (c *campaignConn) rememberRunIDs(ids map[string]string) { c.runIDs = maps.Clone(ids) }
+
+// redisServers is the status form of run ids, sorted by address.
+func redisServers(ids map[string]string) []flashsalev1alpha1.RedisServerStatus {
+	var out []flashsalev1alpha1.RedisServerStatus
+	for _, addr := range slices.Sorted(maps.Keys(ids)) {
+		out = append(out, flashsalev1alpha1.RedisServerStatus{Address: addr, RunID: ids[addr]})
+	}
+	return out
+}
 
 // connections caches one campaignConn per FlashSale.
 type connections struct {

@@ -206,8 +206,8 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		r.unhealthy(s, err)
 		return true, nil
 	}
-	if !lost && !s.conn.sameRunIDs(ids) {
-		lost, why = true, "a Redis server restarted (its run id changed): its data may be older than the ledger"
+	if !lost {
+		why, lost = s.conn.runIDsChanged(s.fs.Status.RedisServers, ids)
 	}
 	phase := s.fs.Status.Phase
 	needsRebuild := lost || phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding
@@ -255,6 +255,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
 	}
 	s.conn.rememberRunIDs(ids)
+	s.fs.Status.RedisServers = redisServers(ids)
 	s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
 	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))
 	return false, nil

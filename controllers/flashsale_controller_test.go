@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -358,6 +359,66 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 	})
 	if fs.Generation != 1 {
 		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	}
+}
+
+// Redis restarts from an older snapshot while the operator is down too: the
+// restarted operator knows the old run id from the status, fails closed and
+// rebuilds, so reservations missing from the snapshot are not sold twice.
+func TestRedisRestartedWhileOperatorDown(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	stop := e.startController()
+	fs := e.apply(e.sale("snapshot", 100))
+	fs = e.waitFor("snapshot", settle, "Open, run id recorded", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && len(fs.Status.RedisServers) == 1
+	})
+	oldRunID := fs.Status.RedisServers[0].RunID
+	if fs.Status.RedisServers[0].Address != r.Addr() || len(oldRunID) != 40 {
+		t.Fatalf("redisServers %+v", fs.Status.RedisServers)
+	}
+	eng := e.engineFor(fs, r.Addr())
+	for i := range 5 {
+		e.reserve(eng, fmt.Sprintf("before-%d", i))
+	}
+	stop()
+
+	// A snapshot, five more acknowledged reservations, then a crash: the
+	// restarted server has the snapshot's stock, the ledger all ten.
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	if err := rdb.Save(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		e.reserve(eng, fmt.Sprintf("after-%d", i))
+	}
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := eng.Counts(context.Background())
+	if err != nil || n.Available != 95 {
+		t.Fatalf("the snapshot's stock: %+v %v", n, err)
+	}
+
+	e.startController()
+	fs = e.waitFor("snapshot", settle, "rebuilt and Open", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && fs.Status.LastRebuild != nil
+	})
+	if !strings.Contains(fs.Status.LastRebuild.Reason, "restarted") || fs.Status.LastRebuild.Reserved != 10 {
+		t.Fatalf("lastRebuild %+v", fs.Status.LastRebuild)
+	}
+	fs = e.waitFor("snapshot", settle, "counts from the ledger", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Available == 90 && fs.Status.Reserved == 10
+	})
+	if len(fs.Status.RedisServers) != 1 || fs.Status.RedisServers[0].RunID == oldRunID || fs.Status.Epoch != 2 {
+		t.Fatalf("after the rebuild: epoch %d, redisServers %+v", fs.Status.Epoch, fs.Status.RedisServers)
+	}
+	if !hasEvent(t, e.ns, "snapshot", controllers.ReasonRedisDataLost) {
+		t.Fatal("no RedisDataLost event")
 	}
 }
 

@@ -360,6 +360,18 @@ type FlashSaleStatus struct {
 	// +optional
 	LastRebuild *RebuildStatus `json:"lastRebuild,omitempty"`
 
+	// redisServers are the Redis servers holding the sale's shards, each with
+	// the run id it had when the stock was last verified. A server found with
+	// another run id restarted, and one not listed took shards over (a
+	// failover): either may hold data older than the ledger, so the sale fails
+	// closed and is rebuilt. Kept in status so that a restarted operator
+	// notices too.
+	// +optional
+	// +listType=map
+	// +listMapKey=address
+	// +kubebuilder:validation:MaxItems=1024
+	RedisServers []RedisServerStatus `json:"redisServers,omitempty"`
+
 	// observedGeneration is the metadata.generation the status was last
 	// computed from.
 	// +optional
@@ -385,6 +397,21 @@ type ShardStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Reserved int64 `json:"reserved"`
+}
+
+// RedisServerStatus is one Redis server that holds shards of the sale.
+type RedisServerStatus struct {
+	// address is the server's host:port.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Address string `json:"address"`
+
+	// runID is the server's run_id (INFO server); it changes on every restart.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	RunID string `json:"runID"`
 }
 
 // RebuildStatus records a rebuild of the Redis stock from the ledger.
