@@ -117,7 +117,8 @@ func closedError(reason string) *apiError {
 	case stock.StateEnded:
 		return errorf(http.StatusGone, CodeEnded, "the sale has ended")
 	}
-	// NO_META, REBUILDING, STALE_EPOCH: the shards are being rebuilt from the ledger.
+	// NO_META, FAIL_CLOSED, REBUILDING, STALE_EPOCH, UNVERIFIED: the shards are being
+	// (or about to be) rebuilt from the ledger.
 	return errorf(http.StatusServiceUnavailable, CodeClosed, "the sale is temporarily closed").retry(retryClosed)
 }
 

@@ -137,8 +137,8 @@ func newFixture(t testing.TB, opts ...option) *fixture {
 	}
 	t.Cleanup(func() { _ = f.rdb.Close() })
 	metrics := NewMetrics()
-	f.rdb.AddHook(metrics.RedisHook())
-	f.rdb.AddHook(countingHook{&f.redisCmds})
+	stock.AddHook(f.rdb, metrics.RedisHook())
+	stock.AddHook(f.rdb, countingHook{&f.redisCmds})
 	fc.mat.OnBatch = metrics.ObserveBatch
 	f.e, err = engine.New(fc.engine, f.rdb, l, fc.mat)
 	if err != nil {

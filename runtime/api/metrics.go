@@ -78,15 +78,11 @@ func (m *Metrics) ObserveBatch(size int, d time.Duration) {
 	m.batchLatency.Observe(d.Seconds())
 }
 
-// RedisHook times script calls; add it to the Redis client the engine uses.
-func (m *Metrics) RedisHook() redis.Hook {
-	return scriptHook{m: m, reserve: stock.ReserveScript().Hash()}
-}
+// RedisHook times script calls; add it to the Redis client the engine uses
+// with stock.AddHook.
+func (m *Metrics) RedisHook() redis.Hook { return scriptHook{m: m} }
 
-type scriptHook struct {
-	m       *Metrics
-	reserve string
-}
+type scriptHook struct{ m *Metrics }
 
 func (h scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -104,7 +100,7 @@ func (h scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		script := "other"
 		if args := cmd.Args(); len(args) > 1 {
-			if s, ok := args[1].(string); ok && (s == h.reserve || name == "eval" && sha1Hex(s) == h.reserve) {
+			if s, ok := args[1].(string); ok && (name == "evalsha" && stock.IsReserveScript(s) || name == "eval" && stock.IsReserveScript(sha1Hex(s))) {
 				script = "reserve"
 			}
 		}

@@ -55,6 +55,13 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 		}
 	}
 	if present == len(states) {
+		unverified, err := e.store.Unverified(ctx)
+		if err != nil {
+			return SeedResult{}, fmt.Errorf("redis: %w", err)
+		}
+		if len(unverified) > 0 {
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %v hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, unverified)
+		}
 		return SeedResult{Campaign: c, Live: true}, nil
 	}
 	if present > 0 || c.Epoch != 1 {
@@ -485,11 +492,14 @@ func (e *Engine) Counts(ctx context.Context) (Counts, error) {
 type Health struct {
 	Missing []int // shards without meta: Redis lost data
 	Stale   []int // shards whose epoch differs from the ledger's
-	RunIDs  map[string]string
+	// Unverified shards hold data written by another server process (restarted
+	// from a snapshot, a promoted replica): possibly older than the ledger.
+	Unverified []int
+	RunIDs     map[string]string
 }
 
 // Lost reports whether Redis no longer holds the campaign's state.
-func (h Health) Lost() bool { return len(h.Missing) > 0 || len(h.Stale) > 0 }
+func (h Health) Lost() bool { return len(h.Missing) > 0 || len(h.Stale) > 0 || len(h.Unverified) > 0 }
 
 // Check compares every shard's meta with the ledger epoch. The caller compares RunIDs
 // between calls too: a changed run id means the server restarted.
@@ -506,6 +516,9 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 		case s.Epoch != epoch && s.State != stock.StateRebuilding:
 			h.Stale = append(h.Stale, s.Index)
 		}
+	}
+	if h.Unverified, err = e.store.Unverified(ctx); err != nil {
+		return h, err
 	}
 	h.RunIDs, err = e.store.RunIDs(ctx)
 	return h, err

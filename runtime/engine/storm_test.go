@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -326,31 +327,180 @@ func TestLedgerDown(t *testing.T) {
 	}
 }
 
-// Scripts run by SHA and reload themselves after NOSCRIPT (Redis restarted with
-// its data, so the script cache is empty but the shards are live).
-func TestNoScriptAfterRestartWithData(t *testing.T) {
+// Scripts run by SHA and reload themselves after NOSCRIPT. After a restart
+// with data (the script cache is empty, the shards are live) the reload comes
+// with the new server's run id: the shards refuse (UNVERIFIED) until they are
+// rebuilt, because the data may be older than the ledger. After SCRIPT FLUSH
+// (same server) the reload is all that happens.
+func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	r := testharness.RedisT(t)
 	rdb := standaloneClient(t, r.Addr())
 	f := newFixture(t, rdb, withAllocation(10))
 	ctx := context.Background()
 	f.reserve("pia", "r", 1)
+	before := serverRunID(t, rdb)
 	if err := r.RestartWithData(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
-	if ok, err := rdb.ScriptExists(ctx, stock.ReserveScript().Hash()).Result(); err != nil || ok[0] {
+	if ok, err := rdb.ScriptExists(ctx, stock.ReserveScriptFor(before).Hash()).Result(); err != nil || ok[0] {
 		t.Fatalf("script cache survived the restart (%v, %v): the test would prove nothing", ok, err)
 	}
-	if h, err := f.e.Check(ctx, 1); err != nil || h.Lost() {
-		t.Fatalf("data should have survived: %+v %v", h, err)
+	h, err := f.e.Check(ctx, 1)
+	if err != nil || len(h.Missing)+len(h.Stale) > 0 || len(h.Unverified) != f.cfg.Shards || !h.Lost() {
+		t.Fatalf("the data survived on a new server process: %+v %v", h, err)
+	}
+	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
+		t.Fatalf("after NOSCRIPT on a restarted server: %+v", res)
+	}
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
 	}
 	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeReserved {
-		t.Fatalf("after NOSCRIPT: %s", res.Outcome)
+		t.Fatalf("after the rebuild: %s", res.Outcome)
 	}
 	if res := f.reserve("pia", "r", 1); res.Outcome != engine.OutcomeReplayed {
 		t.Fatalf("replay after restart: %s", res.Outcome)
 	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.reserve("rita", "r", 1); res.Outcome != engine.OutcomeReserved {
+		t.Fatalf("after SCRIPT FLUSH: %+v", res)
+	}
+	if h, err := f.e.Check(ctx, 2); err != nil || h.Lost() {
+		t.Fatalf("after SCRIPT FLUSH: %+v %v", h, err)
+	}
 	f.assertConserved()
+}
+
+// A Redis that restarts from an older snapshot (or a replica promoted after
+// missing the last writes) keeps its meta, epoch and OPEN gate, but not the
+// reservations made since: selling its stock would sell those units twice.
+// Its shards refuse from the first call, before any controller notices, and
+// the rebuild restores the ledger's counts.
+func TestStaleSnapshotRefusedUntilRebuilt(t *testing.T) {
+	for _, b := range []struct {
+		name  string
+		start func(t *testing.T) (redis.UniversalClient, []*testharness.Redis)
+	}{
+		{"standalone", func(t *testing.T) (redis.UniversalClient, []*testharness.Redis) {
+			r := testharness.RedisT(t)
+			return standaloneClient(t, r.Addr()), []*testharness.Redis{r}
+		}},
+		{"cluster", func(t *testing.T) (redis.UniversalClient, []*testharness.Redis) {
+			c := testharness.RedisClusterT(t)
+			return clusterClient(t, c.Addrs()), c.Nodes()
+		}},
+	} {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, servers := b.start(t)
+			f := newFixture(t, rdb, withAllocation(40), withShards(4))
+			ctx := context.Background()
+			reserveMany(t, f, "early", 5)
+			for _, srv := range servers {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+				err := c.Save(ctx).Err()
+				_ = c.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			reserveMany(t, f, "late", 5) // acknowledged, in the ledger, not in the snapshot
+			for _, srv := range servers {
+				if err := srv.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, srv := range servers {
+				if err := srv.Start(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var res engine.ReserveResult
+			eventually(t, 20*time.Second, "an answer from the restarted servers", func() bool {
+				var err error
+				res, err = f.e.Reserve(ctx, "buyer", "r", 1)
+				return err == nil
+			})
+			if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
+				t.Fatalf("the first reserve on the snapshot: %+v", res)
+			}
+			if n := f.counts(); n.Available != 35 {
+				t.Fatalf("the snapshot's stock should still be there, unused: %+v", n)
+			}
+			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
+				t.Fatalf("seed over the snapshot: %v", err)
+			}
+			rep, err := f.e.Rebuild(ctx, stock.StateOpen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Available != 30 || rep.Reserved != 10 {
+				t.Fatalf("rebuild %+v", rep)
+			}
+			if res := f.reserve("buyer", "r", 1); res.Outcome != engine.OutcomeReserved {
+				t.Fatalf("after the rebuild: %+v", res)
+			}
+			if c := f.assertConserved(); c.Available != 29 || c.Reserved != 11 {
+				t.Fatalf("counts %+v", c)
+			}
+		})
+	}
+}
+
+// A shard whose meta names another server (what a replica promoted by a
+// failover carries: the meta its old master wrote) refuses until rebuilt, and
+// Check reports it.
+func TestShardFromAnotherServerRefused(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(20), withShards(2), withSteal(0))
+		ctx := context.Background()
+		if err := rdb.HSet(ctx, f.e.Store().Keys(1).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
+			t.Fatal(err)
+		}
+		h, err := f.e.Check(ctx, 1)
+		if err != nil || len(h.Unverified) != 1 || h.Unverified[0] != 1 {
+			t.Fatalf("check %+v %v", h, err)
+		}
+		var refused, taken int
+		for i := range 20 {
+			switch r := f.reserve(fmt.Sprintf("u-%d", i), "r", 1); {
+			case r.Outcome == engine.OutcomeClosed && r.Reason == stock.ReasonUnverified:
+				refused++
+			case r.Outcome == engine.OutcomeReserved && r.Reservation.Shard == 0:
+				taken++
+			default:
+				t.Fatalf("%+v", r)
+			}
+		}
+		if refused == 0 || taken == 0 {
+			t.Fatalf("refused %d, taken %d: both shards should have been tried", refused, taken)
+		}
+		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+			t.Fatal(err)
+		}
+		if h, err := f.e.Check(ctx, 2); err != nil || h.Lost() {
+			t.Fatalf("after the rebuild: %+v %v", h, err)
+		}
+		f.assertConserved()
+	})
+}
+
+// serverRunID is the run_id of a standalone server.
+func serverRunID(t *testing.T, rdb redis.UniversalClient) string {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v
+		}
+	}
+	t.Fatal("no run_id in INFO server")
+	return ""
 }
 
 // Restock adds the delta exactly once, also when repeated or resumed.

@@ -28,6 +28,10 @@ const (
 const (
 	ReasonNoMeta     = "NO_META"
 	ReasonStaleEpoch = "STALE_EPOCH"
+	// ReasonUnverified: the shard's data was written by another server process
+	// than the one holding it now (a restart from a snapshot, a promoted
+	// replica), so it may be older than the ledger: closed until rebuilt.
+	ReasonUnverified = "UNVERIFIED"
 )
 
 // DefaultBackstop is the TTL of a reservation hash: a safety net only. The business
@@ -82,6 +86,7 @@ type Store struct {
 	campaign string
 	shards   []Keys
 	backstop time.Duration
+	runIDs   sync.Map // server address -> run id (string) its reserve script is loaded for
 }
 
 // New returns the Store of a campaign with the given number of shards.
@@ -125,11 +130,11 @@ type ReserveRequest struct {
 // Reserve runs the reserve script on one shard.
 func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, error) {
 	k := s.shards[r.Shard]
-	v, err := reserveScript.Run(ctx, s.rdb,
+	v, err := s.runReserve(ctx, k.Meta(),
 		[]string{k.Stock(), k.Meta(), k.Index(), k.Res(r.Key), k.Users(), k.Claims()},
 		r.User, r.Key, r.Quantity, r.MaxPerUser, r.TTL.Milliseconds(),
 		int64(s.backstop/time.Second), r.MinEpoch, string(r.Mode), r.Home,
-	).Slice()
+	)
 	if err != nil {
 		return ShardResult{}, fmt.Errorf("reserve on shard %d: %w", r.Shard, err)
 	}
@@ -143,6 +148,119 @@ func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, err
 		Extra:    toInt(v[3]),
 		Status:   toString(v[4]),
 	}, nil
+}
+
+// runReserve runs the reserve script on the server holding key, as loaded for
+// that server process (see reserve.lua). It runs on that server's own client,
+// never through cluster redirections, so a body never runs on another server
+// than the one it was loaded for. NOSCRIPT means a new server process (or
+// SCRIPT FLUSH): its run id is read again before the script is loaded.
+func (s *Store) runReserve(ctx context.Context, key string, keys []string, args ...any) ([]any, error) {
+	node, err := s.node(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	var id string
+	if v, ok := s.runIDs.Load(node.Options().Addr); ok {
+		id = v.(string)
+	} else if id, err = s.refreshRunID(ctx, node); err != nil {
+		return nil, err
+	}
+	v, err := ReserveScriptFor(id).EvalSha(ctx, node, keys, args...).Slice()
+	if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		s.redirected(ctx, err)
+		return v, err
+	}
+	if id, err = s.refreshRunID(ctx, node); err != nil {
+		return nil, err
+	}
+	v, err = ReserveScriptFor(id).Eval(ctx, node, keys, args...).Slice()
+	s.redirected(ctx, err)
+	return v, err
+}
+
+// node is the client of the server holding key: the client itself, or the
+// cluster master of the key's slot.
+func (s *Store) node(ctx context.Context, key string) (*redis.Client, error) {
+	switch c := s.rdb.(type) {
+	case *redis.Client:
+		return c, nil
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	}
+	return nil, fmt.Errorf("unsupported redis client %T", s.rdb)
+}
+
+// redirected reloads the cluster's slot map after a MOVED or ASK answer (a
+// slot moved while the call went straight to a node); the caller's retry goes
+// to the right server.
+func (s *Store) redirected(ctx context.Context, err error) {
+	if c, ok := s.rdb.(*redis.ClusterClient); ok && err != nil &&
+		(redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+		c.ReloadState(ctx)
+	}
+}
+
+// refreshRunID reads node's run id and remembers it for its address.
+func (s *Store) refreshRunID(ctx context.Context, node *redis.Client) (string, error) {
+	id, err := runID(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	s.runIDs.Store(node.Options().Addr, id)
+	return id, nil
+}
+
+func runID(ctx context.Context, node *redis.Client) (string, error) {
+	info, err := node.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	id := infoField(info, "run_id")
+	if id == "" {
+		return "", fmt.Errorf("%s: INFO server has no run_id", node.Options().Addr)
+	}
+	return id, nil
+}
+
+// Unverified lists the shards whose meta was written by another server process
+// than the one holding them now (see reserve.lua): restarted from a snapshot,
+// or a replica promoted by a failover. Their stock may be older than the
+// ledger; the reserve script refuses them until they are rebuilt. Shards
+// without meta, or whose meta records no server, are not listed.
+func (s *Store) Unverified(ctx context.Context) ([]int, error) {
+	pipe := s.rdb.Pipeline()
+	srv := make([]*redis.StringCmd, len(s.shards))
+	for i, k := range s.shards {
+		srv[i] = pipe.HGet(ctx, k.Meta(), "srv")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	now := map[string]string{} // address -> run id, read once per call
+	var out []int
+	for i, k := range s.shards {
+		recorded := srv[i].Val()
+		if recorded == "" {
+			continue
+		}
+		node, err := s.node(ctx, k.Meta())
+		if err != nil {
+			return nil, err
+		}
+		addr := node.Options().Addr
+		id, ok := now[addr]
+		if !ok {
+			if id, err = runID(ctx, node); err != nil {
+				return nil, err
+			}
+			now[addr] = id
+		}
+		if recorded != id {
+			out = append(out, i)
+		}
+	}
+	return out, nil
 }
 
 // ReleaseCode is the outcome of release.lua and cancel.lua.

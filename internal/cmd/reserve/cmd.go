@@ -42,6 +42,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // Environment variables of the reserve pods, besides config.Campaign's.
@@ -233,7 +234,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	metrics := api.NewMetrics()
 	rdb := c.Redis.Client()
 	defer rdb.Close()
-	rdb.AddHook(metrics.RedisHook())
+	stock.AddHook(rdb, metrics.RedisHook())
 
 	sctx, cancel := context.WithTimeout(ctx, startupTimeout)
 	l, err := ledger.Open(sctx, c.PostgresDSN)

@@ -5,11 +5,15 @@
 -- ARGV[1] stock  ARGV[2] epoch  ARGV[3] gate state  ARGV[4] shard allocation
 -- ARGV[5] last applied change id
 --
+-- The meta records this server's run_id (srv): the stock now agrees with the ledger
+-- on this server (see reserve.lua).
+--
 -- Returns 1, or -1 when the shard is not being rebuilt under this epoch
 local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[2]) then
   return -1
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'alloc', ARGV[4], 'chg', ARGV[5], 'state', ARGV[3])
+local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+redis.call('HSET', KEYS[2], 'alloc', ARGV[4], 'chg', ARGV[5], 'srv', srv, 'state', ARGV[3])
 return 1

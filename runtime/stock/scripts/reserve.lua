@@ -26,22 +26,37 @@
 --               steal - another shard; the quota was claimed on the home shard
 -- ARGV[9] home shard index of the user (stored in the reservation)
 --
+-- The body is loaded per Redis server: stock.Store replaces SERVER_RUN_ID below with
+-- the run_id (INFO server) of the server it loads the script on, after reading it
+-- there. meta.srv is the run_id of the server the shard was seeded or rebuilt on.
+-- When they differ, the shard's data was written by another server process: a
+-- restart from a snapshot or AOF, or a replica promoted by a failover. That data
+-- may be older than the ledger (reservations it never saw), so the shard refuses
+-- (CLOSED UNVERIFIED) until it is rebuilt. A new server process has an empty
+-- script cache, so every caller reloads, and reads the new run_id, before its
+-- first reservation there.
+--
 -- Returns {code, expiry, epoch, extra, status}
 --   1 RESERVED  extra = stock left on this shard
 --   2 REPLAY    the same request was reserved before; extra = its shard (-1: here),
 --               status = R or C. Nothing is consumed.
 --   3 SOLD_OUT
 --   4 LIMIT     extra = units the user already holds
---   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING, STALE_EPOCH
+--   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING,
+--               STALE_EPOCH, UNVERIFIED
 --   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim)
 --   7 BUSY      the same request is being placed on another shard right now
-local state = redis.call('HMGET', KEYS[2], 'state', 'epoch')
+local server = 'SERVER_RUN_ID'
+local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv')
 if not state[1] then
   return {5, 0, 0, 0, 'NO_META'}
 end
 local epoch = tonumber(state[2]) or 0
 if state[1] ~= 'OPEN' then
   return {5, 0, epoch, 0, state[1]}
+end
+if state[3] and state[3] ~= server then
+  return {5, 0, epoch, 0, 'UNVERIFIED'}
 end
 if epoch < tonumber(ARGV[7]) then
   return {5, 0, epoch, 0, 'STALE_EPOCH'}
