@@ -256,6 +256,11 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 	}
 	s.conn.rememberRunIDs(ids)
 	s.fs.Status.RedisServers = redisServers(ids)
+	// Shards seeded before metas recorded their server get it now, verified.
+	if _, err := eng.Store().Stamp(ctx); err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
 	s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
 	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))
 	return false, nil

@@ -377,6 +377,17 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 	if fs.Status.RedisServers[0].Address != r.Addr() || len(oldRunID) != 40 {
 		t.Fatalf("redisServers %+v", fs.Status.RedisServers)
 	}
+	// A shard seeded before metas recorded their server is stamped by the
+	// controller once it has checked the server.
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	meta := stock.ShardKeys(string(fs.UID), 0).Meta()
+	if err := rdb.HDel(context.Background(), meta, "srv").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("snapshot", settle, "shard 0 stamped again", func(*flashsalev1alpha1.FlashSale) bool {
+		return rdb.HGet(context.Background(), meta, "srv").Val() == oldRunID
+	})
 	eng := e.engineFor(fs, r.Addr())
 	for i := range 5 {
 		e.reserve(eng, fmt.Sprintf("before-%d", i))
@@ -385,8 +396,6 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 
 	// A snapshot, five more acknowledged reservations, then a crash: the
 	// restarted server has the snapshot's stock, the ledger all ten.
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
-	defer rdb.Close()
 	if err := rdb.Save(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}

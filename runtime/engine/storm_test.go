@@ -487,6 +487,41 @@ func TestShardFromAnotherServerRefused(t *testing.T) {
 	})
 }
 
+// Shards seeded before metas recorded their server (no srv) keep selling, and
+// Stamp records the server once, after which a restart is caught as for any
+// other shard.
+func TestStampShardsWithoutServer(t *testing.T) {
+	r := testharness.RedisT(t)
+	rdb := standaloneClient(t, r.Addr())
+	f := newFixture(t, rdb, withAllocation(30), withShards(3))
+	ctx := context.Background()
+	for i := range 3 {
+		if err := rdb.HDel(ctx, f.e.Store().Keys(i).Meta(), "srv").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reserveMany(t, f, "old", 3)
+	if n, err := f.e.Store().Stamp(ctx); err != nil || n != 3 {
+		t.Fatalf("stamped %d, %v", n, err)
+	}
+	if n, err := f.e.Store().Stamp(ctx); err != nil || n != 0 {
+		t.Fatalf("stamped again: %d, %v", n, err)
+	}
+	id := serverRunID(t, rdb)
+	for i := range 3 {
+		if got := rdb.HGet(ctx, f.e.Store().Keys(i).Meta(), "srv").Val(); got != id {
+			t.Fatalf("shard %d srv %q, want %q", i, got, id)
+		}
+	}
+	if err := r.RestartWithData(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+	if res := f.reserve("new", "r", 1); res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
+		t.Fatalf("after the restart: %+v", res)
+	}
+}
+
 // serverRunID is the run_id of a standalone server.
 func serverRunID(t *testing.T, rdb redis.UniversalClient) string {
 	t.Helper()

@@ -38,6 +38,7 @@ var (
 	rebuildRestoreScript = load("rebuild_restore")
 	rebuildUsersScript   = load("rebuild_users")
 	rebuildFinishScript  = load("rebuild_finish")
+	stampScript          = load("stamp")
 )
 
 // reserveSource is reserve.lua; the body run on a server carries that server's

@@ -223,6 +223,34 @@ func runID(ctx context.Context, node *redis.Client) (string, error) {
 	return id, nil
 }
 
+// Stamp records the run id of the server holding each shard in the metas that
+// have none (shards seeded before metas recorded it), so that the reserve
+// script can tell from then on when their data comes from another server
+// process. Call it only after checking that the servers did not restart. It
+// returns how many shards it stamped.
+func (s *Store) Stamp(ctx context.Context) (int, error) {
+	pipe := s.rdb.Pipeline()
+	has := make([]*redis.BoolCmd, len(s.shards))
+	for i, k := range s.shards {
+		has[i] = pipe.HExists(ctx, k.Meta(), "srv")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	stamped := 0
+	for i, k := range s.shards {
+		if has[i].Val() {
+			continue
+		}
+		n, err := stampScript.Run(ctx, s.rdb, []string{k.Meta()}).Int()
+		if err != nil {
+			return stamped, fmt.Errorf("stamp shard %d: %w", i, err)
+		}
+		stamped += n
+	}
+	return stamped, nil
+}
+
 // Unverified lists the shards whose meta was written by another server process
 // than the one holding them now (see reserve.lua): restarted from a snapshot,
 // or a replica promoted by a failover. Their stock may be older than the
