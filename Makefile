@@ -94,7 +94,7 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps ## Run the benchmarks of docs/benchmarks.md (about 7 minutes); BENCH_ARGS="--json" for JSON.
+bench: deps ## Run the benchmarks of docs/benchmarks.md (5–7 minutes); BENCH_ARGS="--json" for JSON.
 	go run ./hack/bench $(BENCH_ARGS)
 
 .PHONY: test
