@@ -191,12 +191,18 @@ func (s *Store) node(ctx context.Context, key string) (*redis.Client, error) {
 	return nil, fmt.Errorf("unsupported redis client %T", s.rdb)
 }
 
-// redirected reloads the cluster's slot map after a MOVED or ASK answer (a
-// slot moved while the call went straight to a node); the caller's retry goes
-// to the right server.
+// redirected asks the cluster client to reload its slot map when a call that
+// went straight to a node failed for a reason the map may explain: MOVED or
+// ASK (a slot moved), CLUSTERDOWN, or no answer at all (a node down, maybe
+// failed over). The caller's retry then goes to the right server.
 func (s *Store) redirected(ctx context.Context, err error) {
-	if c, ok := s.rdb.(*redis.ClusterClient); ok && err != nil &&
-		(redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+	c, ok := s.rdb.(*redis.ClusterClient)
+	if !ok || err == nil {
+		return
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) || redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+		redis.HasErrorPrefix(err, "CLUSTERDOWN") {
 		c.ReloadState(ctx)
 	}
 }
