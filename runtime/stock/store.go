@@ -553,12 +553,9 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
 	out := map[string]string{}
 	collect := func(ctx context.Context, c *redis.Client) error {
-		info, err := c.Info(ctx, "server").Result()
-		if err != nil {
-			return err
-		}
-		out[c.Options().Addr] = infoField(info, "run_id")
-		return nil
+		id, err := runID(ctx, c)
+		out[c.Options().Addr] = id
+		return err
 	}
 	switch c := s.rdb.(type) {
 	case *redis.ClusterClient:
