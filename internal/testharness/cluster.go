@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,29 +15,38 @@ import (
 	"time"
 )
 
-// clusterMasters is the number of cluster-enabled nodes; each is a master
-// without replicas.
+// clusterMasters is the number of masters of a cluster.
 const clusterMasters = 3
 
-// RedisCluster is a Redis Cluster of three masters on 127.0.0.1.
+// RedisCluster is a Redis Cluster of three masters on 127.0.0.1, with or
+// without one replica each.
 type RedisCluster struct {
-	mu     sync.Mutex
-	cli    string
-	nodes  []*Redis
-	closed bool
+	mu       sync.Mutex
+	cli      string
+	nodes    []*Redis
+	replicas int // per master
+	closed   bool
 }
 
 // StartRedisCluster starts three cluster-enabled redis-server processes,
 // joins them with `redis-cli --cluster create` and waits until every node
 // reports cluster_state:ok with all 16384 slots covered.
-func StartRedisCluster() (*RedisCluster, error) {
+func StartRedisCluster() (*RedisCluster, error) { return startRedisCluster(0) }
+
+// StartRedisClusterWithReplicas is StartRedisCluster with one replica per
+// master (six processes), for failovers (Failover).
+func StartRedisClusterWithReplicas() (*RedisCluster, error) { return startRedisCluster(1) }
+
+func startRedisCluster(replicas int) (*RedisCluster, error) {
 	cli, err := lookBinary("redis-cli", "redis-tools")
 	if err != nil {
 		return nil, err
 	}
-	c := &RedisCluster{cli: cli}
-	for range clusterMasters {
-		n, err := newRedis(true, nil)
+	c := &RedisCluster{cli: cli, replicas: replicas}
+	// Replicas sync at once instead of waiting for more replicas to batch.
+	extra := []string{"--repl-diskless-sync-delay", "0"}
+	for range clusterMasters * (1 + replicas) {
+		n, err := newRedis(true, extra)
 		if err != nil {
 			_ = c.closeNodes()
 			return nil, err
@@ -60,6 +70,125 @@ func RedisClusterT(t testing.TB) *RedisCluster {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// RedisClusterWithReplicasT is RedisClusterT with one replica per master.
+func RedisClusterWithReplicasT(t testing.TB) *RedisCluster {
+	t.Helper()
+	c, err := StartRedisClusterWithReplicas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Failover promotes a replica of the master serving slot (CLUSTER FAILOVER
+// on the replica: it catches up with its master first) and waits until every
+// node agrees. It returns the promoted node.
+func (c *RedisCluster) Failover(slot int) (*Redis, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	master, err := c.masterOf(slot)
+	if err != nil {
+		return nil, err
+	}
+	var replica *Redis
+	for _, n := range c.nodes {
+		info, err := redisCmd(n.Addr(), "INFO", "replication")
+		if err == nil && strings.Contains(info, "role:slave\r\n") &&
+			strings.Contains(info, fmt.Sprintf("master_port:%d\r\n", master.port)) {
+			replica = n
+			break
+		}
+	}
+	if replica == nil {
+		return nil, fmt.Errorf("redis cluster: no replica of %s (started without replicas?)", master.Addr())
+	}
+	// A manual failover gives up after 5 s if the replica has not caught up,
+	// so wait for its first sync to be done; ask again while it is not promoted.
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		info, err := redisCmd(replica.Addr(), "INFO", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up\r\n") && strings.Contains(info, "master_sync_in_progress:0\r\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("redis cluster: replica %s not in sync after %v:\n%s", replica.Addr(), readyTimeout, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	asked := time.Time{}
+	for {
+		if m, err := c.masterOf(slot); err == nil && m == replica {
+			break
+		}
+		if time.Since(asked) > 6*time.Second {
+			if _, err := redisCmd(replica.Addr(), "CLUSTER", "FAILOVER"); err != nil {
+				return nil, err
+			}
+			asked = time.Now()
+		}
+		if time.Now().After(deadline) {
+			nodes, _ := redisCmd(replica.Addr(), "CLUSTER", "NODES")
+			repl, _ := redisCmd(replica.Addr(), "INFO", "replication")
+			return nil, fmt.Errorf("redis cluster: %s not promoted after %v; it sees:\n%s\n%s\n%s", replica.Addr(), readyTimeout, nodes, repl, logTail(replica.logPath))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return replica, c.waitOK()
+}
+
+// slotMasterPort is the port of the master serving slot, as the node at addr
+// sees it (CLUSTER NODES: "<id> <ip:port@bus> <flags> ... <slot ranges>").
+func slotMasterPort(addr string, slot int) (int, error) {
+	out, err := redisCmd(addr, "CLUSTER", "NODES")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 9 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") {
+			continue
+		}
+		for _, r := range f[8:] {
+			lo, hi, found := strings.Cut(r, "-")
+			if !found {
+				hi = lo
+			}
+			a, err1 := strconv.Atoi(lo)
+			b, err2 := strconv.Atoi(hi)
+			if err1 != nil || err2 != nil || slot < a || slot > b {
+				continue
+			}
+			hostPort, _, _ := strings.Cut(f[1], "@")
+			_, portText, _ := strings.Cut(hostPort, ":")
+			return strconv.Atoi(portText)
+		}
+	}
+	return 0, fmt.Errorf("redis cluster: %s names no master for slot %d", addr, slot)
+}
+
+// masterOf is the node every node names as serving slot.
+func (c *RedisCluster) masterOf(slot int) (*Redis, error) {
+	var master *Redis
+	for _, n := range c.nodes {
+		port, err := slotMasterPort(n.Addr(), slot)
+		if err != nil {
+			return nil, err
+		}
+		var m *Redis
+		for _, x := range c.nodes {
+			if x.port == port {
+				m = x
+			}
+		}
+		if m == nil || master != nil && m != master {
+			return nil, fmt.Errorf("redis cluster: nodes disagree on the master of slot %d", slot)
+		}
+		master = m
+	}
+	return master, nil
 }
 
 // Addrs returns the "127.0.0.1:PORT" address of every node.
@@ -115,7 +244,7 @@ func (c *RedisCluster) create() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*readyTimeout)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	cmd := exec.CommandContext(ctx, c.cli, append(args, "--cluster-replicas", "0", "--cluster-yes")...)
+	cmd := exec.CommandContext(ctx, c.cli, append(args, "--cluster-replicas", strconv.Itoa(c.replicas), "--cluster-yes")...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.CombinedOutput()
 	_ = os.WriteFile(filepath.Join(c.nodes[0].dir, "cluster-create.log"), out, 0o644)

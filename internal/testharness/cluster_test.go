@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -146,4 +147,45 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// A cluster with replicas: Failover promotes the replica of a slot's master,
+// and clients find the new master.
+func TestRedisClusterFailover(t *testing.T) {
+	c := RedisClusterWithReplicasT(t)
+	if len(c.Nodes()) != 6 {
+		t.Fatalf("%d nodes, want 3 masters and 3 replicas", len(c.Nodes()))
+	}
+	cc := newClusterClient(t, c)
+	ctx := context.Background()
+	if err := cc.Set(ctx, stockKey, 7, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	slot := int(cc.ClusterKeySlot(ctx, stockKey).Val())
+	before, err := c.masterOf(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	promoted, err := c.Failover(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if promoted == before {
+		t.Fatalf("%s is still the master of slot %d", before.Addr(), slot)
+	}
+	cc.ReloadState(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, err := cc.MasterForKey(ctx, stockKey)
+		if err == nil && m.Options().Addr == promoted.Addr() {
+			if v, err := m.Get(ctx, stockKey).Int(); err != nil || v != 7 {
+				t.Fatalf("the promoted replica has %v, %v", v, err)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client still sees %v (%v) as the master", m, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,6 +486,50 @@ func TestShardFromAnotherServerRefused(t *testing.T) {
 		}
 		f.assertConserved()
 	})
+}
+
+// A replica promoted by a cluster failover carries the meta its old master
+// wrote: its shards refuse from the first call that reaches it, even though
+// this failover lost nothing (the design cannot know), and the rebuild opens
+// them again.
+func TestFailoverRefusedUntilRebuilt(t *testing.T) {
+	c := testharness.RedisClusterWithReplicasT(t)
+	rdb := clusterClient(t, c.Addrs())
+	f := newFixture(t, rdb, withAllocation(40), withShards(4))
+	ctx := context.Background()
+	reserveMany(t, f, "early", 8)
+	user := ""
+	for i := 0; user == ""; i++ {
+		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
+			user = u
+		}
+	}
+	slot := int(rdb.(*redis.ClusterClient).ClusterKeySlot(ctx, f.e.Store().Keys(0).Meta()).Val())
+	if _, err := c.Failover(slot); err != nil {
+		t.Fatal(err)
+	}
+	var res engine.ReserveResult
+	eventually(t, 20*time.Second, "an answer from the promoted replica", func() bool {
+		var err error
+		res, err = f.e.Reserve(ctx, user, "r", 1)
+		return err == nil
+	})
+	if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
+		t.Fatalf("the first reserve on the promoted replica: %+v", res)
+	}
+	h, err := f.e.Check(ctx, 1)
+	if err != nil || !slices.Contains(h.Unverified, 0) {
+		t.Fatalf("check %+v %v", h, err)
+	}
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {
+		t.Fatalf("after the rebuild: %+v", res)
+	}
+	if n := f.assertConserved(); n.Reserved != 9 {
+		t.Fatalf("counts %+v", n)
+	}
 }
 
 // Shards seeded before metas recorded their server (no srv) keep selling, and
