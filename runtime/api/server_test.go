@@ -172,6 +172,25 @@ func TestClosedGates(t *testing.T) {
 		})
 	}
 
+	t.Run("shard data from another server process", func(t *testing.T) {
+		f.setGate(stock.StateOpen)
+		// What a restart from a snapshot or a promoted replica looks like: the
+		// meta names another server. Refused like any closed shard, nothing taken.
+		before := f.counts()
+		for i := range 2 {
+			if err := f.rdb.HSet(context.Background(), f.e.Store().Keys(i).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := f.call(http.MethodPost, reservePath, f.token("u"), reserveBody("u", "k-foreign", 1))
+		if e := r.errorBody(t); r.status != http.StatusServiceUnavailable || e.Code != CodeClosed || r.header.Get("Retry-After") == "" {
+			t.Fatalf("%d %s %v", r.status, r.body, r.header)
+		}
+		if !sameCounts(before, f.counts()) {
+			t.Fatal("a refused reserve changed the stock")
+		}
+	})
+
 	t.Run("shard lost its meta", func(t *testing.T) {
 		f.setGate(stock.StateOpen)
 		// Fail closed: a shard without meta (Redis lost data) refuses everything.
