@@ -103,12 +103,13 @@ const (
 
 // campaign is one seeded FlashSale on a fresh database.
 type campaign struct {
-	t   *testing.T
-	id  string
-	dsn string
-	dir string // logs and files of this test
-	eng *engine.Engine
-	l   *ledger.Ledger
+	t     *testing.T
+	id    string
+	dsn   string
+	redis string // address of its Redis
+	dir   string // logs and files of this test
+	eng   *engine.Engine
+	l     *ledger.Ledger
 }
 
 func randomID() string {
@@ -119,6 +120,12 @@ func randomID() string {
 
 func newCampaign(t *testing.T) *campaign {
 	t.Helper()
+	return newCampaignOn(t, sharedRS.Addr())
+}
+
+// newCampaignOn is newCampaign on the Redis at redisAddr.
+func newCampaignOn(t *testing.T, redisAddr string) *campaign {
+	t.Helper()
 	dsn, err := sharedPG.NewDatabase()
 	if err != nil {
 		t.Fatal(err)
@@ -126,13 +133,13 @@ func newCampaign(t *testing.T) *campaign {
 	// Each process keeps its pool small: four processes and the test share
 	// PostgreSQL's 100 connections.
 	dsn += "&pool_max_conns=16"
-	c := &campaign{t: t, id: "c-" + randomID(), dsn: dsn, dir: t.TempDir()}
+	c := &campaign{t: t, id: "c-" + randomID(), dsn: dsn, redis: redisAddr, dir: t.TempDir()}
 	ctx := context.Background()
 	if c.l, err = ledger.Open(ctx, dsn); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.l.Close)
-	rdb := redis.NewClient(&redis.Options{Addr: sharedRS.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() { _ = rdb.Close() })
 	cfg := engine.Config{
 		CampaignID: c.id, Namespace: "shop", Name: "ps5-drop", SKU: sku, Allocation: allocation,
@@ -162,7 +169,7 @@ func (c *campaign) env(extra ...string) []string {
 		config.EnvTTL + "=" + ttl.String(),
 		config.EnvGracePeriod + "=" + grace.String(),
 		config.EnvRedisMode + "=standalone",
-		config.EnvRedisAddresses + "=" + sharedRS.Addr(),
+		config.EnvRedisAddresses + "=" + c.redis,
 		config.EnvPostgresDSN + "=" + c.dsn,
 		config.EnvAdmissionKey + "=" + adminKey,
 	}
