@@ -3,7 +3,7 @@
 -- touches one Redis Cluster slot.
 --
 -- KEYS[1] stock  string: units available on this shard
--- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg
+-- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg, srv (see below)
 -- KEYS[3] index  zset: reservation key -> expiry (ms since the epoch, Redis clock)
 -- KEYS[4] res    hash of this reservation: u user, q qty, s status (R reserved | C committed),
 --                e expiry ms, p epoch, h home shard of the user
