@@ -135,7 +135,7 @@ func (c stockCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, sh := range snap.shards {
 		label := strconv.Itoa(sh.Index)
 		open := 0.0
-		if sh.Present && sh.State == stock.StateOpen {
+		if sh.Present && sh.State == stock.StateOpen && !sh.Unverified {
 			open = 1
 		}
 		ch <- prometheus.MustNewConstMetric(stockAvailableDesc, prometheus.GaugeValue, float64(sh.Available), label)

@@ -319,7 +319,7 @@ func saleStatus(shards []stock.ShardState, available int64) string {
 	state := stock.StateOpen
 	for _, sh := range shards {
 		switch {
-		case !sh.Present || sh.State == stock.StateRebuilding:
+		case !sh.Present || sh.State == stock.StateRebuilding || sh.Unverified:
 			return StatusClosed
 		case sh.State != stock.StateOpen:
 			state = sh.State

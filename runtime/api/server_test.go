@@ -189,6 +189,12 @@ func TestClosedGates(t *testing.T) {
 		if !sameCounts(before, f.counts()) {
 			t.Fatal("a refused reserve changed the stock")
 		}
+		// Availability does not advertise what reserve refuses.
+		time.Sleep(DefaultAvailabilityCache)
+		av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+		if !strings.Contains(string(av.body), `"status":"CLOSED"`) {
+			t.Fatalf("availability: %s", av.body)
+		}
 	})
 
 	t.Run("shard lost its meta", func(t *testing.T) {

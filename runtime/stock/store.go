@@ -207,6 +207,17 @@ func (s *Store) redirected(ctx context.Context, err error) {
 	}
 }
 
+// knownOther reports whether the server holding key is known, from the run
+// ids the reserve path cached, to be another process than srv.
+func (s *Store) knownOther(ctx context.Context, key, srv string) bool {
+	node, err := s.node(ctx, key)
+	if err != nil {
+		return false
+	}
+	id, ok := s.runIDs.Load(node.Options().Addr)
+	return ok && id.(string) != srv
+}
+
 // refreshRunID reads node's run id and remembers it for its address.
 func (s *Store) refreshRunID(ctx context.Context, node *redis.Client) (string, error) {
 	id, err := runID(ctx, node)
@@ -512,6 +523,11 @@ type ShardState struct {
 	Allocation int64 // units given to this shard (seed + changes)
 	LastChange int64
 	Withdrawn  int64 // units taken out of stock for an allocation decrease not yet settled
+	// Unverified: the meta names another server process than the one this
+	// Store's reserve calls last found holding the shard (see reserve.lua), so
+	// the reserve script refuses it. From cached run ids: unknown until this
+	// Store has reserved on the server.
+	Unverified bool
 }
 
 // State reads every shard's stock and meta in one pipeline: cheap enough to run
@@ -522,7 +538,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 	metas := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
 		stocks[i] = pipe.Get(ctx, k.Stock())
-		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd")
+		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
@@ -534,7 +550,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Available = v
 		}
 		m := metas[i].Val()
-		if len(m) == 6 && m[0] != nil {
+		if len(m) == 7 && m[0] != nil {
 			st.Present = true
 			st.State = toString(m[0])
 			st.Epoch = atoi64(toString(m[1]))
@@ -542,6 +558,9 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Allocation = atoi64(toString(m[3]))
 			st.LastChange = atoi64(toString(m[4]))
 			st.Withdrawn = atoi64(toString(m[5]))
+			if srv := toString(m[6]); srv != "" {
+				st.Unverified = s.knownOther(ctx, s.shards[i].Meta(), srv)
+			}
 		}
 		out[i] = st
 	}
