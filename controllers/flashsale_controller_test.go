@@ -364,7 +364,9 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 
 // Redis restarts from an older snapshot while the operator is down too: the
 // restarted operator knows the old run id from the status, fails closed and
-// rebuilds, so reservations missing from the snapshot are not sold twice.
+// rebuilds, so reservations missing from the snapshot are not sold twice. The
+// shards' metas record no server here (as if seeded by an older version), so
+// the status is all that tells.
 func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
@@ -394,6 +396,11 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 	}
 	stop()
 
+	for i := range 4 {
+		if err := rdb.HDel(context.Background(), stock.ShardKeys(string(fs.UID), i).Meta(), "srv").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A snapshot, five more acknowledged reservations, then a crash: the
 	// restarted server has the snapshot's stock, the ledger all ten.
 	if err := rdb.Save(context.Background()).Err(); err != nil {
