@@ -55,7 +55,7 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 		}
 	}
 	if present == len(states) {
-		unverified, err := e.store.Unverified(ctx)
+		unverified, err := e.store.Unverified(ctx, states)
 		if err != nil {
 			return SeedResult{}, fmt.Errorf("redis: %w", err)
 		}
@@ -517,7 +517,7 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 			h.Stale = append(h.Stale, s.Index)
 		}
 	}
-	if h.Unverified, err = e.store.Unverified(ctx); err != nil {
+	if h.Unverified, err = e.store.Unverified(ctx, states); err != nil {
 		return h, err
 	}
 	h.RunIDs, err = e.store.RunIDs(ctx)

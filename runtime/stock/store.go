@@ -268,28 +268,20 @@ func (s *Store) Stamp(ctx context.Context) (int, error) {
 	return stamped, nil
 }
 
-// Unverified lists the shards whose meta was written by another server process
-// than the one holding them now (see reserve.lua): restarted from a snapshot,
-// or a replica promoted by a failover. Their stock may be older than the
-// ledger; the reserve script refuses them until they are rebuilt. Shards
-// without meta, or whose meta records no server, are not listed.
-func (s *Store) Unverified(ctx context.Context) ([]int, error) {
-	pipe := s.rdb.Pipeline()
-	srv := make([]*redis.StringCmd, len(s.shards))
-	for i, k := range s.shards {
-		srv[i] = pipe.HGet(ctx, k.Meta(), "srv")
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
-	now := map[string]string{} // address -> run id, read once per call
+// Unverified lists the shards of states (from State) whose meta was written
+// by another server process than the one holding them now (see reserve.lua):
+// restarted from a snapshot, or a replica promoted by a failover. Their stock
+// may be older than the ledger; the reserve script refuses them until they are
+// rebuilt. Shards without meta, or whose meta records no server, are not
+// listed. Each server's run id is read once, now.
+func (s *Store) Unverified(ctx context.Context, states []ShardState) ([]int, error) {
+	now := map[string]string{} // address -> run id
 	var out []int
-	for i, k := range s.shards {
-		recorded := srv[i].Val()
-		if recorded == "" {
+	for _, st := range states {
+		if st.Server == "" {
 			continue
 		}
-		node, err := s.node(ctx, k.Meta())
+		node, err := s.node(ctx, s.shards[st.Index].Meta())
 		if err != nil {
 			return nil, err
 		}
@@ -301,8 +293,8 @@ func (s *Store) Unverified(ctx context.Context) ([]int, error) {
 			}
 			now[addr] = id
 		}
-		if recorded != id {
-			out = append(out, i)
+		if st.Server != id {
+			out = append(out, st.Index)
 		}
 	}
 	return out, nil
@@ -522,7 +514,8 @@ type ShardState struct {
 	Reserved   int64 // units in RESERVED reservations
 	Allocation int64 // units given to this shard (seed + changes)
 	LastChange int64
-	Withdrawn  int64 // units taken out of stock for an allocation decrease not yet settled
+	Withdrawn  int64  // units taken out of stock for an allocation decrease not yet settled
+	Server     string // run id of the server the shard was seeded or rebuilt on ("": not recorded)
 	// Unverified: the meta names another server process than the one this
 	// Store's reserve calls last found holding the shard (see reserve.lua), so
 	// the reserve script refuses it. From cached run ids: unknown until this
@@ -558,8 +551,8 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Allocation = atoi64(toString(m[3]))
 			st.LastChange = atoi64(toString(m[4]))
 			st.Withdrawn = atoi64(toString(m[5]))
-			if srv := toString(m[6]); srv != "" {
-				st.Unverified = s.knownOther(ctx, s.shards[i].Meta(), srv)
+			if st.Server = toString(m[6]); st.Server != "" {
+				st.Unverified = s.knownOther(ctx, s.shards[i].Meta(), st.Server)
 			}
 		}
 		out[i] = st
