@@ -15,6 +15,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -37,7 +38,8 @@ const benchRounds = 3
 // engine/256, raw-script/256, engine/64#01, ...). Besides the rate, each
 // reports the CPU time per reservation of this process (the engine or the raw
 // client), of redis-server and of PostgreSQL (postmaster and backends): the
-// three share the machine's cores.
+// three share the machine's cores. The engine variant also reports the mean
+// rows per ledger batch, which sets PostgreSQL's cost per reservation.
 func BenchmarkReserve(b *testing.B) {
 	for range benchRounds {
 		for _, inFlight := range benchInFlight {
@@ -59,7 +61,12 @@ func benchmarkReserve(b *testing.B, kind string) {
 	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
 		b.Fatal(err)
 	}
-	f := newFixture(b, rdb, withAllocation(1_000_000_000), withShards(10), withMaxPerUser(1))
+	var batches, rows atomic.Int64
+	count := withMaterializer(ledger.MaterializerConfig{OnBatch: func(n int, _ time.Duration) {
+		batches.Add(1)
+		rows.Add(int64(n))
+	}})
+	f := newFixture(b, rdb, withAllocation(1_000_000_000), withShards(10), withMaxPerUser(1), count)
 	var seq atomic.Int64
 	cpu0 := markCPU()
 	b.ResetTimer()
@@ -90,6 +97,9 @@ func benchmarkReserve(b *testing.B, kind string) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reservations/s")
 	markCPU().since(cpu0).report(b, b.N)
+	if kind == "engine" && batches.Load() > 0 {
+		b.ReportMetric(float64(rows.Load())/float64(batches.Load()), "rows/batch")
+	}
 }
 
 // cpuMark is the CPU time used so far by this process, redis-server and

@@ -89,17 +89,27 @@ type fixture struct {
 	pg  *testharness.Postgres
 }
 
-type option func(*engine.Config)
-
-func withAllocation(n int64) option { return func(c *engine.Config) { c.Allocation = n } }
-func withShards(n int) option       { return func(c *engine.Config) { c.Shards = n } }
-func withMaxPerUser(n int) option   { return func(c *engine.Config) { c.MaxPerUser = n } }
-func withTTL(ttl, grace time.Duration) option {
-	return func(c *engine.Config) { c.TTL, c.Grace = ttl, grace }
+// fixtureConfig is what a fixture's options set: the engine's configuration
+// and its group-commit writer's.
+type fixtureConfig struct {
+	engine.Config
+	mat ledger.MaterializerConfig
 }
-func withSteal(n int) option { return func(c *engine.Config) { c.StealProbes = n } }
+
+type option func(*fixtureConfig)
+
+func withAllocation(n int64) option { return func(c *fixtureConfig) { c.Allocation = n } }
+func withShards(n int) option       { return func(c *fixtureConfig) { c.Shards = n } }
+func withMaxPerUser(n int) option   { return func(c *fixtureConfig) { c.MaxPerUser = n } }
+func withTTL(ttl, grace time.Duration) option {
+	return func(c *fixtureConfig) { c.TTL, c.Grace = ttl, grace }
+}
+func withSteal(n int) option { return func(c *fixtureConfig) { c.StealProbes = n } }
 func withClaimSlack(d time.Duration) option {
-	return func(c *engine.Config) { c.ClaimSlack = d }
+	return func(c *fixtureConfig) { c.ClaimSlack = d }
+}
+func withMaterializer(mc ledger.MaterializerConfig) option {
+	return func(c *fixtureConfig) { c.mat = mc }
 }
 
 func randomID() string {
@@ -114,14 +124,15 @@ func newFixture(t testing.TB, rdb redis.UniversalClient, opts ...option) *fixtur
 
 func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postgres, opts ...option) *fixture {
 	t.Helper()
-	cfg := engine.Config{
+	fc := fixtureConfig{Config: engine.Config{
 		CampaignID: "c-" + randomID(), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",
 		Allocation: 100, Shards: 4, MaxPerUser: 1, TTL: time.Minute, Grace: 0, StealProbes: 2,
 		IDSecret: []byte("0123456789abcdef0123456789abcdef"),
-	}
+	}}
 	for _, o := range opts {
-		o(&cfg)
+		o(&fc)
 	}
+	cfg := fc.Config
 	dsn, err := pg.NewDatabase()
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +142,7 @@ func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postg
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
-	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	e, err := engine.New(cfg, rdb, l, fc.mat)
 	if err != nil {
 		t.Fatal(err)
 	}
