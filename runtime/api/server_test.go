@@ -217,6 +217,26 @@ func TestClosedGates(t *testing.T) {
 	})
 }
 
+// A process that has not made a reserve call since Redis restarted (from a
+// snapshot, or a promoted replica) still reports the shards it would refuse:
+// availability and the shard gauge read the servers' run ids themselves.
+func TestForeignShardsClosedBeforeAnyReserve(t *testing.T) {
+	f := newFixture(t, withAllocation(10), withShards(2))
+	if err := f.rdb.HSet(context.Background(), f.e.Store().Keys(1).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
+		t.Fatal(err)
+	}
+	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+	if av.status != http.StatusOK || !strings.Contains(string(av.body), `"status":"CLOSED"`) {
+		t.Fatalf("availability: %d %s", av.status, av.body)
+	}
+	m := f.call(http.MethodGet, "/metrics", "", nil)
+	for _, want := range []string{`flashsale_shard_open{shard="0"} 1`, `flashsale_shard_open{shard="1"} 0`} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
 func TestRateLimit(t *testing.T) {
 	f := newFixture(t, withRateLimit(1, 2))
 	ask := func(user string) response {

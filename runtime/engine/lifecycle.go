@@ -55,11 +55,7 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 		}
 	}
 	if present == len(states) {
-		unverified, err := e.store.Unverified(ctx, states)
-		if err != nil {
-			return SeedResult{}, fmt.Errorf("redis: %w", err)
-		}
-		if len(unverified) > 0 {
+		if unverified := stock.Unverified(states); len(unverified) > 0 {
 			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %v hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, unverified)
 		}
 		return SeedResult{Campaign: c, Live: true}, nil
@@ -517,9 +513,7 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 			h.Stale = append(h.Stale, s.Index)
 		}
 	}
-	if h.Unverified, err = e.store.Unverified(ctx, states); err != nil {
-		return h, err
-	}
+	h.Unverified = stock.Unverified(states)
 	h.RunIDs, err = e.store.RunIDs(ctx)
 	return h, err
 }

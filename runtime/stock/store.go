@@ -207,17 +207,6 @@ func (s *Store) redirected(ctx context.Context, err error) {
 	}
 }
 
-// knownOther reports whether the server holding key is known, from the run
-// ids the reserve path cached, to be another process than srv.
-func (s *Store) knownOther(ctx context.Context, key, srv string) bool {
-	node, err := s.node(ctx, key)
-	if err != nil {
-		return false
-	}
-	id, ok := s.runIDs.Load(node.Options().Addr)
-	return ok && id.(string) != srv
-}
-
 // refreshRunID reads node's run id and remembers it for its address.
 func (s *Store) refreshRunID(ctx context.Context, node *redis.Client) (string, error) {
 	id, err := runID(ctx, node)
@@ -272,32 +261,15 @@ func (s *Store) Stamp(ctx context.Context) (int, error) {
 // by another server process than the one holding them now (see reserve.lua):
 // restarted from a snapshot, or a replica promoted by a failover. Their stock
 // may be older than the ledger; the reserve script refuses them until they are
-// rebuilt. Shards without meta, or whose meta records no server, are not
-// listed. Each server's run id is read once, now.
-func (s *Store) Unverified(ctx context.Context, states []ShardState) ([]int, error) {
-	now := map[string]string{} // address -> run id
+// rebuilt.
+func Unverified(states []ShardState) []int {
 	var out []int
 	for _, st := range states {
-		if st.Server == "" {
-			continue
-		}
-		node, err := s.node(ctx, s.shards[st.Index].Meta())
-		if err != nil {
-			return nil, err
-		}
-		addr := node.Options().Addr
-		id, ok := now[addr]
-		if !ok {
-			if id, err = runID(ctx, node); err != nil {
-				return nil, err
-			}
-			now[addr] = id
-		}
-		if st.Server != id {
+		if st.Unverified {
 			out = append(out, st.Index)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // ReleaseCode is the outcome of release.lua and cancel.lua.
@@ -516,15 +488,15 @@ type ShardState struct {
 	LastChange int64
 	Withdrawn  int64  // units taken out of stock for an allocation decrease not yet settled
 	Server     string // run id of the server the shard was seeded or rebuilt on ("": not recorded)
-	// Unverified: the meta names another server process than the one this
-	// Store's reserve calls last found holding the shard (see reserve.lua), so
-	// the reserve script refuses it. From cached run ids: unknown until this
-	// Store has reserved on the server.
+	// Unverified: the meta names another server process than the one holding
+	// the shard now (its run id read by State), so the reserve script refuses
+	// it (see reserve.lua). A meta that records no server is never unverified.
 	Unverified bool
 }
 
-// State reads every shard's stock and meta in one pipeline: cheap enough to run
-// every few seconds during a storm.
+// State reads every shard's stock and meta in one pipeline, then the run id of
+// each server holding a meta that records one (one INFO per server): cheap
+// enough to run every few seconds during a storm.
 func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 	pipe := s.rdb.Pipeline()
 	stocks := make([]*redis.StringCmd, len(s.shards))
@@ -551,13 +523,39 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Allocation = atoi64(toString(m[3]))
 			st.LastChange = atoi64(toString(m[4]))
 			st.Withdrawn = atoi64(toString(m[5]))
-			if st.Server = toString(m[6]); st.Server != "" {
-				st.Unverified = s.knownOther(ctx, s.shards[i].Meta(), st.Server)
-			}
+			st.Server = toString(m[6])
 		}
 		out[i] = st
 	}
-	return out, nil
+	return out, s.verifyServers(ctx, out)
+}
+
+// verifyServers sets Unverified on the states whose meta records another
+// server process than the one holding the shard now. Each server's run id is
+// read once, now: the reserve path's cached ids would miss a restart that no
+// reserve call has run into yet.
+func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
+	now := map[string]string{} // address -> run id
+	for i := range states {
+		st := &states[i]
+		if st.Server == "" {
+			continue
+		}
+		node, err := s.node(ctx, s.shards[st.Index].Meta())
+		if err != nil {
+			return err
+		}
+		addr := node.Options().Addr
+		id, ok := now[addr]
+		if !ok {
+			if id, err = runID(ctx, node); err != nil {
+				return err
+			}
+			now[addr] = id
+		}
+		st.Unverified = st.Server != id
+	}
+	return nil
 }
 
 // RunIDs returns the run_id of every Redis server holding shards (every master of a
