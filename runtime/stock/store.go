@@ -86,7 +86,7 @@ type Store struct {
 	campaign string
 	shards   []Keys
 	backstop time.Duration
-	runIDs   sync.Map // server address -> run id (string) its reserve script is loaded for
+	servers  sync.Map // server address -> *serverScript
 }
 
 // New returns the Store of a campaign with the given number of shards.
@@ -154,27 +154,26 @@ func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, err
 // that server process (see reserve.lua). It runs on that server's own client,
 // never through cluster redirections, so a body never runs on another server
 // than the one it was loaded for. NOSCRIPT means a new server process (or
-// SCRIPT FLUSH): its run id is read again before the script is loaded.
+// SCRIPT FLUSH): the script is loaded again for the run id the server has now.
 func (s *Store) runReserve(ctx context.Context, key string, keys []string, args ...any) ([]any, error) {
 	node, err := s.node(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	var id string
-	if v, ok := s.runIDs.Load(node.Options().Addr); ok {
-		id = v.(string)
-	} else if id, err = s.refreshRunID(ctx, node); err != nil {
-		return nil, err
+	srv := s.server(node.Options().Addr)
+	cur := srv.loaded.Load()
+	if cur == nil {
+		if cur, err = s.loadReserve(ctx, node, srv, nil); err != nil {
+			return nil, err
+		}
 	}
-	v, err := ReserveScriptFor(id).EvalSha(ctx, node, keys, args...).Slice()
-	if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-		s.redirected(ctx, err)
-		return v, err
+	v, err := ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if cur, err = s.loadReserve(ctx, node, srv, cur); err != nil {
+			return nil, err
+		}
+		v, err = ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
 	}
-	if id, err = s.refreshRunID(ctx, node); err != nil {
-		return nil, err
-	}
-	v, err = ReserveScriptFor(id).Eval(ctx, node, keys, args...).Slice()
 	s.redirected(ctx, err)
 	return v, err
 }
@@ -205,16 +204,6 @@ func (s *Store) redirected(ctx context.Context, err error) {
 		redis.HasErrorPrefix(err, "CLUSTERDOWN") {
 		c.ReloadState(ctx)
 	}
-}
-
-// refreshRunID reads node's run id and remembers it for its address.
-func (s *Store) refreshRunID(ctx context.Context, node *redis.Client) (string, error) {
-	id, err := runID(ctx, node)
-	if err != nil {
-		return "", err
-	}
-	s.runIDs.Store(node.Options().Addr, id)
-	return id, nil
 }
 
 func runID(ctx context.Context, node *redis.Client) (string, error) {

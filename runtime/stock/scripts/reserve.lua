@@ -34,7 +34,9 @@
 -- may be older than the ledger (reservations it never saw), so the shard refuses
 -- (CLOSED UNVERIFIED) until it is rebuilt. A new server process has an empty
 -- script cache, so every caller reloads, and reads the new run_id, before its
--- first reservation there.
+-- first reservation there. The run_id is read and the body loaded over one
+-- connection, which cannot outlive its server process: a body is never loaded
+-- into a process other than the one whose run_id it carries.
 --
 -- Returns {code, expiry, epoch, extra, status}
 --   1 RESERVED  extra = stock left on this shard
