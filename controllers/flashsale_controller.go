@@ -171,10 +171,14 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 // can be made durable or taken) and the controller retries soon.
 func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 	var le *ledgerError
-	if errors.As(err, &le) {
+	switch {
+	case errors.As(err, &le):
 		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerUnreachable, err.Error())
-	} else {
+	case errors.Is(err, stock.ErrRedisTooOld):
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnsupported, err.Error())
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnsupported, err.Error())
+	default:
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnreachable, err.Error())
 	}

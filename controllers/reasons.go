@@ -13,6 +13,8 @@ const (
 	ReasonUnreachable       = "Unreachable"
 	ReasonLedgerUnreachable = "LedgerUnreachable"
 	ReasonRedisUnreachable  = "RedisUnreachable"
+	ReasonUnsupported       = "Unsupported"
+	ReasonRedisUnsupported  = "RedisUnsupported"
 	ReasonUnhealthy         = "Unhealthy"
 	ReasonSeeded            = "Seeded"
 	ReasonRedisDataLost     = "RedisDataLost"

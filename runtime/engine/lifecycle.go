@@ -72,6 +72,10 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 			return SeedResult{Campaign: c}, fmt.Errorf("%w: the ledger already has orders", ErrNeedsRebuild)
 		}
 	}
+	// Refuse unsupported servers before writing anything (stock.ErrRedisTooOld).
+	if _, err := e.store.RunIDs(ctx); err != nil {
+		return SeedResult{}, fmt.Errorf("redis: %w", err)
+	}
 	res := SeedResult{Campaign: c}
 	for i, units := range c.ShardAllocations {
 		ok, err := e.store.Seed(ctx, i, units, c.Epoch, gate, c.LastChangeID)

@@ -1,6 +1,7 @@
 package stock
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -64,5 +65,23 @@ func TestKeysShareOneHashTag(t *testing.T) {
 	}
 	if len(CampaignTag(uid)) != 22 || CampaignTag("c-123") != "c-123" || CampaignTag(uid) == CampaignTag("7c9e6679-7425-40de-944b-e07fc1f90ae8") {
 		t.Fatalf("campaign tag %q", CampaignTag(uid))
+	}
+}
+
+func TestCheckVersion(t *testing.T) {
+	for _, v := range []string{"7.0.15", "7.2.4", "8.0.1", "10.0.0"} {
+		if err := checkVersion("r:6379", v); err != nil {
+			t.Errorf("%s: %v", v, err)
+		}
+	}
+	for _, v := range []string{"6.2.14", "5.0.7"} {
+		if err := checkVersion("r:6379", v); !errors.Is(err, ErrRedisTooOld) || !strings.Contains(err.Error(), "r:6379 runs "+v) {
+			t.Errorf("%s: %v", v, err)
+		}
+	}
+	for _, v := range []string{"", "x.y"} {
+		if err := checkVersion("r:6379", v); err == nil || errors.Is(err, ErrRedisTooOld) {
+			t.Errorf("%q: %v", v, err)
+		}
 	}
 }

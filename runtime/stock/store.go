@@ -206,9 +206,19 @@ func (s *Store) redirected(ctx context.Context, err error) {
 	}
 }
 
+// ErrRedisTooOld: a server runs a Redis older than 7.0. Older servers copy
+// SCRIPT LOAD to their replicas and their AOF, so a promoted replica, or a
+// server restarted from its AOF, would hold a reserve script body loaded for
+// another process and accept its possibly older data (see reserve.lua).
+var ErrRedisTooOld = errors.New("the shards need Redis 7.0 or later")
+
+// runID reads node's run id, and refuses a server older than 7.0.
 func runID(ctx context.Context, node *redis.Client) (string, error) {
 	info, err := node.Info(ctx, "server").Result()
 	if err != nil {
+		return "", err
+	}
+	if err := checkVersion(node.Options().Addr, infoField(info, "redis_version")); err != nil {
 		return "", err
 	}
 	id := infoField(info, "run_id")
@@ -600,6 +610,18 @@ func (s *Store) DeleteAll(ctx context.Context) (int, error) {
 	default:
 		return 0, fmt.Errorf("unsupported redis client %T", s.rdb)
 	}
+}
+
+func checkVersion(addr, version string) error {
+	major, _, _ := strings.Cut(version, ".")
+	n, err := strconv.Atoi(major)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: INFO server gives no redis_version (%q)", addr, version)
+	case n < 7:
+		return fmt.Errorf("%w: %s runs %s", ErrRedisTooOld, addr, version)
+	}
+	return nil
 }
 
 func infoField(info, name string) string {
