@@ -1,7 +1,6 @@
 package podrunner
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,7 +31,7 @@ import (
 var (
 	kube   kubernetes.Interface
 	runner *Runner
-	logBuf *syncBuffer
+	logBuf *testharness.SyncBuffer
 )
 
 func TestMain(m *testing.M) {
@@ -56,7 +54,7 @@ func TestMain(m *testing.M) {
 		}
 		defer k.Stop()
 		kube = kubernetes.NewForConfigOrDie(k.Config)
-		logBuf = &syncBuffer{}
+		logBuf = &testharness.SyncBuffer{}
 		runner, err = New(Config{
 			Kube: k.Config, Binary: bin, Dir: filepath.Join(dir, "runner"),
 			MaxGrace: 5 * time.Second, BackoffInitial: 200 * time.Millisecond, BackoffMax: time.Second,
@@ -86,24 +84,6 @@ func TestMain(m *testing.M) {
 		return code
 	}()
 	os.Exit(code)
-}
-
-// syncBuffer collects the runner's log, shown when a test fails.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 var nsSeq atomic.Int32

@@ -31,7 +31,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -242,7 +241,7 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 		EnvListen+"="+addr,
 	)
 
-	var logs syncBuffer
+	var logs testharness.SyncBuffer
 	proc := exec.Command(bin, "reserve")
 	proc.Env, proc.Stdout, proc.Stderr = env, &logs, &logs
 	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -368,24 +367,6 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 	if !strings.Contains(lines[len(lines)-1], `"msg":"stopped"`) {
 		t.Fatalf("last log line %q", lines[len(lines)-1])
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the child's two output streams.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestDebugListenerServesProfiles(t *testing.T) {
