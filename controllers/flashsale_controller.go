@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -178,6 +179,10 @@ func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 	case errors.Is(err, stock.ErrRedisTooOld):
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnsupported, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnsupported, err.Error())
+	case redis.IsAuthError(err) || redis.IsPermissionError(err):
+		// Wrong credentials, or an ACL user without a command the operator needs.
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonForbidden, err.Error())
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisForbidden, err.Error())
 	default:
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnreachable, err.Error())

@@ -525,6 +525,53 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	})
 }
 
+// Wrong Redis credentials and an ACL user missing a command the operator needs
+// each say so in the Ready reason, and nothing is seeded until they are fixed.
+func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {
+	r := testharness.RedisT(t)
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = admin.Close() })
+	ctx := context.Background()
+	// Everything but INFO, which tells a restarted server from the one checked.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "shop", "on", ">s3cret", "~*", "&*", "+@all", "-info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, r.Addr(), sharedPG)
+	e.create(e.secret("acl-redis", map[string]string{"addresses": r.Addr(), "username": "shop", "password": "wrong"}))
+	e.startController()
+	e.apply(e.sale("acl", 10).redisSecret("acl-redis"))
+	forbidden := func(word string) func(*flashsalev1alpha1.FlashSale) bool {
+		return func(fs *flashsalev1alpha1.FlashSale) bool {
+			c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+			return c != nil && c.Reason == controllers.ReasonRedisForbidden && strings.Contains(c.Message, word)
+		}
+	}
+	fs := e.waitFor("acl", settle, "RedisForbidden (WRONGPASS)", forbidden("WRONGPASS"))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != controllers.ReasonForbidden {
+		t.Fatalf("RedisHealthy %+v", c)
+	}
+
+	var s corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "acl-redis"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Data["password"] = []byte("s3cret")
+	if err := k8s.Update(ctx, &s); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("acl", settle, "RedisForbidden (NOPERM info)", forbidden("info"))
+	if n, err := admin.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Fatalf("seeded without the permissions it needs: %d keys, %v", n, err)
+	}
+
+	if err := admin.Do(ctx, "ACL", "SETUSER", "shop", "+info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("acl", settle, "Open with the permission granted", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && fs.Status.Available == 10
+	})
+}
+
 func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()

@@ -15,6 +15,8 @@ const (
 	ReasonRedisUnreachable  = "RedisUnreachable"
 	ReasonUnsupported       = "Unsupported"
 	ReasonRedisUnsupported  = "RedisUnsupported"
+	ReasonForbidden         = "Forbidden"
+	ReasonRedisForbidden    = "RedisForbidden"
 	ReasonUnhealthy         = "Unhealthy"
 	ReasonSeeded            = "Seeded"
 	ReasonRedisDataLost     = "RedisDataLost"
