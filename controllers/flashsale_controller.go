@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -173,6 +174,10 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 	var le *ledgerError
 	switch {
+	case errors.As(err, &le) && pgForbidden(err):
+		msg := "PostgreSQL ledger refused the operator: " + le.err.Error()
+		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonForbidden, msg)
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerForbidden, msg)
 	case errors.As(err, &le):
 		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerUnreachable, err.Error())
@@ -273,6 +278,14 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 	s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
 	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))
 	return false, nil
+}
+
+// pgForbidden reports a PostgreSQL refusal of the credentials or of a
+// permission: no such role or no pg_hba entry, a wrong password, or a missing
+// privilege (the migrations create tables).
+func pgForbidden(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "28000" || pe.Code == "28P01" || pe.Code == "42501")
 }
 
 // classify turns errors that come from the ledger into ledgerErrors.

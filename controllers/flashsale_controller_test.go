@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -570,6 +571,29 @@ func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {
 	e.waitFor("acl", settle, "Open with the permission granted", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && fs.Status.Available == 10
 	})
+}
+
+// A ledger DSN whose role PostgreSQL refuses says so in the Ready reason.
+func TestLedgerCredentialsAreNamed(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	u, err := url.Parse(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("nobody")
+	e.create(e.secret("stranger-ledger", map[string]string{"dsn": u.String()}))
+	e.startController()
+	e.apply(e.sale("stranger", 10).ledgerSecret("stranger-ledger"))
+	fs := e.waitFor("stranger", settle, "LedgerForbidden", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonLedgerForbidden
+	})
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy); c == nil || c.Reason != controllers.ReasonForbidden || !strings.Contains(c.Message, `"nobody"`) {
+		t.Fatalf("LedgerHealthy %+v", c)
+	}
+	if conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue) {
+		t.Fatal("seeded without its ledger")
+	}
 }
 
 func TestDeleteCleansRedisKeepsLedger(t *testing.T) {

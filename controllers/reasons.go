@@ -17,6 +17,7 @@ const (
 	ReasonRedisUnsupported  = "RedisUnsupported"
 	ReasonForbidden         = "Forbidden"
 	ReasonRedisForbidden    = "RedisForbidden"
+	ReasonLedgerForbidden   = "LedgerForbidden"
 	ReasonUnhealthy         = "Unhealthy"
 	ReasonSeeded            = "Seeded"
 	ReasonRedisDataLost     = "RedisDataLost"
