@@ -18,21 +18,10 @@ import (
 // script that carries its previous run id: that body would accept the
 // snapshot's stock, which misses every reservation made since, as verified.
 func TestLoadRacingARestartLoadsNothing(t *testing.T) {
-	r := testharness.RedisT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	r, rdb, s := oneShard(t, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := New(rdb, "c-load-race", 1)
-	if _, err := s.Seed(ctx, 0, 10, 1, StateOpen, 0); err != nil {
-		t.Fatal(err)
-	}
-	reserve := func(user string) (ShardResult, error) {
-		return s.Reserve(ctx, ReserveRequest{
-			Shard: 0, Home: 0, Mode: ModeHome, User: user, Key: "k-" + user,
-			Quantity: 1, MaxPerUser: 1, TTL: time.Minute,
-		})
-	}
+	reserve := func(user string) (ShardResult, error) { return reserveOne(ctx, s, user) }
 	if res, err := reserve("before"); err != nil || res.Code != Reserved {
 		t.Fatalf("first reserve: %+v %v", res, err)
 	}
@@ -91,20 +80,11 @@ func TestLoadRacingARestartLoadsNothing(t *testing.T) {
 // After a server forgets its scripts, the callers that meet NOSCRIPT at once
 // share one load instead of each opening a connection to load the script.
 func TestConcurrentNoScriptLoadsOnce(t *testing.T) {
-	r := testharness.RedisT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 64})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb, s := oneShard(t, 1000)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := New(rdb, "c-load-once", 1)
-	if _, err := s.Seed(ctx, 0, 1000, 1, StateOpen, 0); err != nil {
-		t.Fatal(err)
-	}
 	reserve := func(user string) error {
-		res, err := s.Reserve(ctx, ReserveRequest{
-			Shard: 0, Home: 0, Mode: ModeHome, User: user, Key: "k-" + user,
-			Quantity: 1, MaxPerUser: 1, TTL: time.Minute,
-		})
+		res, err := reserveOne(ctx, s, user)
 		if err == nil && res.Code != Reserved {
 			err = fmt.Errorf("%+v", res)
 		}
@@ -138,4 +118,25 @@ func TestConcurrentNoScriptLoadsOnce(t *testing.T) {
 	if !strings.Contains(info, "cmdstat_script|load:calls=1,") {
 		t.Fatalf("want one SCRIPT LOAD:\n%s", info)
 	}
+}
+
+// oneShard starts a Redis and seeds a campaign of one open shard on it.
+func oneShard(t *testing.T, units int64) (*testharness.Redis, *redis.Client, *Store) {
+	t.Helper()
+	r := testharness.RedisT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 64})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := New(rdb, "c-"+strings.ToLower(t.Name()), 1)
+	if _, err := s.Seed(context.Background(), 0, units, 1, StateOpen, 0); err != nil {
+		t.Fatal(err)
+	}
+	return r, rdb, s
+}
+
+// reserveOne reserves one unit for user, with a request key of its own.
+func reserveOne(ctx context.Context, s *Store, user string) (ShardResult, error) {
+	return s.Reserve(ctx, ReserveRequest{
+		Shard: 0, Home: 0, Mode: ModeHome, User: user, Key: "k-" + user,
+		Quantity: 1, MaxPerUser: 1, TTL: time.Minute,
+	})
 }
