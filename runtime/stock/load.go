@@ -3,8 +3,8 @@ package stock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
-	"sync"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -18,8 +18,8 @@ var ErrServerChanged = errors.New("the Redis server connection was lost while lo
 // serverScript is what a Store knows of one Redis server: the run id the
 // reserve script was last loaded there for.
 type serverScript struct {
-	mu     sync.Mutex                   // one load at a time
-	loaded atomic.Pointer[loadedScript] // nil until the first load
+	loading chan struct{}                // capacity 1: one load at a time
+	loaded  atomic.Pointer[loadedScript] // nil until the first load
 }
 
 type loadedScript struct{ runID string }
@@ -28,7 +28,7 @@ func (s *Store) server(addr string) *serverScript {
 	if v, ok := s.servers.Load(addr); ok {
 		return v.(*serverScript)
 	}
-	v, _ := s.servers.LoadOrStore(addr, &serverScript{})
+	v, _ := s.servers.LoadOrStore(addr, &serverScript{loading: make(chan struct{}, 1)})
 	return v.(*serverScript)
 }
 
@@ -36,9 +36,15 @@ func (s *Store) server(addr string) *serverScript {
 // that process's run id, and returns what it loaded. seen is what the caller
 // found loaded before the server answered NOSCRIPT (nil: nothing yet); when
 // another caller has loaded since, its load is returned and no load is made.
+// Waiting for another caller's load ends with ctx, so a hung server does not
+// hold callers past their deadlines.
 func (s *Store) loadReserve(ctx context.Context, node *redis.Client, srv *serverScript, seen *loadedScript) (*loadedScript, error) {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
+	select {
+	case srv.loading <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the reserve script to load: %w", ctx.Err())
+	}
+	defer func() { <-srv.loading }()
 	if cur := srv.loaded.Load(); cur != nil && cur != seen {
 		return cur, nil
 	}

@@ -2,9 +2,11 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,4 +141,61 @@ func reserveOne(ctx context.Context, s *Store, user string) (ShardResult, error)
 		Shard: 0, Home: 0, Mode: ModeHome, User: user, Key: "k-" + user,
 		Quantity: 1, MaxPerUser: 1, TTL: time.Minute,
 	})
+}
+
+// Callers waiting for another caller's script load give up at their own
+// deadlines when the server hangs (here: redis-server stopped with SIGSTOP),
+// instead of queueing behind the load; the load itself completes once the
+// server answers again.
+func TestLoadWaitEndsWithTheCallersContext(t *testing.T) {
+	r, _, seeded := oneShard(t, 10)
+	// Another process of the same campaign, with nothing loaded yet, whose
+	// reads wait long for a hung server.
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ReadTimeout: 30 * time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := New(rdb, seeded.campaign, 1)
+	if err := syscall.Kill(r.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(r.PID(), syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+
+	// The first caller, with a long deadline, holds the load.
+	held := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res, err := reserveOne(ctx, s, "holder")
+		if err == nil && res.Code != Reserved {
+			err = fmt.Errorf("%+v", res)
+		}
+		held <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range 10 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			if _, err := reserveOne(ctx, s, fmt.Sprintf("waiter%d", i)); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("waiter %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("waiters with 300ms deadlines returned after %v: they queued behind the load", d)
+	}
+	resume()
+	if err := <-held; err != nil {
+		t.Fatalf("the load after the server resumed: %v", err)
+	}
 }
