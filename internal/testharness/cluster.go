@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // clusterMasters is the number of masters of a cluster.
@@ -137,6 +139,72 @@ func (c *RedisCluster) Failover(slot int) (*Redis, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return replica, c.waitOK()
+}
+
+// MoveSlot moves slot, with its keys, from the master serving it to the
+// master to, the way a resharding does: IMPORTING on the target, MIGRATING on
+// the source, MIGRATE of the keys, then SETSLOT NODE on every master. It waits
+// until every node names to as the slot's master.
+func (c *RedisCluster) MoveSlot(slot int, to *Redis) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	from, err := c.masterOf(slot)
+	if err != nil {
+		return err
+	}
+	if from == to {
+		return fmt.Errorf("redis cluster: %s already serves slot %d", to.Addr(), slot)
+	}
+	fromID, err := redisCmd(from.Addr(), "CLUSTER", "MYID")
+	if err != nil {
+		return err
+	}
+	toID, err := redisCmd(to.Addr(), "CLUSTER", "MYID")
+	if err != nil {
+		return err
+	}
+	n := strconv.Itoa(slot)
+	if _, err := redisCmd(to.Addr(), "CLUSTER", "SETSLOT", n, "IMPORTING", fromID); err != nil {
+		return err
+	}
+	if _, err := redisCmd(from.Addr(), "CLUSTER", "SETSLOT", n, "MIGRATING", toID); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	src := redis.NewClient(&redis.Options{Addr: from.Addr()})
+	defer src.Close()
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			return fmt.Errorf("redis cluster: migrate slot %d: %w", slot, err)
+		}
+	}
+	for _, m := range []*Redis{to, from} {
+		if _, err := redisCmd(m.Addr(), "CLUSTER", "SETSLOT", n, "NODE", toID); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		if m, err := c.masterOf(slot); err == nil && m == to {
+			return c.waitOK()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis cluster: nodes do not all name %s as the master of slot %d after %v", to.Addr(), slot, readyTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // slotMasterPort is the port of the master serving slot, as the node at addr

@@ -532,6 +532,88 @@ func TestFailoverRefusedUntilRebuilt(t *testing.T) {
 	}
 }
 
+// A resharding that moves a live shard's slot to another master while buyers
+// keep reserving carries the shard's meta there, stamped by the old master: the
+// shard refuses (UNVERIFIED) until it is rebuilt, nothing is oversold, and the
+// rebuild gives back exactly the ledger's counts.
+func TestReshardRefusedUntilRebuilt(t *testing.T) {
+	c := testharness.RedisClusterT(t)
+	rdb := clusterClient(t, c.Addrs())
+	f := newFixture(t, rdb, withAllocation(400), withShards(4))
+	ctx := context.Background()
+	reserveMany(t, f, "early", 8)
+	user := ""
+	for i := 0; user == ""; i++ {
+		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
+			user = u
+		}
+	}
+
+	// Buyers on every shard while the slot moves; errors (the moving shard's
+	// TRYAGAIN and ASK answers) are refusals.
+	var acked atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := f.e.Reserve(ctx, fmt.Sprintf("during-%d-%d", g, i), "r", 1)
+				if err == nil && r.Outcome == engine.OutcomeReserved {
+					acked.Add(1)
+				}
+			}
+		})
+	}
+	slot := int(rdb.(*redis.ClusterClient).ClusterKeySlot(ctx, f.e.Store().Keys(0).Meta()).Val())
+	moved := false
+	for _, n := range c.Nodes() {
+		if err := c.MoveSlot(slot, n); err == nil {
+			moved = true
+			break
+		} else if !strings.Contains(err.Error(), "already serves") {
+			close(stop)
+			wg.Wait()
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if !moved {
+		t.Fatal("the slot did not move")
+	}
+	t.Logf("%d reservations acknowledged while the slot moved", acked.Load())
+	f.assertNoOversell()
+
+	var res engine.ReserveResult
+	eventually(t, 20*time.Second, "an answer from the new master", func() bool {
+		var err error
+		res, err = f.e.Reserve(ctx, user, "r", 1)
+		return err == nil
+	})
+	if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
+		t.Fatalf("the first reserve after the move: %+v", res)
+	}
+	h, err := f.e.Check(ctx, 1)
+	if err != nil || !slices.Contains(h.Unverified, 0) || len(h.Unverified) != 1 {
+		t.Fatalf("check %+v %v", h, err)
+	}
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {
+		t.Fatalf("after the rebuild: %+v", res)
+	}
+	want := 8 + acked.Load() + 1
+	if n := f.assertConserved(); n.Reserved != want || n.Available != 400-want {
+		t.Fatalf("counts %+v, want %d reserved", n, want)
+	}
+}
+
 // Shards seeded before metas recorded their server (no srv) keep selling, and
 // Stamp records the server once, after which a restart is caught as for any
 // other shard.
