@@ -2,6 +2,7 @@ package testharness
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -187,5 +188,49 @@ func TestRedisClusterFailover(t *testing.T) {
 			t.Fatalf("the client still sees %v (%v) as the master", m, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRedisClusterMoveSlot(t *testing.T) {
+	c := RedisClusterT(t)
+	cc := newClusterClient(t, c)
+	ctx := context.Background()
+	if err := cc.Set(ctx, stockKey, 7, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.HSet(ctx, metaKey, "reserved", 2).Err(); err != nil {
+		t.Fatal(err)
+	}
+	slot := int(cc.ClusterKeySlot(ctx, stockKey).Val())
+	before, err := c.masterOf(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MoveSlot(slot, before); err == nil || !strings.Contains(err.Error(), "already serves") {
+		t.Fatalf("moving a slot to its own master: %v", err)
+	}
+	to := c.Nodes()[0]
+	if to == before {
+		to = c.Nodes()[1]
+	}
+	if err := c.MoveSlot(slot, to); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c.masterOf(slot); err != nil || m != to {
+		t.Fatalf("slot %d is served by %v (%v), want %s", slot, m, err, to.Addr())
+	}
+	checkClusterShape(t, c, cc)
+	// The keys moved with the slot: the new master has them, the old one none.
+	direct := redis.NewClient(&redis.Options{Addr: to.Addr()})
+	defer direct.Close()
+	if v, err := direct.Get(ctx, stockKey).Int(); err != nil || v != 7 {
+		t.Fatalf("the new master has stock %v, %v", v, err)
+	}
+	if n, err := redisCmd(before.Addr(), "CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(slot)); err != nil || n != "0" {
+		t.Fatalf("the old master still has %s keys in the slot (%v)", n, err)
+	}
+	cc.ReloadState(ctx)
+	if v, err := cc.HGet(ctx, metaKey, "reserved").Int(); err != nil || v != 2 {
+		t.Fatalf("meta through the cluster client: %v, %v", v, err)
 	}
 }
