@@ -163,18 +163,18 @@ func (s *Store) runReserve(ctx context.Context, key string, keys []string, args 
 	srv := s.server(node.Options().Addr)
 	cur := srv.loaded.Load()
 	if cur == nil {
-		if cur, err = s.loadReserve(ctx, node, srv, nil); err != nil {
-			return nil, err
-		}
+		cur, err = s.loadReserve(ctx, node, srv, nil)
 	}
-	v, err := ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if cur, err = s.loadReserve(ctx, node, srv, cur); err != nil {
-			return nil, err
-		}
+	var v []any
+	if err == nil {
 		v, err = ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
 	}
-	s.redirected(ctx, err)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if cur, err = s.loadReserve(ctx, node, srv, cur); err == nil {
+			v, err = ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
+		}
+	}
+	s.redirected(ctx, err) // a failed load too: the node may be gone
 	return v, err
 }
 
