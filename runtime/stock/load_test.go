@@ -177,7 +177,12 @@ func TestLoadWaitEndsWithTheCallersContext(t *testing.T) {
 		}
 		held <- err
 	}()
-	time.Sleep(200 * time.Millisecond)
+	loading := s.server(r.Addr()).loading
+	for deadline := time.Now().Add(10 * time.Second); len(loading) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first caller never started its load")
+		}
+	}
 
 	var wg sync.WaitGroup
 	start := time.Now()
