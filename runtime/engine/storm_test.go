@@ -488,6 +488,44 @@ func TestShardFromAnotherServerRefused(t *testing.T) {
 	})
 }
 
+// userHomedOn is the first user "<prefix>-N" whose home is shard.
+func userHomedOn(prefix string, shard, shards int) string {
+	for i := 0; ; i++ {
+		if u := fmt.Sprintf("%s-%d", prefix, i); stock.HomeShard(u, shards) == shard {
+			return u
+		}
+	}
+}
+
+// unverifiedUntilRebuilt checks what a shard 0 now held by another server
+// process (named where) does: user's first reserve that gets an answer is
+// refused as UNVERIFIED, Check reports shard 0, and after a rebuild the same
+// request is reserved. It returns Check's report.
+func (f *fixture) unverifiedUntilRebuilt(user, where string) engine.Health {
+	f.t.Helper()
+	ctx := context.Background()
+	var res engine.ReserveResult
+	eventually(f.t, 20*time.Second, "an answer from "+where, func() bool {
+		var err error
+		res, err = f.e.Reserve(ctx, user, "r", 1)
+		return err == nil
+	})
+	if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
+		f.t.Fatalf("the first reserve on %s: %+v", where, res)
+	}
+	h, err := f.e.Check(ctx, 1)
+	if err != nil || !slices.Contains(h.Unverified, 0) {
+		f.t.Fatalf("check %+v %v", h, err)
+	}
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		f.t.Fatal(err)
+	}
+	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {
+		f.t.Fatalf("after the rebuild: %+v", res)
+	}
+	return h
+}
+
 // A replica promoted by a cluster failover carries the meta its old master
 // wrote: its shards refuse from the first call that reaches it, even though
 // this failover lost nothing (the design cannot know), and the rebuild opens
@@ -498,35 +536,12 @@ func TestFailoverRefusedUntilRebuilt(t *testing.T) {
 	f := newFixture(t, rdb, withAllocation(40), withShards(4))
 	ctx := context.Background()
 	reserveMany(t, f, "early", 8)
-	user := ""
-	for i := 0; user == ""; i++ {
-		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
-			user = u
-		}
-	}
+	user := userHomedOn("buyer", 0, 4)
 	slot := int(rdb.(*redis.ClusterClient).ClusterKeySlot(ctx, f.e.Store().Keys(0).Meta()).Val())
 	if _, err := c.Failover(slot); err != nil {
 		t.Fatal(err)
 	}
-	var res engine.ReserveResult
-	eventually(t, 20*time.Second, "an answer from the promoted replica", func() bool {
-		var err error
-		res, err = f.e.Reserve(ctx, user, "r", 1)
-		return err == nil
-	})
-	if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
-		t.Fatalf("the first reserve on the promoted replica: %+v", res)
-	}
-	h, err := f.e.Check(ctx, 1)
-	if err != nil || !slices.Contains(h.Unverified, 0) {
-		t.Fatalf("check %+v %v", h, err)
-	}
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
-		t.Fatal(err)
-	}
-	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {
-		t.Fatalf("after the rebuild: %+v", res)
-	}
+	f.unverifiedUntilRebuilt(user, "the promoted replica")
 	if n := f.assertConserved(); n.Reserved != 9 {
 		t.Fatalf("counts %+v", n)
 	}
@@ -542,12 +557,7 @@ func TestReshardRefusedUntilRebuilt(t *testing.T) {
 	f := newFixture(t, rdb, withAllocation(400), withShards(4))
 	ctx := context.Background()
 	reserveMany(t, f, "early", 8)
-	user := ""
-	for i := 0; user == ""; i++ {
-		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
-			user = u
-		}
-	}
+	user := userHomedOn("buyer", 0, 4)
 
 	// Buyers on every shard while the slot moves; errors (the moving shard's
 	// TRYAGAIN and ASK answers) are refusals.
@@ -589,24 +599,8 @@ func TestReshardRefusedUntilRebuilt(t *testing.T) {
 	t.Logf("%d reservations acknowledged while the slot moved", acked.Load())
 	f.assertNoOversell()
 
-	var res engine.ReserveResult
-	eventually(t, 20*time.Second, "an answer from the new master", func() bool {
-		var err error
-		res, err = f.e.Reserve(ctx, user, "r", 1)
-		return err == nil
-	})
-	if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
-		t.Fatalf("the first reserve after the move: %+v", res)
-	}
-	h, err := f.e.Check(ctx, 1)
-	if err != nil || !slices.Contains(h.Unverified, 0) || len(h.Unverified) != 1 {
-		t.Fatalf("check %+v %v", h, err)
-	}
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
-		t.Fatal(err)
-	}
-	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {
-		t.Fatalf("after the rebuild: %+v", res)
+	if h := f.unverifiedUntilRebuilt(user, "the new master"); len(h.Unverified) != 1 {
+		t.Fatalf("only the moved shard should be unverified: %+v", h)
 	}
 	want := 8 + acked.Load() + 1
 	if n := f.assertConserved(); n.Reserved != want || n.Available != 400-want {
