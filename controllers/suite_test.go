@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"io"
-	"os"
 	"testing"
 	"time"
 
@@ -42,29 +40,19 @@ const admissionKey = "waiting-room-hmac-key-0123456789"
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.WriteTo(io.Discard)))
-	code := func() int {
-		var err error
+	testharness.Main(m, func() (err error) {
 		if kube, err = testharness.StartKube(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
-		defer kube.Stop()
 		if k8s, err = client.NewWithWatch(kube.Config, client.Options{Scheme: manager.NewScheme()}); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 		if sharedRedis, err = testharness.StartRedis(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
-		if sharedPG, err = testharness.StartPostgres(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}()
-	_ = testharness.CloseAll()
-	os.Exit(code)
+		sharedPG, err = testharness.StartPostgres()
+		return err
+	})
 }
 
 // env is one test's namespace, Secrets and servers.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -51,7 +52,9 @@ type Kube struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 
-	dir string // wrappers, etcd's data and the API server's certificates
+	dir      string // wrappers, etcd's data and the API server's certificates
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // StartKube starts the API server with the CRDs from config/crd/bases.
@@ -60,7 +63,7 @@ type Kube struct {
 // test binary killed before its cleanup (a -timeout, a SIGKILL) would leave
 // them running. They are started through wrappers that set one (setpriv
 // --pdeathsig KILL, then exec: the same PID envtest stops). Their files live
-// in one directory, which Stop removes.
+// in one directory, which Stop removes. CloseAll stops it if Stop was not called.
 func StartKube() (*Kube, error) {
 	assets, err := KubeAssets()
 	if err != nil {
@@ -75,6 +78,7 @@ func StartKube() (*Kube, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
+	register(k)
 	return k, nil
 }
 
@@ -132,14 +136,20 @@ func KubeT(t testing.TB) *Kube {
 	return k
 }
 
-// Stop stops the API server and etcd.
+// Stop stops the API server and etcd. Calls after the first return its result.
 func (k *Kube) Stop() error {
-	err := k.Env.Stop()
-	if k.dir != "" {
-		_ = os.RemoveAll(k.dir)
-	}
-	return err
+	k.stopOnce.Do(func() {
+		unregister(k)
+		k.stopErr = k.Env.Stop()
+		if k.dir != "" {
+			_ = os.RemoveAll(k.dir)
+		}
+	})
+	return k.stopErr
 }
+
+// Close is Stop, for CloseAll.
+func (k *Kube) Close() error { return k.Stop() }
 
 // Kubeconfig writes a kubeconfig for the API server (for kubectl and processes)
 // into dir and returns its path.

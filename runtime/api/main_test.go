@@ -6,11 +6,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -33,11 +31,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := testharness.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	testharness.Main(m, func() error { return nil })
 }
 
 func startShared(t testing.TB) {

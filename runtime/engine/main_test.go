@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,24 +25,16 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		var err error
+	testharness.Main(m, func() (err error) {
 		if sharedRedis, err = testharness.StartRedis(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 		if sharedCluster, err = testharness.StartRedisCluster(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
-		if sharedPG, err = testharness.StartPostgres(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}()
-	_ = testharness.CloseAll()
-	os.Exit(code)
+		sharedPG, err = testharness.StartPostgres()
+		return err
+	})
 }
 
 // backend is one kind of Redis deployment the engine must work on.

@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -16,18 +14,10 @@ import (
 var testPG *testharness.Postgres
 
 func TestMain(m *testing.M) {
-	pg, err := testharness.StartPostgres()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start postgres:", err)
-		os.Exit(1)
-	}
-	testPG = pg
-	code := m.Run()
-	if err := testharness.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, "close servers:", err)
-		code = 1
-	}
-	os.Exit(code)
+	testharness.Main(m, func() (err error) {
+		testPG, err = testharness.StartPostgres()
+		return err
+	})
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -1,8 +1,6 @@
 package sweeper
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
@@ -12,14 +10,8 @@ import (
 var sharedPG *testharness.Postgres
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		var err error
-		if sharedPG, err = testharness.StartPostgres(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}()
-	_ = testharness.CloseAll()
-	os.Exit(code)
+	testharness.Main(m, func() (err error) {
+		sharedPG, err = testharness.StartPostgres()
+		return err
+	})
 }

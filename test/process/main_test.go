@@ -47,29 +47,20 @@ const envRace = "FLASHSALE_PROCESS_RACE"
 const envLogs = "FLASHSALE_PROCESS_LOGS"
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		dir, err := os.MkdirTemp("", "flashsale-process-")
+	testharness.Main(m, func() error {
+		dir, err := testharness.TempDir("process")
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
-		defer os.RemoveAll(dir)
 		if binary, err = build(dir); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 		if sharedRS, err = testharness.StartRedis(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
-		if sharedPG, err = testharness.StartPostgres(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}()
-	_ = testharness.CloseAll()
-	os.Exit(code)
+		sharedPG, err = testharness.StartPostgres()
+		return err
+	})
 }
 
 // build compiles ./cmd/flashsale once.

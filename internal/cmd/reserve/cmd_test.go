@@ -22,7 +22,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -52,11 +51,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := testharness.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	testharness.Main(m, func() error { return nil })
 }
 
 func startShared(t *testing.T) {

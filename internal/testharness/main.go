@@ -1,0 +1,44 @@
+package testharness
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// Main is a test binary's TestMain: it runs setup (which starts the shared
+// servers), then the tests, then CloseAll, and exits. Whatever setup started
+// before failing is closed too. The exit code is the tests', or 1 when setup
+// or closing failed.
+func Main(m *testing.M, setup func() error) {
+	code := 1
+	if err := setup(); err != nil {
+		fmt.Fprintln(os.Stderr, "test setup:", err)
+	} else {
+		code = m.Run()
+	}
+	if err := CloseAll(); err != nil {
+		fmt.Fprintln(os.Stderr, "closing test servers:", err)
+		code = max(code, 1)
+	}
+	os.Exit(code)
+}
+
+// TempDir makes a directory that CloseAll removes, for files a whole test
+// binary shares (a built binary). A binary killed before CloseAll leaves it to
+// the next run's sweep of stale directories.
+func TempDir(kind string) (string, error) {
+	dir, err := tempDir(kind)
+	if err != nil {
+		return "", err
+	}
+	register(tempDirCloser(dir))
+	return dir, nil
+}
+
+type tempDirCloser string
+
+func (d tempDirCloser) Close() error {
+	unregister(d)
+	return os.RemoveAll(string(d))
+}
