@@ -264,11 +264,17 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 	if target < 0 {
 		return false, fmt.Errorf("%w: allocation %d is negative", ErrInvalid, target)
 	}
+	// Changes already recorded are settled first: a recorded decrease owns the
+	// units withdrawn for it, and the give-backs below would otherwise put them
+	// back into stock before the decrease takes them out of the allocation.
+	changed, err := e.applyRecordedChanges(ctx)
+	if err != nil {
+		return false, err
+	}
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return false, ledgerFailure("campaign", err)
 	}
-	changed := false
 	switch {
 	case target > c.Allocation:
 		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
@@ -278,7 +284,7 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 		if err != nil {
 			return false, ledgerFailure("plan allocation increase", err)
 		}
-		changed = planned
+		changed = changed || planned
 	case target < c.Allocation:
 		if err := e.withdrawForDecrease(ctx, c, target); err != nil {
 			return false, err
@@ -454,7 +460,14 @@ func (c Counts) Oversold() int64 { return max(0, c.Sold-c.Allocation) }
 
 // Conserved reports available + reserved + sold = allocation (I2, at quiescence;
 // units withdrawn for a decrease in progress still belong to the allocation).
+// A shard with negative stock or withdrawn units is never conserved: its
+// deficit could hide a surplus elsewhere in the sum.
 func (c Counts) Conserved() bool {
+	for _, s := range c.Shards {
+		if s.Available < 0 || s.Withdrawn < 0 {
+			return false
+		}
+	}
 	return c.Available+c.Reserved+c.Sold+c.Withdrawn == c.Allocation
 }
 

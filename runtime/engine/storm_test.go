@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -837,3 +838,75 @@ func TestAllocationDecreasePending(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 }
+
+// TestAllocationDecreaseCrashedAfterRecording: the decrease's units were
+// withdrawn and the decrease recorded in the ledger, then the process died (or
+// Redis failed) before any shard settled it. Whatever the next call asks for,
+// the same allocation again, a restock or a further decrease, the recorded
+// decrease is settled first: the withdrawn units never go back into stock.
+func TestAllocationDecreaseCrashedAfterRecording(t *testing.T) {
+	for _, target := range []int64{80, 90, 70} {
+		t.Run(strconv.FormatInt(target, 10), func(t *testing.T) {
+			f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(100), withShards(4))
+			ctx := context.Background()
+			reserveMany(t, f, "held", 10)
+			// What withdrawForDecrease does for 100 -> 80, up to the crash.
+			for shard := range 4 {
+				if moved, _, err := f.e.Store().Withdraw(ctx, shard, 5); err != nil || moved != 5 {
+					t.Fatalf("withdraw from shard %d: %d %v", shard, moved, err)
+				}
+			}
+			if _, err := f.l.RecordAllocationDecrease(ctx, f.cfg.CampaignID, 100, 80, []int64{-5, -5, -5, -5}); err != nil {
+				t.Fatal(err)
+			}
+
+			if _, err := f.e.ApplyAllocation(ctx, target); err != nil {
+				t.Fatal(err)
+			}
+			c := f.assertConserved()
+			if c.Allocation != target || c.Withdrawn != 0 || c.Available != target-10 {
+				t.Fatalf("after ApplyAllocation(%d): %+v", target, c)
+			}
+			for _, s := range c.Shards {
+				if s.Withdrawn != 0 {
+					t.Fatalf("shard %d has %d withdrawn units left", s.Index, s.Withdrawn)
+				}
+			}
+			// Selling out takes exactly what the allocation leaves: 400 buyers
+			// reach every shard many times over.
+			sold := 0
+			for i := range 400 {
+				if r := f.reserve(fmt.Sprintf("buyer-%d", i), "r", 1); r.Outcome == engine.OutcomeReserved {
+					sold++
+				}
+			}
+			if int64(sold) != target-10 {
+				t.Fatalf("%d more units reserved, the allocation %d leaves %d", sold, target, target-10)
+			}
+		})
+	}
+}
+
+// TestConservedSeesEachShard: the sums can balance while one shard's counters
+// are broken; Conserved must not be fooled by that.
+func TestConservedSeesEachShard(t *testing.T) {
+	ok := engine.Counts{Allocation: 80, Available: 70, Reserved: 10, Shards: []engine.ShardCounts{
+		{Index: 0, Available: 35, Reserved: 5}, {Index: 1, Available: 35, Reserved: 5},
+	}}
+	if !ok.Conserved() {
+		t.Fatalf("%+v must be conserved", ok)
+	}
+	// 20 units back in stock against a settled decrease (withdrawn -20).
+	hidden := engine.Counts{Allocation: 80, Available: 90, Reserved: 10, Withdrawn: -20, Shards: []engine.ShardCounts{
+		{Index: 0, Available: 45, Reserved: 5, Withdrawn: -10}, {Index: 1, Available: 45, Reserved: 5, Withdrawn: -10},
+	}}
+	negative := engine.Counts{Allocation: 80, Available: 70, Reserved: 10, Shards: []engine.ShardCounts{
+		{Index: 0, Available: 75, Reserved: 5}, {Index: 1, Available: -5, Reserved: 5},
+	}}
+	for _, c := range []engine.Counts{hidden, negative} {
+		if c.Conserved() {
+			t.Errorf("%+v must not be conserved", c)
+		}
+	}
+}
+
