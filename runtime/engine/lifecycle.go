@@ -26,11 +26,13 @@ type SeedResult struct {
 }
 
 // Seed makes sure the ledger row exists and the shards are seeded, once. A shard that
-// exists is never overwritten. Shards are seeded from scratch only for a campaign
-// that has no orders and was never rebuilt; any other gap returns ErrNeedsRebuild
-// (seeding over lost data would sell the sold units again).
+// exists is never overwritten. Shards are seeded from scratch only by the call that
+// creates the campaign's ledger row; any other gap returns ErrNeedsRebuild. Seeding
+// over lost data would sell the sold units again, and even with no orders in the
+// ledger a row still on its way would commit at the unchanged epoch: the rebuild
+// bumps the epoch, so that row is counted or fenced.
 func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
-	c, _, err := e.ledger.EnsureCampaign(ctx, ledger.Campaign{
+	c, created, err := e.ledger.EnsureCampaign(ctx, ledger.Campaign{
 		ID: e.cfg.CampaignID, Namespace: e.cfg.Namespace, Name: e.cfg.Name, SKU: e.cfg.SKU,
 		Allocation: e.cfg.Allocation, Shards: e.cfg.Shards,
 	})
@@ -60,17 +62,8 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 		}
 		return SeedResult{Campaign: c, Live: true}, nil
 	}
-	if present > 0 || c.Epoch != 1 {
-		return SeedResult{Campaign: c}, fmt.Errorf("%w: %d of %d shards missing", ErrNeedsRebuild, len(states)-present, len(states))
-	}
-	counts, err := e.ledger.CountsByShard(ctx, c.ID, c.Shards)
-	if err != nil {
-		return SeedResult{}, ledgerFailure("counts", err)
-	}
-	for _, n := range counts {
-		if n.Committed+n.Pending > 0 {
-			return SeedResult{Campaign: c}, fmt.Errorf("%w: the ledger already has orders", ErrNeedsRebuild)
-		}
+	if present > 0 || !created {
+		return SeedResult{Campaign: c}, fmt.Errorf("%w: %d of %d shards missing (lost, or never seeded by the call that created the campaign)", ErrNeedsRebuild, len(states)-present, len(states))
 	}
 	// Refuse unsupported servers before writing anything (stock.ErrRedisTooOld).
 	if _, err := e.store.RunIDs(ctx); err != nil {

@@ -910,3 +910,58 @@ func TestConservedSeesEachShard(t *testing.T) {
 	}
 }
 
+// TestSeedAfterLossIsARebuild: Redis lost a campaign's keys without restarting
+// (a FLUSHALL, an eviction) while a reservation's ledger row was on its way.
+// Seeding afresh at the same epoch would let that row commit against a full
+// stock again; Seed refuses, and the rebuild counts the row.
+func TestSeedAfterLossIsARebuild(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(1), withShards(1))
+	ctx := context.Background()
+	// Hold the row: the group-commit statement share-locks the campaign row.
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, f.cfg.CampaignID); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		r   engine.ReserveResult
+		err error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		r, err := f.e.Reserve(ctx, "first", "r", 1)
+		first <- answer{r, err}
+	}()
+	eventually(t, 5*time.Second, "the unit taken in Redis", func() bool { return f.counts().Reserved == 1 })
+
+	keys, err := rdb.Keys(ctx, stock.ShardKeys(f.cfg.CampaignID, 0).Pattern()).Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("campaign keys %v: %v", keys, err)
+	}
+	if err := rdb.Del(ctx, keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
+		t.Fatalf("seed after the loss must refuse: %v", err)
+	}
+
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-first; a.err != nil || a.r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("the reservation in flight: %+v %v", a.r, a.err)
+	}
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.reserve("second", "r", 1); r.Outcome != engine.OutcomeSoldOut {
+		t.Fatalf("the only unit is reserved, a second buyer got %s", r.Outcome)
+	}
+	if c := f.assertConserved(); c.Reserved != 1 || c.Available != 0 {
+		t.Fatalf("after the rebuild: %+v", c)
+	}
+}
