@@ -192,7 +192,7 @@ func planRebuild(c ledger.Campaign, orders []ledger.Order) []shardPlan {
 		} else {
 			p.pendingUnits += int64(o.Quantity)
 			p.pending = append(p.pending, stock.Reservation{
-				Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: "R",
+				Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: stock.ResReserved,
 				ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home,
 			})
 		}

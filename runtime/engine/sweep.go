@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -22,8 +23,9 @@ type SweepStats struct {
 	Committed int // committed in the ledger: only Redis was cleaned
 	Abandoned int // no ledger row (the API died before writing it): recorded, released
 	Skipped   int // not yet expired by the database clock, or shard being rebuilt
-	// ReapedClaims counts quota claims for stealing given back because the
-	// process placing their reservation died (see Config.ClaimSlack).
+	// ReapedClaims counts quota given back on home shards: claims for stealing
+	// whose placing process died (see Config.ClaimSlack), and released stolen
+	// reservations whose give-back had failed.
 	ReapedClaims int
 }
 
@@ -95,7 +97,12 @@ func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (Sweep
 	}
 }
 
-// reapClaims gives back the quota of shard's claims made at or before cutoff.
+// reapClaims gives back the quota of shard's claims made at or before cutoff
+// whose reservation was never confirmed placed (the placing process died), and
+// settles the quota of placed ones the ledger has decided: a sold reservation
+// keeps it, an ended and released one gives it back. The second case is the
+// release whose give-back on the home shard failed (a Redis error, or a crash
+// between the two scripts): nothing else would ever give that quota back.
 func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (int, error) {
 	reaped := 0
 	for {
@@ -103,22 +110,50 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 		if err != nil || len(keys) == 0 {
 			return reaped, err
 		}
-		batch := 0
+		progress := 0
 		for _, k := range keys {
-			ok, err := e.store.ReapClaim(ctx, shard, k, cutoff)
+			ok, placedOn, err := e.store.ReapClaim(ctx, shard, k, cutoff)
+			if err == nil && placedOn >= 0 {
+				ok, err = e.settlePlacedQuota(ctx, shard, placedOn, k)
+			}
 			if err != nil {
 				return reaped, err
 			}
 			if ok {
-				batch++
+				reaped++
+				progress++
 			}
 		}
-		reaped += batch
-		// A batch that gave nothing back leaves anything odd to the next pass.
-		if len(keys) < SweepBatch || batch == 0 {
+		// A batch that changed nothing leaves anything odd to the next pass.
+		if len(keys) < SweepBatch || progress == 0 {
 			return reaped, nil
 		}
 	}
+}
+
+// settlePlacedQuota decides the home-shard quota of a stolen reservation placed
+// on shard target, past its expiry. It reports whether it gave quota back.
+func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key string) (bool, error) {
+	o, err := e.ledger.GetOrder(ctx, stock.FormatID(target, key))
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return false, nil // the sweep records it abandoned first
+	case err != nil:
+		return false, err
+	}
+	switch o.Status {
+	case ledger.StatusCommitted:
+		_, err := e.store.Quota(ctx, home, stock.QuotaForget, o.UserID, key, o.Quantity, 0, 0)
+		return false, err
+	case ledger.StatusPending:
+		return false, nil // not swept yet
+	}
+	// Cancelled or abandoned: once the unit is back in stock, so is the quota.
+	r, found, err := e.store.GetReservation(ctx, target, key)
+	if err != nil || found && r.Status == stock.ResReserved {
+		return false, err // the sweep releases it first
+	}
+	return e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, 0, 0)
 }
 
 func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (SweepStats, error) {

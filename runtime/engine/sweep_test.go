@@ -414,9 +414,92 @@ func TestAPIDiedWhileStealing(t *testing.T) {
 	})
 }
 
+// Failure matrix: a stolen reservation was released on its shard, and giving
+// its quota back on the user's home shard failed (a Redis error, or the
+// process died between the two scripts). The release took it out of the
+// expiry index, so the sweeper's reaper finds the quota through the claims
+// index instead and gives it back once the ledger says the reservation ended;
+// a stolen reservation that was sold keeps its quota. A rebuild in between
+// puts the pointers back into the claims index, scored by their expiry.
+func TestStolenQuotaGiveBackRetried(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		t.Run("live", func(t *testing.T) { testStolenQuotaGiveBackRetried(t, rdb, false) })
+		t.Run("rebuilt", func(t *testing.T) { testStolenQuotaGiveBackRetried(t, rdb, true) })
+	})
+}
+
+func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, rebuild bool) {
+	const slack = 300 * time.Millisecond
+	f := newFixture(t, rdb, withAllocation(8), withShards(4), withTTL(shortTTL, 0), withClaimSlack(slack))
+	ctx := context.Background()
+	for i := 0; f.counts().Shards[0].Available > 0; i++ {
+		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 4) == 0 {
+			f.reserve(u, "r", 1)
+		}
+	}
+	var ann, cid string
+	for i := 0; ann == ""; i++ {
+		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
+			ann, cid = cid, u
+		}
+	}
+	stolen := func(user string) engine.Reservation {
+		r := f.reserve(user, "r", 1)
+		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
+			t.Fatalf("%s: %s on shard %d, want a reservation stolen from another shard", user, r.Outcome, r.Reservation.Shard)
+		}
+		return r.Reservation
+	}
+	annRes, cidRes := stolen(ann), stolen(cid)
+	if _, err := f.e.Checkout(ctx, cid, cidRes.ID, "pay-cid"); err != nil {
+		t.Fatal(err)
+	}
+	wait := slack + 100*time.Millisecond
+	if rebuild {
+		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := rdb.ZCard(ctx, f.e.Store().Keys(0).Claims()).Result(); err != nil || n != 2 {
+			t.Fatalf("claims index after the rebuild: %d entries (%v), want ann's and cid's", n, err)
+		}
+		wait += shortTTL // scored by expiry, not by claim time
+	}
+
+	// ann's reservation expires; the sweeper cancels it in the ledger and
+	// releases the unit, then dies before giving the quota back.
+	time.Sleep(shortTTL + 100*time.Millisecond)
+	if st, err := f.l.CancelExpired(ctx, f.cfg.CampaignID, []string{annRes.ID}, 0); err != nil || st[annRes.ID] != ledger.StatusCancelledBySweeper {
+		t.Fatalf("cancel: %v %v", st, err)
+	}
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, ann, "r")
+	if rr, err := f.e.Store().Release(ctx, annRes.Shard, key); err != nil || rr.Code != stock.Released {
+		t.Fatalf("release: %+v %v", rr, err)
+	}
+	for _, u := range []string{ann, cid} {
+		if r := f.reserve(u, "again", 1); r.Outcome != engine.OutcomeLimit {
+			t.Fatalf("%s before the reaper: %s, want LIMIT_EXCEEDED", u, r.Outcome)
+		}
+	}
+
+	time.Sleep(wait)
+	if st := f.sweepUntilQuiet(); st.ReapedClaims != 1 {
+		t.Fatalf("sweep %+v: want ann's quota given back, and only hers", st)
+	}
+	if r := f.reserve(ann, "after", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("ann after the reaper: %s, want RESERVED", r.Outcome)
+	}
+	if r := f.reserve(cid, "after", 1); r.Outcome != engine.OutcomeLimit {
+		t.Fatalf("cid, who bought a unit, after the reaper: %s, want LIMIT_EXCEEDED", r.Outcome)
+	}
+	if n, err := rdb.ZCard(ctx, f.e.Store().Keys(0).Claims()).Result(); err != nil || n != 0 {
+		t.Fatalf("%d entries left in the claims index (%v)", n, err)
+	}
+	f.assertConserved()
+}
+
 // The quota script's claim bookkeeping, directly: a young claim is not reaped,
 // a reaped claim cannot be confirmed or given back again, and a confirmed
-// pointer only leaves the claims index.
+// pointer is only reported by the reaper: forgetting it keeps the quota.
 func TestClaimReapEdges(t *testing.T) {
 	rdb := standaloneClient(t, sharedRedis.Addr())
 	f := newFixture(t, rdb, withAllocation(4), withShards(2), withMaxPerUser(2))
@@ -455,14 +538,14 @@ func TestClaimReapEdges(t *testing.T) {
 	}
 
 	a := claim("a", 2)
-	if ok, err := s.ReapClaim(ctx, 0, a, now.Add(-time.Minute)); err != nil || ok {
-		t.Fatalf("young claim reaped: %v %v", ok, err)
+	if ok, on, err := s.ReapClaim(ctx, 0, a, now.Add(-time.Minute)); err != nil || ok || on != -1 {
+		t.Fatalf("young claim reaped: %v %d %v", ok, on, err)
 	}
 	later := now.Add(time.Minute)
 	if keys, err := s.StaleClaims(ctx, 0, later, 10); err != nil || len(keys) != 1 || keys[0] != a {
 		t.Fatalf("stale claims %v %v", keys, err)
 	}
-	if ok, err := s.ReapClaim(ctx, 0, a, later); err != nil || !ok || held() != "0" {
+	if ok, _, err := s.ReapClaim(ctx, 0, a, later); err != nil || !ok || held() != "0" {
 		t.Fatalf("reap: %v %v, held %s", ok, err, held())
 	}
 	for _, op := range []string{stock.QuotaConfirm, stock.QuotaUnclaim, stock.QuotaRelease} {
@@ -470,7 +553,7 @@ func TestClaimReapEdges(t *testing.T) {
 			t.Fatalf("%s after reap changed something: %v %v", op, ok, err)
 		}
 	}
-	if ok, err := s.ReapClaim(ctx, 0, a, later); err != nil || ok || held() != "0" {
+	if ok, _, err := s.ReapClaim(ctx, 0, a, later); err != nil || ok || held() != "0" {
 		t.Fatalf("second reap: %v %v, held %s", ok, err, held())
 	}
 
@@ -478,10 +561,20 @@ func TestClaimReapEdges(t *testing.T) {
 	if ok, err := s.Quota(ctx, 0, stock.QuotaConfirm, user, b, 1, 1, later.UnixMilli()); err != nil || !ok {
 		t.Fatalf("confirm: %v %v", ok, err)
 	}
-	if ok, err := s.ReapClaim(ctx, 0, b, later); err != nil || ok || held() != "1" {
-		t.Fatalf("reap of a confirmed pointer: %v %v, held %s", ok, err, held())
+	for range 2 {
+		if ok, on, err := s.ReapClaim(ctx, 0, b, later); err != nil || ok || on != 1 || held() != "1" {
+			t.Fatalf("reap of a confirmed pointer: %v %d %v, held %s", ok, on, err, held())
+		}
+	}
+	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, b, 1, 0, 0); err != nil || !ok || held() != "1" {
+		t.Fatalf("forget: %v %v, held %s", ok, err, held())
 	}
 	if n, err := rdb.ZCard(ctx, s.Keys(0).Claims()).Result(); err != nil || n != 0 {
 		t.Fatalf("%d entries left in the claims index (%v)", n, err)
+	}
+	// Forgetting a claim still being placed changes nothing.
+	c := claim("c", 1)
+	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, c, 1, 0, 0); err != nil || ok || held() != "2" {
+		t.Fatalf("forget of a claim: %v %v, held %s", ok, err, held())
 	}
 }

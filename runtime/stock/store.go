@@ -319,7 +319,8 @@ const (
 	QuotaConfirm = "confirm"
 	QuotaUnclaim = "unclaim"
 	QuotaRelease = "release"
-	quotaReap    = "reap" // ReapClaim
+	QuotaForget  = "forget" // a placed reservation was sold: keep the quota, drop the claims entry
+	quotaReap    = "reap"   // ReapClaim
 )
 
 // Quota runs quota.lua on the user's home shard. It reports whether it changed
@@ -348,15 +349,28 @@ func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, li
 
 // ReapClaim gives back the quota of the claim of key on shard when it was made
 // at or before cutoff and is still a claim (its reservation was never confirmed
-// placed). It reports whether it gave quota back; a claim that was confirmed or
-// given back meanwhile only leaves the claims index.
-func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (bool, error) {
+// placed), and reports whether it did. A claim given back meanwhile only leaves
+// the claims index. For a claim whose reservation was confirmed placed it
+// changes nothing and returns the reservation's shard: the caller asks the
+// ledger whether to give the quota back (QuotaRelease) or keep it (QuotaForget).
+func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, err error) {
 	k := s.shards[shard]
-	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli()).Int()
+	v, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli()).Slice()
 	if err != nil {
-		return false, fmt.Errorf("reap claim on shard %d: %w", shard, err)
+		return false, -1, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
-	return n == 1, nil
+	if len(v) != 2 {
+		return false, -1, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
+	}
+	if toInt(v[0]) != 2 {
+		return toInt(v[0]) == 1, -1, nil
+	}
+	target, _, _ := strings.Cut(toString(v[1]), "|")
+	t, err := strconv.Atoi(target)
+	if err != nil || t < 0 || t >= len(s.shards) {
+		return false, -1, fmt.Errorf("reap claim on shard %d: malformed pointer %q", shard, v[1])
+	}
+	return false, t, nil
 }
 
 // MarkCommitted marks a reservation committed and takes it out of the expiry index.
@@ -443,13 +457,19 @@ func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit in
 	}).Result()
 }
 
+// The states of a reservation hash.
+const (
+	ResReserved  = "R"
+	ResCommitted = "C"
+)
+
 // Reservation is a reservation hash as stored in Redis.
 type Reservation struct {
 	Key      string
 	Shard    int
 	User     string
 	Quantity int
-	Status   string // R or C
+	Status   string // ResReserved or ResCommitted
 	ExpiryMs int64
 	Epoch    int64
 	Home     int
@@ -689,7 +709,7 @@ func (s *Store) RebuildUsers(ctx context.Context, n int, fields []string) error 
 	for i, f := range fields {
 		args[i] = f
 	}
-	got, err := rebuildUsersScript.Run(ctx, s.rdb, []string{k.Meta(), k.Users()}, args...).Int()
+	got, err := rebuildUsersScript.Run(ctx, s.rdb, []string{k.Meta(), k.Users(), k.Claims()}, args...).Int()
 	if err == nil && got < 0 {
 		err = fmt.Errorf("restore users on shard %d: shard is not being rebuilt", n)
 	}

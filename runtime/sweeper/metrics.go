@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"outcome"}),
 		reapedClaims: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_sweeper_reaped_claims_total",
-			Help: "Quota claims for stealing given back because the process placing their reservation died before confirming it.",
+			Help: "Quota given back on home shards: steal claims whose placing process died before confirming them, and released stolen reservations whose give-back had failed.",
 		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "flashsale_sweeper_pass_duration_seconds",

@@ -1,14 +1,25 @@
 -- rebuild_users.lua: restore the per-user quota of users whose home is this shard,
 -- while it is being rebuilt. Called in batches.
 --
--- KEYS[1] meta  KEYS[2] users
+-- KEYS[1] meta  KEYS[2] users  KEYS[3] claims
 -- ARGV pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>")
+--
+-- A pointer also goes into the claims index, scored by its expiry (later than
+-- the claim time it replaces), so the sweeper still settles its quota if giving
+-- it back ever fails (quota.lua reap).
 --
 -- Returns the number of fields written, or -1 when the shard is not being rebuilt
 if redis.call('HGET', KEYS[1], 'state') ~= 'REBUILDING' then
   return -1
 end
 for i = 1, #ARGV, 2 do
-  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  local field, value = ARGV[i], ARGV[i + 1]
+  redis.call('HSET', KEYS[2], field, value)
+  if string.sub(field, 1, 2) == 'p:' then
+    local expiry = string.match(value, '^%d+|(%d+)$')
+    if expiry then
+      redis.call('ZADD', KEYS[3], expiry, string.sub(field, 3))
+    end
+  end
 end
 return #ARGV / 2
