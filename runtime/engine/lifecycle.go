@@ -220,7 +220,7 @@ func (e *Engine) rebuildShard(ctx context.Context, i int, c ledger.Campaign, p s
 		return err
 	}
 	for j := 0; j < len(p.pending); j += rebuildBatch {
-		if err := e.store.RebuildRestore(ctx, i, p.pending[j:min(j+rebuildBatch, len(p.pending))]); err != nil {
+		if err := e.store.RebuildRestore(ctx, i, c.Epoch, p.pending[j:min(j+rebuildBatch, len(p.pending))]); err != nil {
 			return err
 		}
 	}
@@ -229,7 +229,7 @@ func (e *Engine) rebuildShard(ctx context.Context, i int, c ledger.Campaign, p s
 		fields = append(fields, f, v)
 	}
 	for j := 0; j < len(fields); j += 2 * rebuildBatch {
-		if err := e.store.RebuildUsers(ctx, i, fields[j:min(j+2*rebuildBatch, len(fields))]); err != nil {
+		if err := e.store.RebuildUsers(ctx, i, c.Epoch, fields[j:min(j+2*rebuildBatch, len(fields))]); err != nil {
 			return err
 		}
 	}

@@ -965,3 +965,48 @@ func TestSeedAfterLossIsARebuild(t *testing.T) {
 		t.Fatalf("after the rebuild: %+v", c)
 	}
 }
+
+// TestOvertakenRebuildWritesNothing: two rebuilds of one shard overlap (two
+// managers that both believed they led). Once the newer one has begun, the
+// older one's reservations, quota fields and meta are refused, so nothing
+// from its older ledger snapshot lands in the newer rebuild.
+func TestOvertakenRebuildWritesNothing(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(1))
+	ctx := context.Background()
+	s := f.e.Store()
+	old := stock.Reservation{Key: "old-snapshot", User: "ann", Quantity: 1, Status: stock.ResReserved,
+		ExpiryMs: time.Now().Add(time.Minute).UnixMilli(), Epoch: 1, Home: 0}
+	if err := s.RebuildBegin(ctx, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RebuildBegin(ctx, 0, 6); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RebuildRestore(ctx, 0, 5, []stock.Reservation{old}); err == nil {
+		t.Fatal("the overtaken rebuild restored a reservation")
+	}
+	if err := s.RebuildUsers(ctx, 0, 5, []string{"ann", "1"}); err == nil {
+		t.Fatal("the overtaken rebuild restored a quota")
+	}
+	if err := s.RebuildFinish(ctx, 0, 10, 5, stock.StateOpen, 10, 0); err == nil {
+		t.Fatal("the overtaken rebuild opened the shard")
+	}
+	if n, err := rdb.Exists(ctx, s.Keys(0).Res(old.Key), s.Keys(0).Users()).Result(); err != nil || n != 0 {
+		t.Fatalf("%d keys of the overtaken rebuild exist (%v)", n, err)
+	}
+	// The newer rebuild's own steps go through.
+	if err := s.RebuildRestore(ctx, 0, 6, []stock.Reservation{old}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RebuildUsers(ctx, 0, 6, []string{"ann", "1"}); err != nil {
+		t.Fatal(err)
+	}
+	// A real rebuild puts the shard back as the ledger has it.
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Available != 10 || c.Reserved != 0 {
+		t.Fatalf("after the rebuild: %+v", c)
+	}
+}

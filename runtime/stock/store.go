@@ -683,35 +683,38 @@ func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
 	return rebuildBeginScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Users(), k.Claims()}, epoch, k.ResPrefix()).Err()
 }
 
-// RebuildRestore recreates still-valid pending reservations on shard n.
-func (s *Store) RebuildRestore(ctx context.Context, n int, rs []Reservation) error {
+// RebuildRestore recreates still-valid pending reservations on shard n, being
+// rebuilt under epoch.
+func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Reservation) error {
 	k := s.shards[n]
 	keys := []string{k.Meta(), k.Index()}
-	args := []any{int64(s.backstop / time.Second)}
+	args := []any{int64(s.backstop / time.Second), epoch}
 	for _, r := range rs {
 		keys = append(keys, k.Res(r.Key))
 		args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home)
 	}
 	got, err := rebuildRestoreScript.Run(ctx, s.rdb, keys, args...).Int()
 	if err == nil && got != len(rs) {
-		err = fmt.Errorf("restore on shard %d: shard is not being rebuilt", n)
+		err = fmt.Errorf("restore on shard %d: shard is not being rebuilt under epoch %d", n, epoch)
 	}
 	return err
 }
 
-// RebuildUsers restores users-hash fields (field, value pairs) on shard n.
-func (s *Store) RebuildUsers(ctx context.Context, n int, fields []string) error {
+// RebuildUsers restores users-hash fields (field, value pairs) on shard n,
+// being rebuilt under epoch.
+func (s *Store) RebuildUsers(ctx context.Context, n int, epoch int64, fields []string) error {
 	if len(fields) == 0 {
 		return nil
 	}
 	k := s.shards[n]
-	args := make([]any, len(fields))
-	for i, f := range fields {
-		args[i] = f
+	args := make([]any, 0, 1+len(fields))
+	args = append(args, epoch)
+	for _, f := range fields {
+		args = append(args, f)
 	}
 	got, err := rebuildUsersScript.Run(ctx, s.rdb, []string{k.Meta(), k.Users(), k.Claims()}, args...).Int()
 	if err == nil && got < 0 {
-		err = fmt.Errorf("restore users on shard %d: shard is not being rebuilt", n)
+		err = fmt.Errorf("restore users on shard %d: shard is not being rebuilt under epoch %d", n, epoch)
 	}
 	return err
 }

@@ -2,17 +2,20 @@
 -- while it is being rebuilt. Called in batches.
 --
 -- KEYS[1] meta  KEYS[2] users  KEYS[3] claims
--- ARGV pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>")
+-- ARGV[1] the rebuild's epoch
+-- ARGV[2..] pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>")
 --
 -- A pointer also goes into the claims index, scored by its expiry (later than
 -- the claim time it replaces), so the sweeper still settles its quota if giving
 -- it back ever fails (quota.lua reap).
 --
 -- Returns the number of fields written, or -1 when the shard is not being rebuilt
-if redis.call('HGET', KEYS[1], 'state') ~= 'REBUILDING' then
+-- under this epoch
+local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
+if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   return -1
 end
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local field, value = ARGV[i], ARGV[i + 1]
   redis.call('HSET', KEYS[2], field, value)
   if string.sub(field, 1, 2) == 'p:' then
@@ -22,4 +25,4 @@ for i = 1, #ARGV, 2 do
     end
   end
 end
-return #ARGV / 2
+return (#ARGV - 1) / 2
