@@ -119,11 +119,14 @@ func (c *Campaign) Complete() error {
 	}
 	need(c.ID, "campaign-id", EnvCampaignID)
 	need(c.SKU, "sku", EnvSKU)
-	need(c.redisAddresses, "redis-addresses", EnvRedisAddresses)
 	for _, a := range strings.Split(c.redisAddresses, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			c.Redis.Addresses = append(c.Redis.Addresses, a)
 		}
+	}
+	if len(c.Redis.Addresses) == 0 {
+		// Also for "," or " , ": a list with no address in it.
+		errs = append(errs, fmt.Errorf("--redis-addresses (or %s) is required: a comma-separated list of host:port", EnvRedisAddresses))
 	}
 	if c.Redis.Mode != RedisStandalone && c.Redis.Mode != RedisCluster {
 		errs = append(errs, fmt.Errorf("--redis-mode must be %q or %q, got %q", RedisStandalone, RedisCluster, c.Redis.Mode))

@@ -107,6 +107,7 @@ func TestBadConfigurationIsNamed(t *testing.T) {
 	}{
 		{"missing campaign", EnvCampaignID, "", EnvCampaignID},
 		{"missing redis", EnvRedisAddresses, "", EnvRedisAddresses},
+		{"redis list without an address", EnvRedisAddresses, " , ", EnvRedisAddresses},
 		{"bad shards", EnvShards, "ten", EnvShards},
 		{"bad ttl", EnvTTL, "forever", EnvTTL},
 		{"zero ttl", EnvTTL, "0s", "ttl"},

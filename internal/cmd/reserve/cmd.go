@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -172,8 +173,8 @@ func (o *Options) Complete() error {
 	errs := append([]error(nil), o.envErrs...)
 	errs = append(errs, o.Campaign.Complete())
 	s := o.Server
-	if s.RateLimit < 0 || s.RateBurst < 0 {
-		errs = append(errs, fmt.Errorf("--rate-limit and --rate-burst must not be negative"))
+	if s.RateLimit < 0 || s.RateBurst < 0 || math.IsNaN(s.RateLimit) || math.IsInf(s.RateLimit, 0) {
+		errs = append(errs, fmt.Errorf("--rate-limit must be a finite number and --rate-burst a count, neither negative"))
 	}
 	for _, d := range []struct {
 		name string

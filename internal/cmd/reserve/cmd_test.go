@@ -113,6 +113,24 @@ func TestCompleteNamesWhatIsWrong(t *testing.T) {
 	}
 }
 
+// A rate that is not a number would refill every bucket to NaN and refuse
+// every buyer after the first request.
+func TestRateLimitMustBeFinite(t *testing.T) {
+	for _, v := range []string{"NaN", "+Inf", "-1"} {
+		clearEnv(t)
+		t.Setenv(EnvRateLimit, v)
+		var o Options
+		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), "--rate-limit must be a finite number") {
+			t.Errorf("rate limit %s: %v", v, err)
+		}
+	}
+}
+
 func TestRedactor(t *testing.T) {
 	c := &config.Campaign{
 		PostgresDSN:  "host=db user=app password='p@ss word' dbname=ledger",
