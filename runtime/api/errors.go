@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Code is a stable error code: clients switch on it, so codes are never renamed.
@@ -82,7 +83,18 @@ func (e *apiError) write(w http.ResponseWriter) string {
 	return string(e.code)
 }
 
+// answerWriteTime is how long writing an answer may take, counted from when the
+// handler has it. The server's WriteTimeout counts from the request's headers,
+// and a handler may use up its whole budget (the request timeout, then the wait
+// for a ledger batch already sent): a reservation made durable by then must
+// still reach the client, or the client sees a failure and the unit sits
+// reserved until it expires.
+const answerWriteTime = 5 * time.Second
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	// Not every ResponseWriter supports deadlines (tests' recorders); then the
+	// server's WriteTimeout alone applies.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWriteTime))
 	b, err := json.Marshal(v)
 	if err != nil {
 		// Only our own response types get here; they always marshal.

@@ -79,6 +79,9 @@ func withRateLimit(perSecond float64, burst int) option {
 func withMaterializer(m ledger.MaterializerConfig) option {
 	return func(c *fixtureConfig) { c.mat = m }
 }
+func withWriteTimeout(d time.Duration) option {
+	return func(c *fixtureConfig) { c.api.WriteTimeout = d }
+}
 func withCluster(addrs []string) option { return func(c *fixtureConfig) { c.cluster = addrs } }
 
 func randomID() string {

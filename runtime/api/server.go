@@ -57,7 +57,7 @@ type Config struct {
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration // whole request, body included
-	WriteTimeout      time.Duration // default: RequestTimeout + 5s, so an answer is not cut off
+	WriteTimeout      time.Duration // default: RequestTimeout + 5s; the answer itself then gets answerWriteTime
 	IdleTimeout       time.Duration
 	ShutdownTimeout   time.Duration // how long in-flight requests may take to finish
 	// DrainDelay keeps serving with /readyz failing for a while after the stop

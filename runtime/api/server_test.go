@@ -463,3 +463,40 @@ func TestConcurrentBuyers(t *testing.T) {
 		}
 	}
 }
+
+// A reservation made durable after the server's write timeout has run out (a
+// slow ledger) still gets its 201: the answer has its own time to be written.
+func TestSlowLedgerAnswerNotCutOff(t *testing.T) {
+	f := newFixture(t, withWriteTimeout(300*time.Millisecond))
+	ctx := context.Background()
+	// The group-commit statement share-locks the campaign row: hold it longer
+	// than the write timeout.
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, f.e.Config().CampaignID); err != nil {
+		_ = tx.Rollback(ctx)
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(time.Second)
+		released <- tx.Commit(ctx)
+	}()
+	r, err := f.tryCall(http.MethodPost, reservePath, f.token("ann"), reserveBody("ann", "k-1", 1))
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if err != nil {
+		t.Fatalf("the answer was cut off: %v", err)
+	}
+	if r.status != http.StatusCreated {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	var res ReservationBody
+	r.decode(t, &res)
+	if o, err := f.l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending {
+		t.Fatalf("ledger row %+v %v", o, err)
+	}
+}
