@@ -24,7 +24,7 @@ const (
 	CodeTooLarge         Code = "TOO_LARGE"          // 413
 	CodeNotFound         Code = "NOT_FOUND"          // 404
 	CodeExpired          Code = "EXPIRED"            // 410
-	CodeConflict         Code = "CONFLICT"           // 409
+	CodeConflict         Code = "CONFLICT"           // 409: another payment token, cancel after payment, an idempotency key reused with another quantity
 	CodeMethodNotAllowed Code = "METHOD_NOT_ALLOWED" // 405
 	CodeUnavailable      Code = "UNAVAILABLE"        // 503 + Retry-After
 )

@@ -103,6 +103,9 @@ func (s *Server) reserve(w http.ResponseWriter, r *http.Request) string {
 	case engine.OutcomeExpired:
 		return errorf(http.StatusGone, CodeExpired,
 			"the reservation made with this idempotency_key has expired or was cancelled: use a new idempotency_key").write(w)
+	case engine.OutcomeKeyReused:
+		return errorf(http.StatusConflict, CodeConflict, fmt.Sprintf(
+			"this idempotency_key was used for a reservation of %d unit(s): use a new idempotency_key for another quantity", res.Reservation.Quantity)).write(w)
 	}
 	return s.engineError(r, "reserve", fmt.Errorf("unknown outcome %q", res.Outcome)).write(w)
 }

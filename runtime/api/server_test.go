@@ -122,6 +122,30 @@ func TestReserveOutcomes(t *testing.T) {
 	f.assertConserved()
 }
 
+// The same idempotency_key with another quantity is another request: it is
+// refused and takes nothing, instead of being answered with the original
+// reservation as if it held what was asked.
+func TestIdempotencyKeyReusedWithAnotherQuantity(t *testing.T) {
+	f := newFixture(t, withAllocation(10), withShards(2), withMaxPerUser(2))
+	first := f.reserve("ann", "k", 1)
+	before := f.counts()
+	r := f.call(http.MethodPost, reservePath, f.token("ann"), reserveBody("ann", "k", 2))
+	if e := r.errorBody(t); r.status != http.StatusConflict || e.Code != CodeConflict || !strings.Contains(e.Message, "1 unit") {
+		t.Fatalf("same key, quantity 2: %d %s", r.status, r.body)
+	}
+	if after := f.counts(); !sameCounts(before, after) {
+		t.Fatalf("the refused request changed the counts: %+v -> %+v", before, after)
+	}
+	// The original request still replays.
+	r = f.call(http.MethodPost, reservePath, f.token("ann"), reserveBody("ann", "k", 1))
+	var b ReservationBody
+	r.decode(t, &b)
+	if r.status != http.StatusOK || b.ReservationID != first.ReservationID {
+		t.Fatalf("replay: %d %s", r.status, r.body)
+	}
+	f.assertConserved()
+}
+
 func TestCheckoutAfterExpiry(t *testing.T) {
 	f := newFixture(t, withAllocation(5), withTTL(time.Second))
 	res := f.reserve("late", "k", 1)

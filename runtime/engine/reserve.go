@@ -21,6 +21,9 @@ const (
 	OutcomeClosed   Outcome = "CLOSED"  // Reason says why (NOT_STARTED, PAUSED, ENDED, ...)
 	OutcomeBusy     Outcome = "BUSY"    // the same request is still being placed: retry
 	OutcomeExpired  Outcome = "EXPIRED" // this request's reservation is gone (expired or cancelled): use a new request id
+	// OutcomeKeyReused: the request id already holds a reservation of another
+	// quantity (Reservation); nothing was taken for this call.
+	OutcomeKeyReused Outcome = "KEY_REUSED"
 )
 
 // ErrInvalid marks a request the engine refuses before touching anything.
@@ -55,6 +58,16 @@ type ReserveResult struct {
 
 // Reserve takes quantity units for a user; requestID is the client's idempotency key.
 func (e *Engine) Reserve(ctx context.Context, user, requestID string, quantity int) (ReserveResult, error) {
+	res, err := e.reserve(ctx, user, requestID, quantity)
+	if err == nil && res.Outcome == OutcomeReplayed && res.Reservation.Quantity != quantity {
+		// The same key with another quantity is another request: answering with
+		// the original reservation would tell the client it holds what it asked.
+		res.Outcome = OutcomeKeyReused
+	}
+	return res, err
+}
+
+func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity int) (ReserveResult, error) {
 	if len(e.cfg.IDSecret) == 0 {
 		return ReserveResult{}, ErrNoIDSecret
 	}
