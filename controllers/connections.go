@@ -112,6 +112,14 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 	return c, nil
 }
 
+// cached returns the FlashSale's open connection, if any, whatever its Secrets
+// say now.
+func (cs *connections) cached(name types.NamespacedName) *campaignConn {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.byKey[name]
+}
+
 func (cs *connections) drop(name types.NamespacedName) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

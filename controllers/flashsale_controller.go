@@ -64,6 +64,10 @@ type scope struct {
 	counts engine.Counts
 	events []event // emitted after the status write succeeded
 	result ctrl.Result
+	// refProblem: a referenced Secret is missing or incomplete while the sale's
+	// open connections still work; the reconcile goes on with them and Ready
+	// says what is wrong.
+	refProblem *referenceError
 }
 
 type event struct{ kind, reason, message string }
@@ -105,8 +109,13 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	before := fs.DeepCopy()
 	s := &scope{fs: fs, now: r.now()}
 	s.window = saleWindow(&fs.Spec, s.now)
-	err := r.reconcilePhases(ctx, s)
-	if err == nil {
+	completed, err := r.reconcilePhases(ctx, s)
+	if p := s.refProblem; p != nil {
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, p.reason, p.message+
+			" (the sale is still served and gated with the connections opened before)")
+	}
+	// Only a reconcile that went through every phase has applied this spec.
+	if err == nil && completed {
 		fs.Status.ObservedGeneration = fs.Generation
 	}
 	if werr := r.writeStatus(ctx, before, s); werr != nil {
@@ -115,7 +124,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	return s.result, err
 }
 
-func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) error {
+// reconcilePhases runs the phases in order until one is done early (it set a
+// condition and a requeue) or fails; completed reports that every phase ran.
+func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) (completed bool, err error) {
 	for _, phase := range []func(context.Context, *scope) (bool, error){
 		r.connect,
 		r.ensureStock,
@@ -126,10 +137,10 @@ func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) err
 	} {
 		done, err := phase(ctx, s)
 		if err != nil || done {
-			return err
+			return false, err
 		}
 	}
-	return nil
+	return true, nil
 }
 
 func (r *FlashSaleReconciler) now() time.Time {
@@ -140,13 +151,20 @@ func (r *FlashSaleReconciler) now() time.Time {
 }
 
 // connect reads the referenced Secrets and opens (or reuses) the Redis and ledger
-// connections. A missing Secret or key stops here with a condition naming it.
+// connections. A missing Secret or key stops here with a condition naming it,
+// unless the sale's connections are already open: a Secret deleted or broken
+// during the sale (a rotation by delete and recreate, a GitOps prune) must not
+// stop the pause switch and the schedule's end from closing it.
 func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, error) {
 	refs, err := readReferences(ctx, r.Client, s.fs)
 	var refErr *referenceError
 	if errors.As(err, &refErr) {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
 		s.requeueAfter(waitForReferences)
+		if c := r.conns.cached(types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}); c != nil {
+			s.conn, s.refProblem = c, refErr
+			return false, nil
+		}
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
 		return true, nil
 	}
 	if err != nil {

@@ -503,6 +503,9 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	if conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue) {
 		t.Fatal("seeded without its Secret")
 	}
+	if fs.Status.ObservedGeneration != 0 {
+		t.Fatalf("observedGeneration %d: nothing of the spec was applied", fs.Status.ObservedGeneration)
+	}
 	// The Secret appears, but without the key.
 	e.create(e.secret("nowhere", map[string]string{"adresses": sharedRedis.Addr()}))
 	fs = e.waitFor("orphan", settle, "SecretKeyMissing", func(fs *flashsalev1alpha1.FlashSale) bool {
@@ -523,6 +526,42 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	}
 	e.waitFor("orphan", settle, "Seeded", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue)
+	})
+}
+
+// A Secret deleted during the sale (a rotation by delete and recreate, a GitOps
+// prune) is named in Ready, and the pause switch still closes the sale through
+// the connections opened before.
+func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("rotated", 10))
+	fs = e.waitFor("rotated", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	ctx := context.Background()
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "waiting-room", Namespace: e.ns}}
+	if err := k8s.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("rotated", settle, "SecretNotFound", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonSecretNotFound
+	})
+	updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
+	fs = e.waitFor("rotated", settle, "Paused", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhasePaused && fs.Status.ObservedGeneration == fs.Generation
+	})
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != controllers.ReasonSecretNotFound {
+		t.Fatalf("Ready while the Secret is missing: %+v", c)
+	}
+	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
+		t.Fatalf("reserve while paused: %+v %v", r, err)
+	}
+	// The Secret is back: Ready no longer names it.
+	e.create(e.secret("waiting-room", map[string]string{"hmac-key": admissionKey}))
+	e.waitFor("rotated", settle, "Secret found again", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason != controllers.ReasonSecretNotFound
 	})
 }
 
