@@ -529,7 +529,9 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 }
 
 // Delete closes the gates and removes every Redis key of the campaign, then marks
-// the ledger campaign deleted. Orders stay: they are the book of record.
+// the ledger campaign deleted. Orders stay: they are the book of record. A
+// campaign the ledger never had (the sale was deleted before it was ever
+// seeded) has nothing to mark.
 func (e *Engine) Delete(ctx context.Context) error {
 	if _, err := e.store.SetGate(ctx, stock.StateEnded, 0); err != nil {
 		return err
@@ -537,7 +539,8 @@ func (e *Engine) Delete(ctx context.Context) error {
 	if _, err := e.store.DeleteAll(ctx); err != nil {
 		return err
 	}
-	if err := e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID); err != nil {
+	err := e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID)
+	if err != nil && !errors.Is(err, ledger.ErrCampaignNotFound) {
 		return ledgerFailure("mark campaign deleted", err)
 	}
 	return nil

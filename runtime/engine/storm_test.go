@@ -740,6 +740,26 @@ func TestDeleteKeepsLedger(t *testing.T) {
 	})
 }
 
+// A sale deleted before it was ever seeded (its ledger was unreachable the
+// whole time) has nothing to clean: Delete succeeds, so the FlashSale's
+// finalizer does not block its deletion forever.
+func TestDeleteOfACampaignNeverCreated(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()))
+	cfg := f.cfg
+	cfg.CampaignID = "c-" + randomID()
+	e, err := engine.New(cfg, f.rdb, f.l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if err := e.Delete(context.Background()); err != nil {
+		t.Fatalf("delete of a campaign the ledger never had: %v", err)
+	}
+	if _, err := f.l.GetCampaign(context.Background(), cfg.CampaignID); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("Delete created the campaign: %v", err)
+	}
+}
+
 // Lowering the allocation above what is sold and reserved removes units from the
 // available stock, exactly once; below it is refused and changes nothing; while
 // units are reserved it waits for them, holding what it withdrew out of stock.
