@@ -110,6 +110,11 @@ func TestAgainstTheAPIServer(t *testing.T) {
 			{"ttl 0s", func(f *v1alpha1.FlashSale) { f.Spec.Reservation.TTL = &metav1.Duration{} }, "reservation.ttl must be greater than 0s"},
 			{"missing sku", func(f *v1alpha1.FlashSale) { f.Spec.SKU = "" }, "spec.sku"},
 			{"sku too long", func(f *v1alpha1.FlashSale) { f.Spec.SKU = strings.Repeat("x", 129) }, "spec.sku"},
+			// Names its children cannot carry: a Service named <name>-reserve
+			// must be a DNS-1035 label of at most 63 characters.
+			{"name of 56 characters", func(f *v1alpha1.FlashSale) { f.Name = "s" + strings.Repeat("x", 55) }, "metadata.name must be at most 55"},
+			{"name with a dot", func(f *v1alpha1.FlashSale) { f.Name = "drop.v2" }, "metadata.name must be at most 55"},
+			{"name starting with a digit", func(f *v1alpha1.FlashSale) { f.Name = "2026-drop" }, "metadata.name must be at most 55"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				fs := minimalSale("bad-" + strings.ReplaceAll(tc.name, " ", "-"))
