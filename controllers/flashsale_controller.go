@@ -64,10 +64,18 @@ type scope struct {
 	counts engine.Counts
 	events []event // emitted after the status write succeeded
 	result ctrl.Result
-	// refProblem: a referenced Secret is missing or incomplete while the sale's
-	// open connections still work; the reconcile goes on with them and Ready
-	// says what is wrong.
-	refProblem *referenceError
+	// notReady, when set, is what Ready says at the end of the reconcile,
+	// whatever the later phases found: a problem that does not stop them (a
+	// Secret gone while the sale's connections still work, a child that cannot
+	// be written).
+	notReady *metav1.Condition
+	// incomplete: a phase could not apply part of the spec although the
+	// reconcile went on; observedGeneration stays where it was.
+	incomplete bool
+}
+
+func (s *scope) setNotReady(reason, message string) {
+	s.notReady = &metav1.Condition{Reason: reason, Message: message}
 }
 
 type event struct{ kind, reason, message string }
@@ -110,12 +118,11 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	s := &scope{fs: fs, now: r.now()}
 	s.window = saleWindow(&fs.Spec, s.now)
 	completed, err := r.reconcilePhases(ctx, s)
-	if p := s.refProblem; p != nil {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, p.reason, p.message+
-			" (the sale is still served and gated with the connections opened before)")
+	if p := s.notReady; p != nil {
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, p.Reason, p.Message)
 	}
 	// Only a reconcile that went through every phase has applied this spec.
-	if err == nil && completed {
+	if err == nil && completed && !s.incomplete {
 		fs.Status.ObservedGeneration = fs.Generation
 	}
 	if werr := r.writeStatus(ctx, before, s); werr != nil {
@@ -161,7 +168,8 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	if errors.As(err, &refErr) {
 		s.requeueAfter(waitForReferences)
 		if c := r.conns.cached(types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}); c != nil {
-			s.conn, s.refProblem = c, refErr
+			s.conn = c
+			s.setNotReady(refErr.reason, refErr.message+" (the sale is still served and gated with the connections opened before)")
 			return false, nil
 		}
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
@@ -404,7 +412,11 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 
 // reconcileChildren creates or updates the reserve Deployment and Service and the
 // sweeper Deployment, owned by the FlashSale. They are created ahead of the
-// schedule's start so the pods are warm before the drop.
+// schedule's start so the pods are warm before the drop. A child that cannot be
+// written (one that exists and is not ours, an admission policy refusing it) is
+// reported in Ready and retried soon, and the reconcile goes on: returning the
+// error would put the status refresh and the schedule's next edge on the
+// controller's growing error backoff.
 func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (bool, error) {
 	for _, desired := range []client.Object{
 		ReserveDeployment(s.fs, r.Image),
@@ -412,10 +424,24 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		SweeperDeployment(s.fs, r.Image),
 	} {
 		if err := r.apply(ctx, s.fs, desired); err != nil {
-			return true, err
+			msg := fmt.Sprintf("cannot write %s %s: %v", kindOf(desired), desired.GetName(), err)
+			s.setNotReady(ReasonChildrenFailed, msg)
+			s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
+			s.requeueAfter(retryUnhealthy)
+			s.incomplete = true
 		}
 	}
 	return false, nil
+}
+
+func kindOf(o client.Object) string {
+	switch o.(type) {
+	case *appsv1.Deployment:
+		return "Deployment"
+	case *corev1.Service:
+		return "Service"
+	}
+	return fmt.Sprintf("%T", o)
 }
 
 // apply creates the child, or updates it when the desired spec is not already
@@ -434,7 +460,7 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		return err
 	}
 	if !metav1.IsControlledBy(live, owner) {
-		return fmt.Errorf("%T %s exists and is not owned by FlashSale %s", live, live.GetName(), owner.Name)
+		return fmt.Errorf("it exists and is not owned by FlashSale %s", owner.Name)
 	}
 	var same bool
 	switch d := desired.(type) {

@@ -565,6 +565,45 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	})
 }
 
+// A child the controller cannot write (here a Deployment of the same name that
+// is not the sale's) is named in Ready, and the sale is still gated and
+// observed on time: the schedule's end closes it.
+func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	labels := map[string]string{"app": "someone-else"}
+	e.create(&appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "clash-reserve", Namespace: e.ns},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "someone-else:1"}}},
+			},
+		},
+	})
+	e.startController()
+	end := time.Now().Add(6 * time.Second)
+	e.apply(e.sale("clash", 10).schedule(time.Time{}, end))
+	fs := e.waitFor("clash", settle, "ChildrenFailed", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonChildrenFailed
+	})
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "Deployment clash-reserve") {
+		t.Fatalf("Ready does not name the child: %s", c.Message)
+	}
+	if fs.Status.ObservedGeneration != 0 {
+		t.Fatalf("observedGeneration %d while a child cannot be written", fs.Status.ObservedGeneration)
+	}
+	e.waitFor("clash", time.Until(end)+2*time.Second, "Admitting False, Ended", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionAdmitting)
+		return c != nil && c.Reason == controllers.ReasonEnded
+	})
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	if r, err := eng.Reserve(context.Background(), "late-buyer", "r", 1); err != nil || r.Reason != stock.StateEnded {
+		t.Fatalf("reserve after the end: %+v %v", r, err)
+	}
+}
+
 // Wrong Redis credentials and an ACL user missing a command the operator needs
 // each say so in the Ready reason, and nothing is seeded until they are fixed.
 func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {

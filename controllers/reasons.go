@@ -37,6 +37,7 @@ const (
 	ReasonEnded             = "Ended"
 	ReasonReady             = "Ready"
 	ReasonChildrenNotReady  = "ReservationAPINotReady"
+	ReasonChildrenFailed    = "ChildrenFailed"
 	ReasonPhaseChanged      = "PhaseChanged"
 	ReasonCleanupSkipped    = "CleanupSkipped"
 )
