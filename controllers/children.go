@@ -18,7 +18,11 @@ import (
 const (
 	ComponentReserve = "reserve"
 	ComponentSweeper = "sweeper"
+	ComponentIDs     = "ids" // the Secret holding the sale's reservation id key
 )
+
+// SecretKeyIDKey is the key of the reservation id key in the <name>-ids Secret.
+const SecretKeyIDKey = "id-key"
 
 // Labels on every child. The local pod runner and kubectl selectors use them.
 const (
@@ -127,7 +131,9 @@ func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings, withAdmissionKey b
 		secret(config.EnvPostgresDSN, fs.Spec.Postgres.SecretRef.Name, s.postgresKey, false),
 	}
 	if withAdmissionKey {
-		env = append(env, secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false))
+		env = append(env,
+			secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false),
+			secret(config.EnvIDKey, ChildName(fs, ComponentIDs), SecretKeyIDKey, false))
 	}
 	return env
 }

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -72,6 +73,8 @@ type scope struct {
 	// incomplete: a phase could not apply part of the spec although the
 	// reconcile went on; observedGeneration stays where it was.
 	incomplete bool
+	// admissionKey is the admission Secret's key when it could be read.
+	admissionKey []byte
 }
 
 func (s *scope) setNotReady(reason, message string) {
@@ -178,6 +181,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	if err != nil {
 		return true, err
 	}
+	s.admissionKey = refs.admissionKey
 	set := resolve(s.fs)
 	cfg := engine.Config{
 		CampaignID: string(s.fs.UID), Namespace: s.fs.Namespace, Name: s.fs.Name, SKU: s.fs.Spec.SKU,
@@ -418,6 +422,14 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 // error would put the status refresh and the schedule's next edge on the
 // controller's growing error backoff.
 func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (bool, error) {
+	if err := r.ensureIDSecret(ctx, s); err != nil {
+		// The reserve pods cannot start without it; the rest still goes on.
+		msg := fmt.Sprintf("cannot write Secret %s: %v", ChildName(s.fs, ComponentIDs), err)
+		s.setNotReady(ReasonChildrenFailed, msg)
+		s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
+		s.requeueAfter(retryUnhealthy)
+		s.incomplete = true
+	}
 	for _, desired := range []client.Object{
 		ReserveDeployment(s.fs, r.Image),
 		ReserveService(s.fs),
@@ -611,12 +623,18 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	}
 	// Owner references remove the children on a real cluster; deleting them here
 	// also covers API servers without a garbage collector and stops the pods first.
+	// An object of the same name that is not the sale's is left alone.
 	for _, obj := range []client.Object{
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)}},
 	} {
-		if err := r.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if err == nil && metav1.IsControlledBy(obj, fs) {
+			err = r.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID())})
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/url"
 	"os/exec"
@@ -22,6 +23,7 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -599,8 +601,24 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 		return c != nil && c.Reason == controllers.ReasonEnded
 	})
 	eng := e.engineFor(fs, sharedRedis.Addr())
-	if r, err := eng.Reserve(context.Background(), "late-buyer", "r", 1); err != nil || r.Reason != stock.StateEnded {
+	ctx := context.Background()
+	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StateEnded {
 		t.Fatalf("reserve after the end: %+v %v", r, err)
+	}
+	// Deleting the sale leaves the Deployment that is not its own.
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(settle)
+	for !apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash"}, &flashsalev1alpha1.FlashSale{})) {
+		if time.Now().After(deadline) {
+			t.Fatal("FlashSale not gone")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var d appsv1.Deployment
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash-reserve"}, &d); err != nil || !d.DeletionTimestamp.IsZero() {
+		t.Fatalf("the Deployment that was not the sale's was deleted with it: %v", err)
 	}
 }
 
@@ -723,5 +741,91 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 	var d appsv1.Deployment
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-reserve"}, &d); !apierrors.IsNotFound(err) && d.DeletionTimestamp.IsZero() {
 		t.Fatalf("reserve Deployment still there: %v", err)
+	}
+	var idSecret corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-ids"}, &idSecret); !apierrors.IsNotFound(err) && idSecret.DeletionTimestamp.IsZero() {
+		t.Fatalf("id key Secret still there: %v", err)
+	}
+}
+
+// Each sale gets its own reservation id key in an immutable Secret owned by
+// it, read by the reserve pods: rotating the admission key during the sale
+// leaves it, and with it the ids, as they were. A sale whose reserve pods ran
+// before the Secret existed gets the key those pods derived from the
+// admission key, so its ids do not change either.
+func TestReservationIDKeySecret(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("keyed", 10))
+	e.waitFor("keyed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	name := types.NamespacedName{Namespace: e.ns, Name: "keyed-ids"}
+	idKey := func() []byte {
+		var s corev1.Secret
+		if err := k8s.Get(ctx, name, &s); err != nil {
+			t.Fatal(err)
+		}
+		if !metav1.IsControlledBy(&s, fs) || s.Immutable == nil || !*s.Immutable {
+			t.Fatalf("Secret %s: owners %v, immutable %v", name.Name, s.OwnerReferences, s.Immutable)
+		}
+		k, err := base64.RawURLEncoding.DecodeString(string(s.Data[controllers.SecretKeyIDKey]))
+		if err != nil {
+			t.Fatalf("id key: %v", err)
+		}
+		return k
+	}
+	key := idKey()
+	if len(key) != 32 || string(key) == string(config.DeriveIDSecret([]byte(admissionKey))) {
+		t.Fatalf("a new sale's id key must be 32 random bytes, got %d bytes", len(key))
+	}
+	var d appsv1.Deployment
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "keyed-reserve"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, v := range d.Spec.Template.Spec.Containers[0].Env {
+		if v.Name == config.EnvIDKey && v.ValueFrom != nil && v.ValueFrom.SecretKeyRef != nil &&
+			v.ValueFrom.SecretKeyRef.Name == name.Name && v.ValueFrom.SecretKeyRef.Key == controllers.SecretKeyIDKey {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the reserve pods do not read %s from Secret %s", config.EnvIDKey, name.Name)
+	}
+
+	// The admission key is rotated: the id key stays.
+	var adm corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "waiting-room"}, &adm); err != nil {
+		t.Fatal(err)
+	}
+	adm.Data = map[string][]byte{"hmac-key": []byte("a-rotated-admission-key-0123456789")}
+	if err := k8s.Update(ctx, &adm); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // reconciles with the new key
+	if got := idKey(); string(got) != string(key) {
+		t.Fatal("rotating the admission key changed the id key")
+	}
+
+	// The Secret is gone while the reserve pods run (as after an upgrade from a
+	// version without it): the key they derived is written, not a new one.
+	if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name.Name, Namespace: e.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	want := config.DeriveIDSecret([]byte("a-rotated-admission-key-0123456789"))
+	deadline := time.Now().Add(settle)
+	for {
+		var s corev1.Secret
+		err := k8s.Get(ctx, name, &s)
+		if err == nil && s.DeletionTimestamp.IsZero() {
+			if string(s.Data[controllers.SecretKeyIDKey]) != base64.RawURLEncoding.EncodeToString(want) {
+				t.Fatal("the recreated id key is not the one the running reserve pods derive")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Secret %s not recreated: %v", name.Name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

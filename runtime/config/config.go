@@ -7,6 +7,7 @@ package config
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -38,7 +39,12 @@ const (
 	EnvRedisPassword  = "FLASHSALE_REDIS_PASSWORD" // secret
 	EnvPostgresDSN    = "FLASHSALE_POSTGRES_DSN"   // secret
 	EnvAdmissionKey   = "FLASHSALE_ADMISSION_KEY"  // secret
-	FileSuffix        = "_FILE"
+	// EnvIDKey is the key of reservation ids (secret), unpadded base64url
+	// (an environment variable cannot hold any byte). Without it the ids are
+	// keyed by a key derived from the admission key, which then must not change
+	// during a sale.
+	EnvIDKey   = "FLASHSALE_ID_KEY"
+	FileSuffix = "_FILE"
 )
 
 // Redis modes.
@@ -82,6 +88,7 @@ type Campaign struct {
 	Redis                    Redis
 	PostgresDSN              string
 	AdmissionKey             []byte
+	IDKey                    []byte // the reservation ids' key; none: derived from AdmissionKey
 
 	// WithoutAdmissionKey is set by roles that neither check admission tokens nor
 	// make reservations (the sweeper): Complete does not read the key, so their
@@ -144,6 +151,14 @@ func (c *Campaign) Complete() error {
 		if len(c.AdmissionKey) < 16 {
 			errs = append(errs, fmt.Errorf("the admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKey, EnvAdmissionKey, FileSuffix))
 		}
+		idKey, err := Secret(EnvIDKey)
+		errs = append(errs, err)
+		if idKey != "" {
+			c.IDKey, err = base64.RawURLEncoding.DecodeString(idKey)
+			if err != nil || len(c.IDKey) < 16 {
+				errs = append(errs, fmt.Errorf("the reservation id key (%s or %s%s) must be at least 16 bytes in unpadded base64url", EnvIDKey, EnvIDKey, FileSuffix))
+			}
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -155,7 +170,10 @@ func (c *Campaign) Complete() error {
 // has no reservation id secret: such an engine sweeps but cannot reserve.
 func (c *Campaign) EngineConfig() engine.Config {
 	var idSecret []byte
-	if len(c.AdmissionKey) > 0 {
+	switch {
+	case len(c.IDKey) > 0:
+		idSecret = c.IDKey
+	case len(c.AdmissionKey) > 0:
 		idSecret = DeriveIDSecret(c.AdmissionKey)
 	}
 	return engine.Config{
@@ -165,8 +183,11 @@ func (c *Campaign) EngineConfig() engine.Config {
 	}
 }
 
-// DeriveIDSecret derives the key of reservation ids from the admission key, so the
-// reserve replicas agree on ids without another Secret.
+// DeriveIDSecret derives the key of reservation ids from the admission key, for
+// reserve processes run without an id key of their own (FLASHSALE_ID_KEY). The
+// operator gives each sale its own id key, so that rotating the admission key
+// during a sale does not change the ids, and with them what a retried request
+// with the same idempotency key replays.
 func DeriveIDSecret(admissionKey []byte) []byte {
 	m := hmac.New(sha256.New, admissionKey)
 	m.Write([]byte("flashsale reservation id v1"))

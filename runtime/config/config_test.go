@@ -53,6 +53,26 @@ func TestFromEnvironment(t *testing.T) {
 	}
 }
 
+// With an id key of its own, the ids do not depend on the admission key: a
+// rotated admission key keeps them.
+func TestIDKeyOutlivesTheAdmissionKey(t *testing.T) {
+	env := validEnv()
+	env[EnvIDKey] = "dGhlLXNhbGUncy1vd24taWQta2V5LTAxMjM0NTY3ODk" // "the-sale's-own-id-key-0123456789"
+	c, err := parse(t, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env[EnvAdmissionKey] = "a-rotated-admission-key-98765"
+	rotated, err := parse(t, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := c.EngineConfig().IDSecret, rotated.EngineConfig().IDSecret
+	if string(a) != "the-sale's-own-id-key-0123456789" || string(a) != string(b) {
+		t.Fatalf("id secrets %q and %q, want the id key for both", a, b)
+	}
+}
+
 // The sweeper's campaign: no admission key is read, none is required, and its
 // engine configuration has no id secret (it sweeps, it does not reserve).
 func TestWithoutAdmissionKey(t *testing.T) {
@@ -113,6 +133,8 @@ func TestBadConfigurationIsNamed(t *testing.T) {
 		{"zero ttl", EnvTTL, "0s", "ttl"},
 		{"bad mode", EnvRedisMode, "sentinel", "redis-mode"},
 		{"short key", EnvAdmissionKey, "short", EnvAdmissionKey},
+		{"short id key", EnvIDKey, "c2hvcnQ", EnvIDKey},
+		{"id key not base64url", EnvIDKey, "not base64url: 0123456789abcdef", EnvIDKey},
 		{"no dsn", EnvPostgresDSN, "", EnvPostgresDSN},
 		{"steal probes", EnvStealProbes, "3", "stealProbes"},
 	} {

@@ -1,0 +1,79 @@
+package controllers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+)
+
+// idKeyBytes is the size of a sale's reservation id key.
+const idKeyBytes = 32
+
+// ensureIDSecret makes sure the sale's <name>-ids Secret exists before the
+// reserve pods that read it. Reservation ids are keyed by it, so that
+// rotating the admission key during the sale does not change what a retried
+// request with the same idempotency key replays. It is written once and never
+// rewritten: a new key would change the ids mid-sale.
+//
+// A new sale gets a random key. A sale whose reserve Deployment already runs
+// without one (created by an earlier version of the operator) gets the key its
+// pods derive from the admission key, so its ids stay the same.
+func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) error {
+	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentIDs)}
+	var live corev1.Secret
+	err := r.Get(ctx, name, &live)
+	switch {
+	case err == nil:
+		if !metav1.IsControlledBy(&live, s.fs) {
+			return fmt.Errorf("it exists and is not owned by FlashSale %s", s.fs.Name)
+		}
+		if k, err := base64.RawURLEncoding.DecodeString(string(live.Data[SecretKeyIDKey])); err != nil || len(k) < 16 {
+			return fmt.Errorf("its key %q is not at least 16 bytes in unpadded base64url", SecretKeyIDKey)
+		}
+		return nil
+	case !apierrors.IsNotFound(err):
+		return err
+	}
+	key, err := r.newIDKey(ctx, s)
+	if err != nil {
+		return err
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name.Name, Namespace: name.Namespace, Labels: childLabels(s.fs, ComponentIDs)},
+		Type:       corev1.SecretTypeOpaque,
+		Immutable:  ptr.To(true),
+		// Text: the reserve pods read it from an environment variable.
+		Data: map[string][]byte{SecretKeyIDKey: []byte(base64.RawURLEncoding.EncodeToString(key))},
+	}
+	if err := ctrl.SetControllerReference(s.fs, secret, r.Scheme()); err != nil {
+		return err
+	}
+	return r.Create(ctx, secret)
+}
+
+func (r *FlashSaleReconciler) newIDKey(ctx context.Context, s *scope) ([]byte, error) {
+	var d appsv1.Deployment
+	err := r.Get(ctx, types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentReserve)}, &d)
+	switch {
+	case apierrors.IsNotFound(err):
+		key := make([]byte, idKeyBytes)
+		_, err := rand.Read(key)
+		return key, err
+	case err != nil:
+		return nil, err
+	case s.admissionKey == nil:
+		return nil, fmt.Errorf("the admission Secret is needed to keep the ids of the running reserve pods")
+	}
+	return config.DeriveIDSecret(s.admissionKey), nil
+}
