@@ -170,9 +170,11 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	var refErr *referenceError
 	if errors.As(err, &refErr) {
 		s.requeueAfter(waitForReferences)
-		if c := r.conns.cached(types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}); c != nil {
+		c := r.conns.cached(types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name})
+		if c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
 			s.conn = c
 			s.setNotReady(refErr.reason, refErr.message+" (the sale is still served and gated with the connections opened before)")
+			s.incomplete = true // the spec's Secrets are not what these connections use
 			return false, nil
 		}
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
@@ -422,25 +424,24 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 // error would put the status refresh and the schedule's next edge on the
 // controller's growing error backoff.
 func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (bool, error) {
-	if err := r.ensureIDSecret(ctx, s); err != nil {
-		// The reserve pods cannot start without it; the rest still goes on.
-		msg := fmt.Sprintf("cannot write Secret %s: %v", ChildName(s.fs, ComponentIDs), err)
+	failed := func(kind, name string, err error) {
+		msg := fmt.Sprintf("cannot write %s %s: %v", kind, name, err)
 		s.setNotReady(ReasonChildrenFailed, msg)
 		s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
 		s.requeueAfter(retryUnhealthy)
 		s.incomplete = true
 	}
-	for _, desired := range []client.Object{
-		ReserveDeployment(s.fs, r.Image),
-		ReserveService(s.fs),
-		SweeperDeployment(s.fs, r.Image),
-	} {
+	children := []client.Object{ReserveService(s.fs), SweeperDeployment(s.fs, r.Image)}
+	if err := r.ensureIDSecret(ctx, s); err != nil {
+		// The reserve pods need it: their Deployment is left as it is, so that
+		// running pods are not replaced by ones that cannot start.
+		failed("Secret", ChildName(s.fs, ComponentIDs), err)
+	} else {
+		children = append([]client.Object{ReserveDeployment(s.fs, r.Image)}, children...)
+	}
+	for _, desired := range children {
 		if err := r.apply(ctx, s.fs, desired); err != nil {
-			msg := fmt.Sprintf("cannot write %s %s: %v", kindOf(desired), desired.GetName(), err)
-			s.setNotReady(ReasonChildrenFailed, msg)
-			s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
-			s.requeueAfter(retryUnhealthy)
-			s.incomplete = true
+			failed(kindOf(desired), desired.GetName(), err)
 		}
 	}
 	return false, nil

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -550,9 +551,10 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 		return c != nil && c.Reason == controllers.ReasonSecretNotFound
 	})
 	updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
-	fs = e.waitFor("rotated", settle, "Paused", func(fs *flashsalev1alpha1.FlashSale) bool {
-		return fs.Status.Phase == flashsalev1alpha1.PhasePaused && fs.Status.ObservedGeneration == fs.Generation
-	})
+	fs = e.waitFor("rotated", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
+	if fs.Status.ObservedGeneration == fs.Generation {
+		t.Fatal("observedGeneration moved while the spec's Secret is missing")
+	}
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != controllers.ReasonSecretNotFound {
 		t.Fatalf("Ready while the Secret is missing: %+v", c)
 	}
@@ -584,7 +586,9 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 		},
 	})
 	e.startController()
-	end := time.Now().Add(6 * time.Second)
+	// Far enough out that a controller on its error backoff (5 ms doubling,
+	// so about 5 s, 10 s, 20 s after the start) would miss the end by seconds.
+	end := time.Now().Add(11 * time.Second)
 	e.apply(e.sale("clash", 10).schedule(time.Time{}, end))
 	fs := e.waitFor("clash", settle, "ChildrenFailed", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
@@ -596,7 +600,7 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	if fs.Status.ObservedGeneration != 0 {
 		t.Fatalf("observedGeneration %d while a child cannot be written", fs.Status.ObservedGeneration)
 	}
-	e.waitFor("clash", time.Until(end)+2*time.Second, "Admitting False, Ended", func(fs *flashsalev1alpha1.FlashSale) bool {
+	e.waitFor("clash", time.Until(end)+5*time.Second, "Admitting False, Ended", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionAdmitting)
 		return c != nil && c.Reason == controllers.ReasonEnded
 	})
@@ -752,10 +756,11 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 // it, read by the reserve pods: rotating the admission key during the sale
 // leaves it, and with it the ids, as they were. A sale whose reserve pods ran
 // before the Secret existed gets the key those pods derived from the
-// admission key, so its ids do not change either.
+// admission key, so its ids do not change either; a Secret deleted while the
+// pods read it is not replaced by another key.
 func TestReservationIDKeySecret(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	e.startController()
+	stop := e.startController()
 	fs := e.apply(e.sale("keyed", 10))
 	e.waitFor("keyed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 	ctx := context.Background()
@@ -807,11 +812,31 @@ func TestReservationIDKeySecret(t *testing.T) {
 		t.Fatal("rotating the admission key changed the id key")
 	}
 
-	// The Secret is gone while the reserve pods run (as after an upgrade from a
-	// version without it): the key they derived is written, not a new one.
+	// Deleted while the reserve pods read it: not replaced by another key.
 	if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name.Name, Namespace: e.ns}}); err != nil {
 		t.Fatal(err)
 	}
+	e.waitFor("keyed", settle, "ChildrenFailed", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonChildrenFailed && strings.Contains(c.Message, "deleted while the reserve pods read it")
+	})
+	if err := k8s.Get(ctx, name, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the deleted id key Secret was recreated: %v", err)
+	}
+
+	// An upgrade from a version without the Secret: the reserve Deployment runs
+	// pods that derive the key from the admission key. The key they derive is
+	// written, not a new one.
+	stop()
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "keyed-reserve"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	c := &d.Spec.Template.Spec.Containers[0]
+	c.Env = slices.DeleteFunc(c.Env, func(v corev1.EnvVar) bool { return v.Name == config.EnvIDKey })
+	if err := k8s.Update(ctx, &d); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
 	want := config.DeriveIDSecret([]byte("a-rotated-admission-key-0123456789"))
 	deadline := time.Now().Add(settle)
 	for {

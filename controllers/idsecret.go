@@ -28,7 +28,9 @@ const idKeyBytes = 32
 //
 // A new sale gets a random key. A sale whose reserve Deployment already runs
 // without one (created by an earlier version of the operator) gets the key its
-// pods derive from the admission key, so its ids stay the same.
+// pods derive from the admission key, so its ids stay the same. A Secret deleted
+// while the reserve pods read it is not recreated: a new key would split the
+// replicas' ids, and the old one is only in the running pods.
 func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) error {
 	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentIDs)}
 	var live corev1.Secret
@@ -59,7 +61,11 @@ func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) erro
 	if err := ctrl.SetControllerReference(s.fs, secret, r.Scheme()); err != nil {
 		return err
 	}
-	return r.Create(ctx, secret)
+	err = r.Create(ctx, secret)
+	if apierrors.IsAlreadyExists(err) {
+		return nil // created by an earlier reconcile the cache has not shown yet
+	}
+	return err
 }
 
 func (r *FlashSaleReconciler) newIDKey(ctx context.Context, s *scope) ([]byte, error) {
@@ -72,8 +78,22 @@ func (r *FlashSaleReconciler) newIDKey(ctx context.Context, s *scope) ([]byte, e
 		return key, err
 	case err != nil:
 		return nil, err
+	case readsIDKey(&d):
+		return nil, fmt.Errorf("it was deleted while the reserve pods read it: restore it with the key they hold, or the replicas will disagree on reservation ids")
 	case s.admissionKey == nil:
 		return nil, fmt.Errorf("the admission Secret is needed to keep the ids of the running reserve pods")
 	}
 	return config.DeriveIDSecret(s.admissionKey), nil
+}
+
+// readsIDKey reports whether the Deployment's pods read FLASHSALE_ID_KEY.
+func readsIDKey(d *appsv1.Deployment) bool {
+	for _, c := range d.Spec.Template.Spec.Containers {
+		for _, e := range c.Env {
+			if e.Name == config.EnvIDKey {
+				return true
+			}
+		}
+	}
+	return false
 }
