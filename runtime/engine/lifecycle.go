@@ -65,7 +65,7 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 	if present > 0 || !created {
 		return SeedResult{Campaign: c}, fmt.Errorf("%w: %d of %d shards missing (lost, or never seeded by the call that created the campaign)", ErrNeedsRebuild, len(states)-present, len(states))
 	}
-	// Refuse unsupported servers before writing anything (stock.ErrRedisTooOld).
+	// Refuse unsupported servers before writing any shard (stock.ErrRedisTooOld).
 	if _, err := e.store.RunIDs(ctx); err != nil {
 		return SeedResult{}, fmt.Errorf("redis: %w", err)
 	}

@@ -113,14 +113,17 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 		progress := 0
 		for _, k := range keys {
 			ok, placedOn, err := e.store.ReapClaim(ctx, shard, k, cutoff)
+			settled := ok
 			if err == nil && placedOn >= 0 {
-				ok, err = e.settlePlacedQuota(ctx, shard, placedOn, k)
+				ok, settled, err = e.settlePlacedQuota(ctx, shard, placedOn, k)
 			}
 			if err != nil {
 				return reaped, err
 			}
 			if ok {
 				reaped++
+			}
+			if settled {
 				progress++
 			}
 		}
@@ -132,28 +135,37 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 }
 
 // settlePlacedQuota decides the home-shard quota of a stolen reservation placed
-// on shard target, past its expiry. It reports whether it gave quota back.
-func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key string) (bool, error) {
+// on shard target, past its expiry. It reports whether it gave quota back and
+// whether the claims index let go of the entry.
+func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key string) (gaveBack, settled bool, err error) {
 	o, err := e.ledger.GetOrder(ctx, stock.FormatID(target, key))
+	missing := errors.Is(err, ledger.ErrNotFound)
+	if err != nil && !missing {
+		return false, false, err
+	}
 	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		return false, nil // the sweep records it abandoned first
-	case err != nil:
-		return false, err
-	}
-	switch o.Status {
-	case ledger.StatusCommitted:
+	case !missing && o.Status == ledger.StatusCommitted:
 		_, err := e.store.Quota(ctx, home, stock.QuotaForget, o.UserID, key, o.Quantity, 0, 0)
-		return false, err
-	case ledger.StatusPending:
-		return false, nil // not swept yet
+		return false, err == nil, err
+	case !missing && o.Status == ledger.StatusPending:
+		return false, false, nil // not swept yet
 	}
-	// Cancelled or abandoned: once the unit is back in stock, so is the quota.
 	r, found, err := e.store.GetReservation(ctx, target, key)
 	if err != nil || found && r.Status == stock.ResReserved {
-		return false, err // the sweep releases it first
+		// Still in Redis: the sweep releases it (or, without a row, records it
+		// abandoned) first.
+		return false, false, err
 	}
-	return e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, 0, 0)
+	if missing {
+		// Gone from Redis and never in the ledger (its write failed and the
+		// unit was given back, and so was the quota unless that call failed
+		// too): nothing says whose quota it was, so the index lets go of it.
+		_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, 0, 0)
+		return false, err == nil, err
+	}
+	// Cancelled or abandoned, and the unit back in stock: so is the quota.
+	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, 0, 0)
+	return gaveBack, err == nil, err
 }
 
 func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (SweepStats, error) {

@@ -497,6 +497,41 @@ func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, reb
 	f.assertConserved()
 }
 
+// A stolen reservation whose ledger row was never written and whose unit went
+// back, while giving its quota back failed, leaves nothing that says whose
+// quota it was: the reaper lets go of its claims entry instead of asking the
+// ledger about it on every pass (and holding up the claims behind it).
+func TestStolenQuotaOfAnUnwrittenReservationLeavesTheIndex(t *testing.T) {
+	const slack = 300 * time.Millisecond
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(8), withShards(4), withTTL(shortTTL, 0), withClaimSlack(slack))
+	ctx := context.Background()
+	for i := 0; f.counts().Shards[0].Available > 0; i++ {
+		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 4) == 0 {
+			f.reserve(u, "r", 1)
+		}
+	}
+	dan := userHomedOn("dan", 0, 4)
+	r := f.reserve(dan, "r", 1)
+	if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
+		t.Fatalf("dan: %s on shard %d, want a stolen reservation", r.Outcome, r.Reservation.Shard)
+	}
+	// As if the row had never been written: the API gave the unit back, and
+	// giving the quota back failed.
+	if _, err := f.l.Pool().Exec(ctx, `DELETE FROM flashsale_orders WHERE reservation_id = $1`, r.Reservation.ID); err != nil {
+		t.Fatal(err)
+	}
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, dan, "r")
+	if rr, err := f.e.Store().Release(ctx, r.Reservation.Shard, key); err != nil || rr.Code != stock.Released {
+		t.Fatalf("release: %+v %v", rr, err)
+	}
+	time.Sleep(shortTTL + slack + 200*time.Millisecond)
+	f.sweepUntilQuiet()
+	if n, err := rdb.ZCard(ctx, f.e.Store().Keys(0).Claims()).Result(); err != nil || n != 0 {
+		t.Fatalf("%d entries left in the claims index (%v)", n, err)
+	}
+}
+
 // The quota script's claim bookkeeping, directly: a young claim is not reaped,
 // a reaped claim cannot be confirmed or given back again, and a confirmed
 // pointer is only reported by the reaper: forgetting it keeps the quota.
