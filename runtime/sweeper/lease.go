@@ -69,11 +69,14 @@ func NewLease(client kubernetes.Interface, namespace, name, id string, timing Le
 func (l *Lease) Kind() string { return "lease" }
 
 // Acquire starts the election on its first call and reports whether this
-// replica holds the Lease.
+// replica holds the Lease. client-go's IsLeader only compares the holder of
+// the last record seen, and stays true while a renewal hangs on a lost
+// connection; so leading also needs a renewal within RenewDeadline, which
+// ends before another replica may take the Lease (LeaseDuration).
 func (l *Lease) Acquire(context.Context) (bool, error) {
 	l.once.Do(l.start)
 	le := l.current.Load()
-	return le != nil && le.IsLeader(), nil
+	return le != nil && le.IsLeader() && le.Check(l.timing.RenewDeadline-l.timing.LeaseDuration) == nil, nil
 }
 
 func (l *Lease) start() {

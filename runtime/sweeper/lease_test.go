@@ -2,14 +2,18 @@ package sweeper
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
@@ -105,5 +109,66 @@ func TestLeaseNeedsNamespace(t *testing.T) {
 	}
 	if id := Identity(); !strings.Contains(id, "_") {
 		t.Fatalf("identity %q lacks the pid", id)
+	}
+}
+
+// A leader cut off from the API server (its Lease updates hang) stops
+// reporting itself leader once it has gone RenewDeadline without renewing,
+// before the other replica can take the Lease over (LeaseDuration after the
+// last renewal): the two never both report leading. client-go's own IsLeader
+// would say yes until its hung renewal returned.
+func TestLeaseCutOffLeaderStepsDownBeforeTakeOver(t *testing.T) {
+	// One store, two clients: a fake client runs its reactors under one lock,
+	// so a's hung call must not be on b's client.
+	cs := fake.NewClientset()
+	aClient := &fake.Clientset{}
+	aClient.AddReactor("*", "*", k8stesting.ObjectReaction(cs.Tracker()))
+	cut, unblock := make(chan struct{}), make(chan struct{})
+	aClient.PrependReactor("update", "leases", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case <-cut:
+		default:
+			return false, nil, nil
+		}
+		l, ok := action.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		if ok && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "a" {
+			<-unblock // a partitioned connection: no answer
+			return true, nil, errors.New("connection lost")
+		}
+		return false, nil, nil
+	})
+	ctx := context.Background()
+	name := LeaseName("c-cut")
+	a, err := NewLease(aClient, "shop", name, "a", fastLease, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewLease(cs, "shop", name, "b", fastLease, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		close(unblock)
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = a.Release(rctx)
+		_ = b.Release(rctx)
+	})
+	waitFor(t, "a to lead", func() bool { ok, _ := a.Acquire(ctx); return ok })
+	_, _ = b.Acquire(ctx) // b starts its election
+	close(cut)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		aLeads, _ := a.Acquire(ctx)
+		bLeads, _ := b.Acquire(ctx)
+		switch {
+		case aLeads && bLeads:
+			t.Fatal("both replicas report leading")
+		case bLeads:
+			return // b took over after a stepped down
+		case time.Now().After(deadline):
+			t.Fatal("b did not take over within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
