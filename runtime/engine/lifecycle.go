@@ -119,8 +119,9 @@ const rebuildBatch = 200
 // Rebuild reconstructs every shard from the ledger after Redis lost its data:
 // in one transaction the campaign row is locked, the epoch bumped and the committed
 // and still-valid pending orders read; then per shard the old state is wiped, valid
-// pending reservations recreated, the stock written and the meta (with the gate
-// state) written last. Reservations racing it were either counted or fenced.
+// pending reservations recreated, the stock written and the meta written last,
+// closed; once every shard is rebuilt the gate state opens them together.
+// Reservations racing it were either counted or fenced.
 func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error) {
 	start := e.now()
 	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
@@ -145,7 +146,9 @@ func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			err := e.rebuildShard(ctx, i, c, plans[i], gate)
+			// Each shard is finished closed and the gate opened on all of them
+			// at the end: a rebuild that fails on one shard admits nothing.
+			err := e.rebuildShard(ctx, i, c, plans[i], stock.StateFailClosed)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && first == nil {
@@ -156,6 +159,9 @@ func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error
 	wg.Wait()
 	if first != nil {
 		return rep, first
+	}
+	if err := e.SetGate(ctx, gate, c.Epoch); err != nil {
+		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
 	}
 	for _, p := range plans {
 		rep.Available += p.stock

@@ -1030,3 +1030,61 @@ func TestOvertakenRebuildWritesNothing(t *testing.T) {
 		t.Fatalf("after the rebuild: %+v", c)
 	}
 }
+
+// TestPartialRebuildAdmitsNothing: a rebuild that fails on one shard (here an
+// ACL that keeps the rebuilding client off shard 2's keys) leaves every shard
+// closed, the rebuilt ones included, so the sale is as closed as the
+// controller's status says until a rebuild succeeds on all of them.
+func TestPartialRebuildAdmitsNothing(t *testing.T) {
+	srv := testharness.RedisT(t)
+	admin := standaloneClient(t, srv.Addr())
+	f := newFixture(t, admin, withAllocation(40), withShards(4))
+	ctx := context.Background()
+	reserveMany(t, f, "held", 6)
+	tag := stock.CampaignTag(f.cfg.CampaignID)
+	args := []any{"ACL", "SETUSER", "partial", "on", ">pw", "+@all", "&*"}
+	for _, n := range []int{0, 1, 3} {
+		args = append(args, fmt.Sprintf("~{fs:%s:%d}:*", tag, n))
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	partial := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "partial", Password: "pw"})
+	t.Cleanup(func() { _ = partial.Close() })
+	e, err := engine.New(f.cfg, partial, f.l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	// As the controller does before it rebuilds: every shard refuses.
+	if _, err := f.e.Store().SetGate(ctx, stock.StateFailClosed, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Rebuild(ctx, stock.StateOpen); err == nil || !strings.Contains(err.Error(), "shard 2") {
+		t.Fatalf("rebuild without access to shard 2: %v", err)
+	}
+	states, err := f.e.Store().State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range states {
+		if s.State == stock.StateOpen {
+			t.Fatalf("shard %d admits reservations after a failed rebuild: %+v", s.Index, s)
+		}
+	}
+	for i := range 8 {
+		if r := f.reserve(fmt.Sprintf("during-%d", i), "r", 1); r.Outcome != engine.OutcomeClosed {
+			t.Fatalf("reserve after a failed rebuild: %s", r.Outcome)
+		}
+	}
+	// A rebuild that reaches every shard opens them all.
+	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Reserved != 6 || c.Available != 34 {
+		t.Fatalf("after the full rebuild: %+v", c)
+	}
+	if r := f.reserve("after", "r", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("reserve after the full rebuild: %s", r.Outcome)
+	}
+}
