@@ -24,6 +24,11 @@ const (
 // SecretKeyIDKey is the key of the reservation id key in the <name>-ids Secret.
 const SecretKeyIDKey = "id-key"
 
+// AnnotationSecrets on a pod template is a fingerprint of the Secret values
+// its pods read from their environment: when one changes, the template
+// changes and the Deployment rolls its pods onto the new values.
+const AnnotationSecrets = "flashsale.dev/secrets-fingerprint"
+
 // Labels on every child. The local pod runner and kubectl selectors use them.
 const (
 	LabelName      = "app.kubernetes.io/name"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,6 +76,8 @@ type scope struct {
 	incomplete bool
 	// admissionKey is the admission Secret's key when it could be read.
 	admissionKey []byte
+	// refs are the referenced Secrets' values when they could all be read.
+	refs *references
 }
 
 func (s *scope) setNotReady(reason, message string) {
@@ -183,7 +186,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	if err != nil {
 		return true, err
 	}
-	s.admissionKey = refs.admissionKey
+	s.admissionKey, s.refs = refs.admissionKey, &refs
 	set := resolve(s.fs)
 	cfg := engine.Config{
 		CampaignID: string(s.fs.UID), Namespace: s.fs.Namespace, Name: s.fs.Name, SKU: s.fs.Spec.SKU,
@@ -431,13 +434,20 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		s.requeueAfter(retryUnhealthy)
 		s.incomplete = true
 	}
-	children := []client.Object{ReserveService(s.fs), SweeperDeployment(s.fs, r.Image)}
-	if err := r.ensureIDSecret(ctx, s); err != nil {
+	sweeper := SweeperDeployment(s.fs, r.Image)
+	children := []client.Object{ReserveService(s.fs), sweeper}
+	idKey, err := r.ensureIDSecret(ctx, s)
+	if err != nil {
 		// The reserve pods need it: their Deployment is left as it is, so that
 		// running pods are not replaced by ones that cannot start.
 		failed("Secret", ChildName(s.fs, ComponentIDs), err)
 	} else {
-		children = append([]client.Object{ReserveDeployment(s.fs, r.Image)}, children...)
+		reserve := ReserveDeployment(s.fs, r.Image)
+		if idKey != nil && s.refs != nil {
+			setPodAnnotation(reserve, AnnotationSecrets, s.refs.podFingerprint(idKey, true))
+			setPodAnnotation(sweeper, AnnotationSecrets, s.refs.podFingerprint(idKey, false))
+		}
+		children = append([]client.Object{reserve}, children...)
 	}
 	for _, desired := range children {
 		if err := r.apply(ctx, s.fs, desired); err != nil {
@@ -445,6 +455,13 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		}
 	}
 	return false, nil
+}
+
+func setPodAnnotation(d *appsv1.Deployment, key, value string) {
+	if d.Spec.Template.Annotations == nil {
+		d.Spec.Template.Annotations = map[string]string{}
+	}
+	d.Spec.Template.Annotations[key] = value
 }
 
 func kindOf(o client.Object) string {
@@ -480,7 +497,14 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
-		d.Spec.Template.Annotations = l.Spec.Template.Annotations
+		// Keep the pod annotations others set (kubectl rollout restart's);
+		// ours (the secrets fingerprint) win.
+		ann := maps.Clone(l.Spec.Template.Annotations)
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		maps.Copy(ann, d.Spec.Template.Annotations)
+		d.Spec.Template.Annotations = ann
 	case *corev1.Service:
 		l := live.(*corev1.Service)
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)

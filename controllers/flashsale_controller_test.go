@@ -626,6 +626,75 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	}
 }
 
+// The data-plane pods read their Secrets once, from their environment: a
+// change to a value they read changes their pod template's fingerprint, so
+// their Deployment rolls them onto it. The sweeper does not read the
+// admission key, so a rotated admission key leaves its pods alone.
+func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("rolled", 10))
+	e.waitFor("rolled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	fingerprints := func() (reserve, sweeper string) {
+		for _, c := range []struct {
+			name string
+			out  *string
+		}{{"rolled-reserve", &reserve}, {"rolled-sweeper", &sweeper}} {
+			var d appsv1.Deployment
+			if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: c.name}, &d); err != nil {
+				t.Fatal(err)
+			}
+			*c.out = d.Spec.Template.Annotations[controllers.AnnotationSecrets]
+		}
+		return reserve, sweeper
+	}
+	var r0, s0 string
+	eventuallyTrue(t, settle, "fingerprints on both pod templates", func() bool {
+		r0, s0 = fingerprints()
+		return r0 != "" && s0 != ""
+	})
+	for _, secret := range []string{e.redisAddr, e.dsn, admissionKey} {
+		if strings.Contains(r0+s0, secret) {
+			t.Fatal("a fingerprint shows a Secret value")
+		}
+	}
+	update := func(name, key, value string) {
+		var s corev1.Secret
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &s); err != nil {
+			t.Fatal(err)
+		}
+		s.Data[key] = []byte(value)
+		if err := k8s.Update(ctx, &s); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	update("waiting-room", "hmac-key", "a-rotated-admission-key-0123456789")
+	var r1, s1 string
+	eventuallyTrue(t, settle, "the reserve pods rolled", func() bool { r1, s1 = fingerprints(); return r1 != r0 })
+	if s1 != s0 {
+		t.Fatal("a rotated admission key rolled the sweeper, which does not read it")
+	}
+
+	update("shop-ledger", "dsn", e.dsn+"&application_name=flashsale-rolled")
+	eventuallyTrue(t, settle, "both rolled", func() bool {
+		r2, s2 := fingerprints()
+		return r2 != r1 && s2 != s1
+	})
+}
+
+func eventuallyTrue(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Wrong Redis credentials and an ACL user missing a command the operator needs
 // each say so in the Ready reason, and nothing is seeded until they are fixed.
 func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {

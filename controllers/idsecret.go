@@ -28,28 +28,31 @@ const idKeyBytes = 32
 //
 // A new sale gets a random key. A sale whose reserve Deployment already runs
 // without one (created by an earlier version of the operator) gets the key its
-// pods derive from the admission key, so its ids stay the same. A Secret deleted
+// pods derive from the admission key, so its ids stay the same. It returns the
+// key when it knows it (nil right after a create the cache does not show yet).
+// A Secret deleted
 // while the reserve pods read it is not recreated: a new key would split the
 // replicas' ids, and the old one is only in the running pods.
-func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) error {
+func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) ([]byte, error) {
 	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentIDs)}
 	var live corev1.Secret
 	err := r.Get(ctx, name, &live)
 	switch {
 	case err == nil:
 		if !metav1.IsControlledBy(&live, s.fs) {
-			return fmt.Errorf("it exists and is not owned by FlashSale %s", s.fs.Name)
+			return nil, fmt.Errorf("it exists and is not owned by FlashSale %s", s.fs.Name)
 		}
-		if k, err := base64.RawURLEncoding.DecodeString(string(live.Data[SecretKeyIDKey])); err != nil || len(k) < 16 {
-			return fmt.Errorf("its key %q is not at least 16 bytes in unpadded base64url", SecretKeyIDKey)
+		k, err := base64.RawURLEncoding.DecodeString(string(live.Data[SecretKeyIDKey]))
+		if err != nil || len(k) < 16 {
+			return nil, fmt.Errorf("its key %q is not at least 16 bytes in unpadded base64url", SecretKeyIDKey)
 		}
-		return nil
+		return k, nil
 	case !apierrors.IsNotFound(err):
-		return err
+		return nil, err
 	}
 	key, err := r.newIDKey(ctx, s)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name.Name, Namespace: name.Namespace, Labels: childLabels(s.fs, ComponentIDs)},
@@ -59,13 +62,15 @@ func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) erro
 		Data: map[string][]byte{SecretKeyIDKey: []byte(base64.RawURLEncoding.EncodeToString(key))},
 	}
 	if err := ctrl.SetControllerReference(s.fs, secret, r.Scheme()); err != nil {
-		return err
+		return nil, err
 	}
-	err = r.Create(ctx, secret)
-	if apierrors.IsAlreadyExists(err) {
-		return nil // created by an earlier reconcile the cache has not shown yet
+	switch err := r.Create(ctx, secret); {
+	case apierrors.IsAlreadyExists(err):
+		return nil, nil // created by an earlier reconcile the cache has not shown yet
+	case err != nil:
+		return nil, err
 	}
-	return err
+	return key, nil
 }
 
 func (r *FlashSaleReconciler) newIDKey(ctx context.Context, s *scope) ([]byte, error) {

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -39,6 +40,19 @@ func (r references) fingerprint() string {
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%s", r.redis.Mode, strings.Join(r.redis.Addresses, ","),
 		r.redis.Username, r.redis.Password, r.postgresDSN, r.admissionKey)
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// podFingerprint is what a pod template carries so that a change to the Secret
+// values its pods read (env is fixed at start) rolls them: an HMAC keyed with
+// the sale's own id key, so it tells nothing about the values. The reserve pods
+// also read the admission key; the sweeper's does not.
+func (r references) podFingerprint(idKey []byte, withAdmissionKey bool) string {
+	m := hmac.New(sha256.New, idKey)
+	fmt.Fprintf(m, "%s\x00%s\x00%s\x00%s", strings.Join(r.redis.Addresses, ","), r.redis.Username, r.redis.Password, r.postgresDSN)
+	if withAdmissionKey {
+		fmt.Fprintf(m, "\x00%s", r.admissionKey)
+	}
+	return hex.EncodeToString(m.Sum(nil)[:12])
 }
 
 // referenceError names the Secret or key that is missing, for the Ready condition.
