@@ -77,6 +77,7 @@ func TestMaterializerConcurrentSubmits(t *testing.T) {
 	if rows != n {
 		t.Fatalf("%d rows durable, want %d", rows, n)
 	}
+	m.Close() // callers hear their outcome before OnBatch runs: wait for the writers
 	batches, sent, largest := stats.summary()
 	if sent != n {
 		t.Errorf("OnBatch saw %d rows, want %d", sent, n)
@@ -171,6 +172,7 @@ func TestMaterializerOutcomesPerRow(t *testing.T) {
 			}
 		}
 	}
+	m.Close() // callers hear their outcome before OnBatch runs: wait for the writers
 	if _, _, largest := stats.summary(); largest <= 1 {
 		t.Errorf("largest batch %d: outcomes were never mixed in one batch", largest)
 	}
@@ -512,6 +514,9 @@ func TestMaterializerSecondBatchOnlyWhenAFullOneWaits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A batch's callers hear their outcome before OnBatch runs: Close waits for
+	// the writers, OnBatch included.
+	m.Close()
 	stats.mu.Lock()
 	sizes := slices.Clone(stats.sizes)
 	stats.mu.Unlock()
