@@ -161,6 +161,8 @@ func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error
 		return rep, first
 	}
 	if err := e.SetGate(ctx, gate, c.Epoch); err != nil {
+		// Shards are written one by one: close again those that opened.
+		_, _ = e.store.SetGate(ctx, stock.StateFailClosed, 0)
 		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
 	}
 	for _, p := range plans {
