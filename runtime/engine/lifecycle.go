@@ -442,6 +442,9 @@ type ShardCounts struct {
 	Sold      int64 // ledger: committed units
 	Pending   int64 // ledger: PENDING units
 	Withdrawn int64 // Redis: units out of stock for an allocation decrease in progress
+	// Allocation is the units the shard's meta says it was given (seed and
+	// changes): what its own counts must add up to.
+	Allocation int64
 }
 
 // Counts are the campaign's numbers for status and audits.
@@ -460,12 +463,15 @@ type Counts struct {
 func (c Counts) Oversold() int64 { return max(0, c.Sold-c.Allocation) }
 
 // Conserved reports available + reserved + sold = allocation (I2, at quiescence;
-// units withdrawn for a decrease in progress still belong to the allocation).
-// A shard with negative stock or withdrawn units is never conserved: its
-// deficit could hide a surplus elsewhere in the sum.
+// units withdrawn for a decrease in progress still belong to the allocation),
+// for the campaign and for every shard on its own: a deficit on one shard
+// could hide a surplus on another in the sum, and stock and the reserved
+// counter move together in every script, so a unit released twice shows only
+// against the shard's allocation.
 func (c Counts) Conserved() bool {
 	for _, s := range c.Shards {
-		if s.Available < 0 || s.Withdrawn < 0 {
+		if s.Available < 0 || s.Reserved < 0 || s.Withdrawn < 0 ||
+			s.Available+s.Reserved+s.Sold+s.Withdrawn != s.Allocation {
 			return false
 		}
 	}
@@ -488,7 +494,7 @@ func (e *Engine) Counts(ctx context.Context) (Counts, error) {
 	}
 	out := Counts{Allocation: c.Allocation, Epoch: c.Epoch, Shards: make([]ShardCounts, len(states))}
 	for i, s := range states {
-		sc := ShardCounts{Index: i, Present: s.Present, State: s.State, Epoch: s.Epoch, Available: s.Available, Reserved: s.Reserved, Withdrawn: s.Withdrawn}
+		sc := ShardCounts{Index: i, Present: s.Present, State: s.State, Epoch: s.Epoch, Available: s.Available, Reserved: s.Reserved, Withdrawn: s.Withdrawn, Allocation: s.Allocation}
 		if i < len(byShard) {
 			sc.Sold, sc.Pending = byShard[i].Committed, byShard[i].Pending
 		}
