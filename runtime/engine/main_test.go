@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,34 +155,63 @@ func (f *fixture) counts() engine.Counts {
 	return c
 }
 
-// redisHeld sums what Redis says is available or held in reservations (I1, Redis side):
-// stock + units in RESERVED hashes, read from the hashes themselves, not from counters.
-func (f *fixture) redisHeld() (stockUnits, reservedUnits int64) {
+// redisHeld reads, per shard, the units Redis holds in RESERVED reservations
+// from the reservation hashes themselves (found by scanning the keys, not
+// through the expiry index or the counters), and fails when a RESERVED hash is
+// missing from the expiry index: the sweeper would never release its unit.
+func (f *fixture) redisHeld() (reservedUnits []int64) {
 	f.t.Helper()
 	ctx := context.Background()
 	s := f.e.Store()
-	for i := 0; i < s.Shards(); i++ {
+	reservedUnits = make([]int64, s.Shards())
+	for i := range reservedUnits {
 		k := s.Keys(i)
-		n, err := f.rdb.Get(ctx, k.Stock()).Int64()
-		if err != nil && err != redis.Nil {
-			f.t.Fatal(err)
-		}
-		stockUnits += n
-		keys, err := f.rdb.ZRange(ctx, k.Index(), 0, -1).Result()
-		if err != nil {
-			f.t.Fatal(err)
-		}
-		for _, key := range keys {
+		for _, hashKey := range scanKeys(f.t, f.rdb, k.ResPrefix()+"*") {
+			key := strings.TrimPrefix(hashKey, k.ResPrefix())
 			r, ok, err := s.GetReservation(ctx, i, key)
 			if err != nil {
 				f.t.Fatal(err)
 			}
-			if ok && r.Status == "R" {
-				reservedUnits += int64(r.Quantity)
+			if !ok || r.Status != stock.ResReserved {
+				continue
+			}
+			reservedUnits[i] += int64(r.Quantity)
+			if err := f.rdb.ZScore(ctx, k.Index(), key).Err(); err != nil {
+				f.t.Fatalf("shard %d: RESERVED reservation %s is not in the expiry index (%v): its unit would never come back", i, key, err)
 			}
 		}
 	}
-	return stockUnits, reservedUnits
+	return reservedUnits
+}
+
+// scanKeys lists the keys matching pattern, on every master of a cluster.
+func scanKeys(t testing.TB, rdb redis.UniversalClient, pattern string) []string {
+	t.Helper()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var out []string
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			out = append(out, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		t.Fatalf("scanKeys: unsupported client %T", rdb)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // assertNoOversell checks I1 from both sides: committed ≤ allocation in the ledger,
@@ -197,20 +228,23 @@ func (f *fixture) assertNoOversell() engine.Counts {
 	return c
 }
 
-// assertConserved checks I2 at quiescence, with the reserved units counted from the
-// reservation hashes and cross-checked against the ledger's PENDING units.
+// assertConserved checks I2 at quiescence, per shard and in total, with the
+// reserved units counted from the reservation hashes and cross-checked against
+// the shards' counters and the ledger's PENDING units.
 func (f *fixture) assertConserved() engine.Counts {
 	f.t.Helper()
 	c := f.assertNoOversell()
-	st, rs := f.redisHeld()
-	if st != c.Available || rs != c.Reserved {
-		f.t.Fatalf("shard counters disagree with the hashes: stock %d/%d reserved %d/%d", c.Available, st, c.Reserved, rs)
+	held := f.redisHeld()
+	for i, s := range c.Shards {
+		if held[i] != s.Reserved {
+			f.t.Fatalf("shard %d: the reserved counter says %d units, the RESERVED hashes hold %d", i, s.Reserved, held[i])
+		}
+		if s.Pending != s.Reserved {
+			f.t.Fatalf("shard %d: ledger PENDING units %d != Redis reserved units %d", i, s.Pending, s.Reserved)
+		}
 	}
 	if !c.Conserved() {
-		f.t.Fatalf("I2 violated: available %d + reserved %d + sold %d != allocation %d", c.Available, c.Reserved, c.Sold, c.Allocation)
-	}
-	if c.Pending != c.Reserved {
-		f.t.Fatalf("ledger PENDING units %d != Redis reserved units %d", c.Pending, c.Reserved)
+		f.t.Fatalf("I2 violated: available %d + reserved %d + sold %d != allocation %d (per shard: %+v)", c.Available, c.Reserved, c.Sold, c.Allocation, c.Shards)
 	}
 	return c
 }

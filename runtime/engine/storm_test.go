@@ -65,7 +65,7 @@ func TestStorm(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		f := newFixture(t, rdb, withAllocation(1000), withShards(10), withSteal(2))
 		stop := make(chan struct{})
-		var samples atomic.Int64
+		var samples, acks atomic.Int64
 		var sampler sync.WaitGroup
 		sampler.Add(1)
 		go func() {
@@ -76,13 +76,24 @@ func TestStorm(t *testing.T) {
 					return
 				case <-time.After(20 * time.Millisecond):
 				}
+				// Read before the counts, so that acks never exceed what the
+				// ledger held when it was read.
+				acked := acks.Load()
 				c, err := f.e.Counts(context.Background())
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				if c.Available < 0 || c.Available+c.Reserved+c.Sold > c.Allocation || c.Pending > c.Allocation {
-					t.Errorf("I1 violated mid-storm: %+v", c)
+				// Checked against what did not come from the same counters:
+				// the acknowledgements made so far, and the ledger's rows per
+				// shard against each shard's allocation.
+				if acked > c.Allocation || acked > c.Pending+c.Sold {
+					t.Errorf("I1/I3 mid-storm: %d reservations acknowledged, the ledger holds %d pending and %d sold of %d", acked, c.Pending, c.Sold, c.Allocation)
+				}
+				for _, s := range c.Shards {
+					if s.Available < 0 || s.Reserved < 0 || s.Pending+s.Sold > s.Allocation {
+						t.Errorf("I1 violated mid-storm on shard %d: %+v", s.Index, s)
+					}
 				}
 				samples.Add(1)
 			}
@@ -93,6 +104,9 @@ func TestStorm(t *testing.T) {
 			if err != nil {
 				t.Errorf("reserve: %v", err)
 				return
+			}
+			if r.Outcome == engine.OutcomeReserved {
+				acks.Add(1)
 			}
 			omu.Lock()
 			outcomes[r.Outcome]++
@@ -910,22 +924,32 @@ func TestAllocationDecreaseCrashedAfterRecording(t *testing.T) {
 // TestConservedSeesEachShard: the sums can balance while one shard's counters
 // are broken; Conserved must not be fooled by that.
 func TestConservedSeesEachShard(t *testing.T) {
-	ok := engine.Counts{Allocation: 80, Available: 70, Reserved: 10, Shards: []engine.ShardCounts{
-		{Index: 0, Available: 35, Reserved: 5}, {Index: 1, Available: 35, Reserved: 5},
+	ok := engine.Counts{Allocation: 80, Available: 68, Reserved: 10, Sold: 2, Shards: []engine.ShardCounts{
+		{Index: 0, Available: 34, Reserved: 5, Sold: 1, Allocation: 40}, {Index: 1, Available: 34, Reserved: 5, Sold: 1, Allocation: 40},
 	}}
 	if !ok.Conserved() {
 		t.Fatalf("%+v must be conserved", ok)
 	}
-	// 20 units back in stock against a settled decrease (withdrawn -20).
-	hidden := engine.Counts{Allocation: 80, Available: 90, Reserved: 10, Withdrawn: -20, Shards: []engine.ShardCounts{
-		{Index: 0, Available: 45, Reserved: 5, Withdrawn: -10}, {Index: 1, Available: 45, Reserved: 5, Withdrawn: -10},
-	}}
-	negative := engine.Counts{Allocation: 80, Available: 70, Reserved: 10, Shards: []engine.ShardCounts{
-		{Index: 0, Available: 75, Reserved: 5}, {Index: 1, Available: -5, Reserved: 5},
-	}}
-	for _, c := range []engine.Counts{hidden, negative} {
+	for name, c := range map[string]engine.Counts{
+		// 20 units back in stock against a settled decrease (withdrawn -20).
+		"withdrawn below zero": {Allocation: 80, Available: 90, Reserved: 10, Withdrawn: -20, Shards: []engine.ShardCounts{
+			{Index: 0, Available: 45, Reserved: 5, Withdrawn: -10, Allocation: 40}, {Index: 1, Available: 45, Reserved: 5, Withdrawn: -10, Allocation: 40},
+		}},
+		"stock below zero": {Allocation: 80, Available: 70, Reserved: 10, Shards: []engine.ShardCounts{
+			{Index: 0, Available: 75, Reserved: 5, Allocation: 40}, {Index: 1, Available: -5, Reserved: 5, Allocation: 40},
+		}},
+		// The last reservation of a shard released twice: stock up by two,
+		// the reserved counter below zero; the sums still balance.
+		"released twice": {Allocation: 80, Available: 7, Reserved: 3, Sold: 70, Shards: []engine.ShardCounts{
+			{Index: 0, Available: 2, Reserved: -1, Sold: 39, Allocation: 40}, {Index: 1, Available: 5, Reserved: 4, Sold: 31, Allocation: 40},
+		}},
+		// One shard over its allocation, the other under by as much.
+		"shards off in opposite ways": {Allocation: 80, Available: 70, Reserved: 10, Shards: []engine.ShardCounts{
+			{Index: 0, Available: 45, Reserved: 5, Allocation: 40}, {Index: 1, Available: 25, Reserved: 5, Allocation: 40},
+		}},
+	} {
 		if c.Conserved() {
-			t.Errorf("%+v must not be conserved", c)
+			t.Errorf("%s: %+v must not be conserved", name, c)
 		}
 	}
 }
