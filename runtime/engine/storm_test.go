@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
@@ -174,10 +175,11 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 			}
 			var closed, unavailable, after atomic.Int64
 			var wg sync.WaitGroup
+			var during []engine.Reservation
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				storm(t, f, 400, "during", func(r engine.ReserveResult, err error) {
+				during = storm(t, f, 400, "during", func(r engine.ReserveResult, err error) {
 					switch {
 					case errors.Is(err, engine.ErrUnavailable):
 						unavailable.Add(1)
@@ -195,7 +197,7 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Every shard is closed at once: no meta anywhere.
-			eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+			eventually(t, 30*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
 			h, err := f.e.Check(ctx, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -222,6 +224,7 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 			if c.Sold != 100 || c.Epoch != 2 {
 				t.Fatalf("counts %+v", c)
 			}
+			f.assertLedgerHolds(append(slices.Clone(before[100:]), during...), before[:100])
 			t.Logf("during the loss: %d closed, %d unavailable, %d reserved; rebuild %+v", closed.Load(), unavailable.Load(), after.Load(), rep)
 			// Acknowledged before the loss and not yet paid: still checkout-able.
 			for i, r := range before[100:] {
@@ -239,6 +242,44 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 				t.Fatalf("sold %d, want 300", c.Sold)
 			}
 		})
+	}
+}
+
+// assertLedgerHolds checks the ledger's live rows id by id: exactly the given
+// reservations are PENDING and exactly the given ones COMMITTED. Counting rows
+// would let a reservation acknowledged without its row and a refused one
+// written anyway cancel out.
+func (f *fixture) assertLedgerHolds(pending, committed []engine.Reservation) {
+	f.t.Helper()
+	want := map[string]ledger.Status{}
+	for _, r := range pending {
+		want[r.ID] = ledger.StatusPending
+	}
+	for _, r := range committed {
+		want[r.ID] = ledger.StatusCommitted
+	}
+	rows, err := f.l.Pool().Query(context.Background(),
+		`SELECT reservation_id, status FROM flashsale_orders WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')`, f.cfg.CampaignID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	got := map[string]ledger.Status{}
+	var id, status string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error {
+		got[id] = ledger.Status(status)
+		return nil
+	}); err != nil {
+		f.t.Fatal(err)
+	}
+	for id, s := range want {
+		if got[id] != s {
+			f.t.Errorf("acknowledged %s: ledger status %q, want %s", id, got[id], s)
+		}
+	}
+	for id, s := range got {
+		if _, ok := want[id]; !ok {
+			f.t.Errorf("ledger row %s is %s but was never acknowledged", id, s)
+		}
 	}
 }
 
@@ -260,10 +301,11 @@ func TestMaterializationRacingRebuild(t *testing.T) {
 		ctx := context.Background()
 		var wg sync.WaitGroup
 		var refused, acked atomic.Int64
+		var reservations []engine.Reservation
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			storm(t, f, 2500, "racer", func(r engine.ReserveResult, err error) {
+			reservations = storm(t, f, 2500, "racer", func(r engine.ReserveResult, err error) {
 				switch {
 				case errors.Is(err, engine.ErrUnavailable):
 					refused.Add(1)
@@ -286,6 +328,7 @@ func TestMaterializationRacingRebuild(t *testing.T) {
 		if c.Pending != acked.Load() {
 			t.Fatalf("ledger has %d pending units, %d were acknowledged", c.Pending, acked.Load())
 		}
+		f.assertLedgerHolds(reservations, nil)
 		t.Logf("acknowledged %d, refused %d, epoch %d", acked.Load(), refused.Load(), c.Epoch)
 	})
 }
