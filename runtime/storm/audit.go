@@ -3,6 +3,7 @@ package storm
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -24,7 +25,10 @@ type Audit struct {
 	Sold       int64 `json:"sold"`     // ledger: committed units
 	Pending    int64 `json:"pending"`  // ledger: PENDING units
 	Oversold   int64 `json:"oversold"`
-	Conserved  bool  `json:"conserved"` // available + reserved + sold = allocation
+	Conserved  bool  `json:"conserved"` // available + reserved + sold = allocation, in total and per shard
+	// CheckedShards: every request was answered (none UNAVAILABLE), so Redis's
+	// live reservations and the ledger's PENDING rows were compared per shard.
+	CheckedShards bool `json:"checked_shards"`
 
 	// Settled: reserved and ledger pending reached 0 (every reservation paid,
 	// cancelled or swept) within the settle time. Only checked when asked.
@@ -100,6 +104,17 @@ func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration
 		fail("not settled after %s: %d units still reserved in Redis, %d pending in the ledger (is a sweeper running?)",
 			settle, a.Reserved, a.Pending)
 	}
+	// When every request got an answer other than UNAVAILABLE, no reservation
+	// was left between Redis and the ledger (a crashed replica, an ambiguous
+	// commit): the two agree shard by shard. A unit released twice, or a row
+	// written for a refused reservation, shows here.
+	if a.CheckedShards = answeredCleanly(res); a.CheckedShards {
+		for _, s := range c.Shards {
+			if s.Reserved != s.Pending {
+				fail("I3/I6: shard %d holds %d units in live reservations in Redis and %d PENDING in the ledger", s.Index, s.Reserved, s.Pending)
+			}
+		}
+	}
 
 	ids := make([]string, 0, len(res.Acked)+len(res.Confirmed)+len(res.Cancelled))
 	ids = append(append(append(ids, res.Acked...), res.Confirmed...), res.Cancelled...)
@@ -150,6 +165,19 @@ func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration
 	}
 	a.OK = len(a.Failures) == 0
 	return a, nil
+}
+
+// answeredCleanly reports whether every request got an HTTP answer and none
+// was 503 UNAVAILABLE.
+func answeredCleanly(res *Result) bool {
+	for _, byOutcome := range res.Outcomes {
+		for label, n := range byOutcome {
+			if n > 0 && (strings.HasPrefix(label, "ERR") || label == "503 UNAVAILABLE") {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func orNone(s ledger.Status) string {

@@ -105,6 +105,35 @@ func TestAuditFailures(t *testing.T) {
 	}
 }
 
+// When every request was answered, Redis and the ledger must agree shard by
+// shard; totals that balance do not hide a shard that disagrees. After a
+// transport error they may legitimately differ until the sweeper has run.
+func TestAuditComparesShardsAfterACleanRun(t *testing.T) {
+	skewed := engine.Counts{Allocation: 10, Available: 2, Reserved: 3, Sold: 5, Pending: 3, Shards: []engine.ShardCounts{
+		{Index: 0, Available: 1, Reserved: 2, Sold: 2, Pending: 1, Allocation: 5},
+		{Index: 1, Available: 1, Reserved: 1, Sold: 3, Pending: 2, Allocation: 5},
+	}}
+	statuses := goodStatuses()
+	statuses["2.c"] = ledger.StatusPending
+	res := goodResult()
+	res.Outcomes = map[string]map[string]int64{OpReserve: {"201": 3}}
+	a, err := RunAudit(context.Background(), &fakeSource{counts: []engine.Counts{skewed}, statuses: statuses}, res, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.OK || !a.CheckedShards || !strings.Contains(strings.Join(a.Failures, "\n"), "shard 0 holds 2 units") {
+		t.Fatalf("a clean run with shards that disagree: %+v", a)
+	}
+	res.Outcomes[OpReserve]["ERR reset"] = 1
+	a, err = RunAudit(context.Background(), &fakeSource{counts: []engine.Counts{skewed}, statuses: statuses}, res, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.OK || a.CheckedShards {
+		t.Fatalf("after a transport error the shards are not compared: %+v", a)
+	}
+}
+
 func TestReportTextAndJSON(t *testing.T) {
 	res := goodResult()
 	res.Elapsed, res.Journeys, res.Requests = 2*time.Second, 100, 130
