@@ -62,7 +62,8 @@ const maxExamples = 5
 //   - I3: every acknowledged reservation has a ledger row that is not ABANDONED,
 //     every confirmed checkout is COMMITTED, every acknowledged cancel is
 //     CANCELLED_BY_USER;
-//   - I4: no replay answered another reservation than the first attempt.
+//   - I4: no replay answered another reservation than the first attempt;
+//   - I7: no checkout answered EXPIRED was sold.
 func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration) (*Audit, error) {
 	start := time.Now()
 	deadline := start.Add(settle)
@@ -116,8 +117,8 @@ func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration
 		}
 	}
 
-	ids := make([]string, 0, len(res.Acked)+len(res.Confirmed)+len(res.Cancelled))
-	ids = append(append(append(ids, res.Acked...), res.Confirmed...), res.Cancelled...)
+	ids := make([]string, 0, len(res.Acked)+len(res.Confirmed)+len(res.Cancelled)+len(res.Voided))
+	ids = append(append(append(append(ids, res.Acked...), res.Confirmed...), res.Cancelled...), res.Voided...)
 	statuses, err := src.Statuses(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
@@ -159,6 +160,15 @@ func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration
 	}
 	if len(notCancelled) > 0 {
 		fail("I3: %d acknowledged cancels are not CANCELLED_BY_USER in the ledger (%s)", len(notCancelled), examples(notCancelled))
+	}
+	var soldAfterVoid []string
+	for _, id := range res.Voided {
+		if statuses[id] == ledger.StatusCommitted {
+			soldAfterVoid = append(soldAfterVoid, id)
+		}
+	}
+	if len(soldAfterVoid) > 0 {
+		fail("I7: %d checkouts answered EXPIRED (void the payment) are COMMITTED in the ledger (%s)", len(soldAfterVoid), examples(soldAfterVoid))
 	}
 	if n := len(res.IdempotencyViolations); n > 0 {
 		fail("I4: %d replays answered another reservation (%s)", n, examples(res.IdempotencyViolations))

@@ -92,6 +92,8 @@ func TestAuditFailures(t *testing.T) {
 		{"paid not committed", settled, map[string]ledger.Status{"0.a": ledger.StatusPending, "1.b": ledger.StatusCancelledByUser, "2.c": ledger.StatusPending}, goodResult(), 0, "0.a=PENDING"},
 		{"cancel not recorded", settled, map[string]ledger.Status{"0.a": ledger.StatusCommitted, "1.b": ledger.StatusCancelledBySweeper, "2.c": ledger.StatusPending}, goodResult(), 0, "cancels are not CANCELLED_BY_USER"},
 		{"replay mismatch", settled, goodStatuses(), &Result{IdempotencyViolations: []string{"u k: 0.a vs 0.b"}}, 0, "I4"},
+		{"sold after void", settled, map[string]ledger.Status{"0.a": ledger.StatusCommitted, "1.b": ledger.StatusCancelledByUser, "2.c": ledger.StatusCommitted},
+			&Result{Acked: []string{"0.a", "1.b", "2.c"}, Confirmed: []string{"0.a"}, Cancelled: []string{"1.b"}, Voided: []string{"2.c"}}, 0, "I7: 1 checkouts answered EXPIRED"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := RunAudit(context.Background(), &fakeSource{counts: []engine.Counts{tc.counts}, statuses: tc.status}, tc.res, tc.settle)

@@ -185,6 +185,9 @@ type Result struct {
 	// confirmed) or cancel (200 cancelled) was acknowledged.
 	Confirmed []string
 	Cancelled []string
+	// Voided are the reservation ids whose checkout was answered 410 EXPIRED:
+	// the buyer was told to void the payment, so the order must not be sold.
+	Voided []string
 	// Abandoned counts acknowledged reservations the buyer walked away from.
 	Abandoned int64
 	// IdempotencyViolations are replays that answered another reservation id
@@ -235,6 +238,7 @@ type workerStats struct {
 	latency    map[string]*histogram
 	confirmed  []string
 	cancelled  []string
+	voided     []string
 	abandoned  int64
 	violations []string
 }
@@ -352,6 +356,7 @@ func (s *stormer) result(start time.Time, stats []*workerStats) *Result {
 		}
 		res.Confirmed = append(res.Confirmed, w.confirmed...)
 		res.Cancelled = append(res.Cancelled, w.cancelled...)
+		res.Voided = append(res.Voided, w.voided...)
 		res.Abandoned += w.abandoned
 		res.IdempotencyViolations = append(res.IdempotencyViolations, w.violations...)
 	}
@@ -366,6 +371,7 @@ func (s *stormer) result(start time.Time, stats []*workerStats) *Result {
 	sort.Strings(res.Acked)
 	sort.Strings(res.Confirmed)
 	sort.Strings(res.Cancelled)
+	sort.Strings(res.Voided)
 	return res
 }
 
@@ -418,9 +424,12 @@ func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *work
 	switch {
 	case r < s.cfg.CheckoutRatio:
 		pay := fmt.Sprintf(`{"reservation_id":%q,"payment_token":%q}`, got.reservationID, "pay-"+key)
-		if a := s.call(ctx, st, OpCheckout, home, http.MethodPost, checkoutPath, token, pay); a.status == http.StatusOK {
+		switch a := s.call(ctx, st, OpCheckout, home, http.MethodPost, checkoutPath, token, pay); {
+		case a.status == http.StatusOK:
 			st.confirmed = append(st.confirmed, got.reservationID)
 			s.confirmed.Add(1)
+		case a.status == http.StatusGone && a.code == "EXPIRED":
+			st.voided = append(st.voided, got.reservationID) // the payment must be voided
 		}
 	case r < s.cfg.CheckoutRatio+s.cfg.CancelRatio:
 		if a := s.call(ctx, st, OpCancel, home, http.MethodDelete, reservationsPath+url.PathEscape(got.reservationID), token, ""); a.status == http.StatusOK {
