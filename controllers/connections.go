@@ -41,7 +41,8 @@ func (c *campaignConn) close() {
 // which survives an operator restart). It reports why the data may be older
 // than the ledger: a server restarted (its run id changed), or a server not
 // seen before holds shards (a failover promoted a replica). Nothing known
-// before (a new sale) is no change.
+// before (a new sale) is no change, and neither is a known server reached under
+// another address (a new DNS name or IP for the same process: same run id).
 func (c *campaignConn) runIDsChanged(status []flashsalev1alpha1.RedisServerStatus, now map[string]string) (string, bool) {
 	known := map[string]string{}
 	for _, srv := range status {
@@ -51,9 +52,15 @@ func (c *campaignConn) runIDsChanged(status []flashsalev1alpha1.RedisServerStatu
 	if len(known) == 0 {
 		return "", false
 	}
+	knownIDs := map[string]bool{}
+	for _, id := range known {
+		knownIDs[id] = true
+	}
 	for _, addr := range slices.Sorted(maps.Keys(now)) {
 		was, ok := known[addr]
 		switch {
+		case knownIDs[now[addr]]:
+			// The same server process as one checked before.
 		case !ok:
 			return fmt.Sprintf("Redis server %s now holds shards of the sale: its data may be older than the ledger", addr), true
 		case was != now[addr]:

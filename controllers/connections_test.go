@@ -23,6 +23,8 @@ func TestRunIDsChanged(t *testing.T) {
 		{"a replica promoted in a failover", status, nil, map[string]string{"a:6379": "r1", "c:6379": "r3"}, "now holds shards"},
 		{"a master gone, its slots on a known one", status, nil, map[string]string{"a:6379": "r1"}, ""},
 		{"memory is newer than a stale status", status, map[string]string{"a:6379": "r9", "b:6379": "r2"}, map[string]string{"a:6379": "r9", "b:6379": "r2"}, ""},
+		{"the same servers under new addresses", status, nil, map[string]string{"redis-0.shop:6379": "r1", "redis-1.shop:6379": "r2"}, ""},
+		{"a new address and a new process", status, nil, map[string]string{"redis-0.shop:6379": "r7", "b:6379": "r2"}, "now holds shards"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &campaignConn{runIDs: tc.memory}
