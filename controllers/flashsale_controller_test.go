@@ -613,13 +613,9 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	if err := k8s.Delete(ctx, fs); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(settle)
-	for !apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash"}, &flashsalev1alpha1.FlashSale{})) {
-		if time.Now().After(deadline) {
-			t.Fatal("FlashSale not gone")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testharness.Eventually(t, settle, "the FlashSale gone", func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash"}, &flashsalev1alpha1.FlashSale{}))
+	})
 	var d appsv1.Deployment
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash-reserve"}, &d); err != nil || !d.DeletionTimestamp.IsZero() {
 		t.Fatalf("the Deployment that was not the sale's was deleted with it: %v", err)
@@ -650,7 +646,7 @@ func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
 		return reserve, sweeper
 	}
 	var r0, s0 string
-	eventuallyTrue(t, settle, "fingerprints on both pod templates", func() bool {
+	testharness.Eventually(t, settle, "fingerprints on both pod templates", func() bool {
 		r0, s0 = fingerprints()
 		return r0 != "" && s0 != ""
 	})
@@ -672,27 +668,16 @@ func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
 
 	update("waiting-room", "hmac-key", "a-rotated-admission-key-0123456789")
 	var r1, s1 string
-	eventuallyTrue(t, settle, "the reserve pods rolled", func() bool { r1, s1 = fingerprints(); return r1 != r0 })
+	testharness.Eventually(t, settle, "the reserve pods rolled", func() bool { r1, s1 = fingerprints(); return r1 != r0 })
 	if s1 != s0 {
 		t.Fatal("a rotated admission key rolled the sweeper, which does not read it")
 	}
 
 	update("shop-ledger", "dsn", e.dsn+"&application_name=flashsale-rolled")
-	eventuallyTrue(t, settle, "both rolled", func() bool {
+	testharness.Eventually(t, settle, "both rolled", func() bool {
 		r2, s2 := fingerprints()
 		return r2 != r1 && s2 != s1
 	})
-}
-
-func eventuallyTrue(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // Wrong Redis credentials and an ACL user missing a command the operator needs
@@ -907,19 +892,11 @@ func TestReservationIDKeySecret(t *testing.T) {
 	}
 	e.startController()
 	want := config.DeriveIDSecret([]byte("a-rotated-admission-key-0123456789"))
-	deadline := time.Now().Add(settle)
-	for {
-		var s corev1.Secret
-		err := k8s.Get(ctx, name, &s)
-		if err == nil && s.DeletionTimestamp.IsZero() {
-			if string(s.Data[controllers.SecretKeyIDKey]) != base64.RawURLEncoding.EncodeToString(want) {
-				t.Fatal("the recreated id key is not the one the running reserve pods derive")
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Secret %s not recreated: %v", name.Name, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var s corev1.Secret
+	testharness.Eventually(t, settle, "Secret "+name.Name+" recreated", func() bool {
+		return k8s.Get(ctx, name, &s) == nil && s.DeletionTimestamp.IsZero()
+	})
+	if string(s.Data[controllers.SecretKeyIDKey]) != base64.RawURLEncoding.EncodeToString(want) {
+		t.Fatal("the recreated id key is not the one the running reserve pods derive")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 )
 
 // Main is a test binary's TestMain: it runs setup (which starts the shared
@@ -41,4 +42,17 @@ type tempDirCloser string
 func (d tempDirCloser) Close() error {
 	unregister(d)
 	return os.RemoveAll(string(d))
+}
+
+// Eventually polls cond until it holds, and fails the test when timeout
+// passes first, naming what it waited for.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -278,18 +278,6 @@ func (f *fixture) sweepUntilQuiet() engine.SweepStats {
 	return total
 }
 
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 type counter struct{ n atomic.Int64 }
 
 func (c *counter) inc()         { c.n.Add(1) }

@@ -197,7 +197,7 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Every shard is closed at once: no meta anywhere.
-			eventually(t, 30*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+			testharness.Eventually(t, 30*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
 			h, err := f.e.Check(ctx, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -372,7 +372,7 @@ func TestLedgerDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
-	eventually(t, 15*time.Second, "the sweeper releases every expired unit", func() bool {
+	testharness.Eventually(t, 15*time.Second, "the sweeper releases every expired unit", func() bool {
 		_, err := f.e.Sweep(ctx)
 		c, cerr := f.e.Counts(ctx)
 		return err == nil && cerr == nil && c.Available == 10 && c.Reserved == 0
@@ -401,7 +401,7 @@ func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	if err := r.RestartWithData(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+	testharness.Eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
 	if ok, err := rdb.ScriptExists(ctx, stock.ReserveScriptFor(before).Hash()).Result(); err != nil || ok[0] {
 		t.Fatalf("script cache survived the restart (%v, %v): the test would prove nothing", ok, err)
 	}
@@ -477,7 +477,7 @@ func TestStaleSnapshotRefusedUntilRebuilt(t *testing.T) {
 				}
 			}
 			var res engine.ReserveResult
-			eventually(t, 20*time.Second, "an answer from the restarted servers", func() bool {
+			testharness.Eventually(t, 20*time.Second, "an answer from the restarted servers", func() bool {
 				var err error
 				res, err = f.e.Reserve(ctx, "buyer", "r", 1)
 				return err == nil
@@ -563,7 +563,7 @@ func (f *fixture) unverifiedUntilRebuilt(user, where string) engine.Health {
 	f.t.Helper()
 	ctx := context.Background()
 	var res engine.ReserveResult
-	eventually(f.t, 20*time.Second, "an answer from "+where, func() bool {
+	testharness.Eventually(f.t, 20*time.Second, "an answer from "+where, func() bool {
 		var err error
 		res, err = f.e.Reserve(ctx, user, "r", 1)
 		return err == nil
@@ -695,7 +695,7 @@ func TestStampShardsWithoutServer(t *testing.T) {
 	if err := r.RestartWithData(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
+	testharness.Eventually(t, 10*time.Second, "redis back", func() bool { return rdb.Ping(ctx).Err() == nil })
 	if res := f.reserve("new", "r", 1); res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
 		t.Fatalf("after the restart: %+v", res)
 	}
@@ -1023,7 +1023,7 @@ func TestSeedAfterLossIsARebuild(t *testing.T) {
 		r, err := f.e.Reserve(ctx, "first", "r", 1)
 		first <- answer{r, err}
 	}()
-	eventually(t, 5*time.Second, "the unit taken in Redis", func() bool { return f.counts().Reserved == 1 })
+	testharness.Eventually(t, 5*time.Second, "the unit taken in Redis", func() bool { return f.counts().Reserved == 1 })
 
 	keys, err := rdb.Keys(ctx, stock.ShardKeys(f.cfg.CampaignID, 0).Pattern()).Result()
 	if err != nil || len(keys) == 0 {

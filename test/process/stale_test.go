@@ -68,7 +68,7 @@ func TestReserveProcessesRefuseAStaleRedis(t *testing.T) {
 	}
 	n := 0
 	for _, p := range []*process{a, b} {
-		eventually(t, 20*time.Second, p.name+" answers CLOSED", func() bool {
+		testharness.Eventually(t, 20*time.Second, p.name+" answers CLOSED", func() bool {
 			n++
 			status, code := reserveOnce(t, p, fmt.Sprintf("during-%d", n))
 			if status == http.StatusCreated || status == http.StatusServiceUnavailable && code != "CLOSED" && code != "UNAVAILABLE" {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
@@ -254,7 +255,7 @@ func TestStormTwoReplicas(t *testing.T) {
 // is under way.
 func (c *campaign) waitOrders(n int, s *stormRun) {
 	c.t.Helper()
-	eventually(c.t, 60*time.Second, "the storm to get going", func() bool {
+	testharness.Eventually(c.t, 60*time.Second, "the storm to get going", func() bool {
 		select {
 		case <-s.done:
 			c.t.Fatal("the storm ended before the fault was injected")

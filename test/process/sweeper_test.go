@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
@@ -65,7 +66,7 @@ func TestSweeperLeadership(t *testing.T) {
 	c := newCampaign(t)
 	a, b := c.startSweeper("sweeper-a"), c.startSweeper("sweeper-b")
 	var leader *process
-	eventually(t, 10*time.Second, "one leader", func() bool {
+	testharness.Eventually(t, 10*time.Second, "one leader", func() bool {
 		ls := leaders(t, a, b)
 		if len(ls) > 1 {
 			t.Fatal("two sweepers lead at once")
@@ -102,11 +103,11 @@ func TestSweeperLeadership(t *testing.T) {
 		}
 	}
 	leader.kill()
-	eventually(t, 10*time.Second, "the follower to take over", func() bool {
+	testharness.Eventually(t, 10*time.Second, "the follower to take over", func() bool {
 		ls := leaders(t, follower)
 		return len(ls) == 1
 	})
-	eventually(t, ttl+grace+10*time.Second, "the new leader to release the expired units", func() bool {
+	testharness.Eventually(t, ttl+grace+10*time.Second, "the new leader to release the expired units", func() bool {
 		n := c.counts()
 		return n.Reserved == 0 && n.Available == allocation
 	})
@@ -126,5 +127,5 @@ func TestSweeperLeadership(t *testing.T) {
 	if code := follower.terminate(15 * time.Second); code != 0 {
 		t.Fatalf("sweeper exited %d after SIGTERM, want 0", code)
 	}
-	eventually(t, 5*time.Second, "the third sweeper to take over", func() bool { return len(leaders(t, third)) == 1 })
+	testharness.Eventually(t, 5*time.Second, "the third sweeper to take over", func() bool { return len(leaders(t, third)) == 1 })
 }
