@@ -31,6 +31,21 @@ func reserveMany(t *testing.T, f *fixture, prefix string, n int) []string {
 	return ids
 }
 
+// sellOutShard reserves one unit for each of as many buyers homed on shard as
+// it takes to empty it, and returns how many it took: the next buyer homed
+// there has to steal.
+func (f *fixture) sellOutShard(shard int) int {
+	f.t.Helper()
+	n := 0
+	for i := 0; f.counts().Shards[shard].Available > 0; i++ {
+		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, f.cfg.Shards) == shard {
+			f.reserve(u, "r", 1)
+			n++
+		}
+	}
+	return n
+}
+
 func orderStatus(t *testing.T, f *fixture, id string) ledger.Status {
 	t.Helper()
 	o, err := f.l.GetOrder(context.Background(), id)
@@ -341,13 +356,7 @@ func TestAPIDiedWhileStealing(t *testing.T) {
 				users = append(users, u)
 			}
 		}
-		fillers := 0
-		for i := 0; f.counts().Shards[0].Available > 0; i++ {
-			if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 4) == 0 {
-				f.reserve(u, "r", 1)
-				fillers++
-			}
-		}
+		fillers := f.sellOutShard(0)
 		claim := func(user string) string {
 			key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
 			r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
@@ -432,17 +441,8 @@ func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, reb
 	const slack = 300 * time.Millisecond
 	f := newFixture(t, rdb, withAllocation(8), withShards(4), withTTL(shortTTL, 0), withClaimSlack(slack))
 	ctx := context.Background()
-	for i := 0; f.counts().Shards[0].Available > 0; i++ {
-		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 4) == 0 {
-			f.reserve(u, "r", 1)
-		}
-	}
-	var ann, cid string
-	for i := 0; ann == ""; i++ {
-		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 4) == 0 {
-			ann, cid = cid, u
-		}
-	}
+	f.sellOutShard(0)
+	ann, cid := userHomedOn("ann", 0, 4), userHomedOn("cid", 0, 4)
 	stolen := func(user string) engine.Reservation {
 		r := f.reserve(user, "r", 1)
 		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
@@ -506,11 +506,7 @@ func TestStolenQuotaOfAnUnwrittenReservationLeavesTheIndex(t *testing.T) {
 	rdb := standaloneClient(t, sharedRedis.Addr())
 	f := newFixture(t, rdb, withAllocation(8), withShards(4), withTTL(shortTTL, 0), withClaimSlack(slack))
 	ctx := context.Background()
-	for i := 0; f.counts().Shards[0].Available > 0; i++ {
-		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 4) == 0 {
-			f.reserve(u, "r", 1)
-		}
-	}
+	f.sellOutShard(0)
 	dan := userHomedOn("dan", 0, 4)
 	r := f.reserve(dan, "r", 1)
 	if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
@@ -540,11 +536,7 @@ func TestClaimReapEdges(t *testing.T) {
 	f := newFixture(t, rdb, withAllocation(4), withShards(2), withMaxPerUser(2))
 	ctx := context.Background()
 	s := f.e.Store()
-	for i := 0; f.counts().Shards[0].Available > 0; i++ {
-		if u := fmt.Sprintf("filler-%d", i); stock.HomeShard(u, 2) == 0 {
-			f.reserve(u, "r", 1)
-		}
-	}
+	f.sellOutShard(0)
 	user := ""
 	for i := 0; user == ""; i++ {
 		if u := fmt.Sprintf("u-%d", i); stock.HomeShard(u, 2) == 0 {
