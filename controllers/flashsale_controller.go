@@ -74,8 +74,6 @@ type scope struct {
 	// incomplete: a phase could not apply part of the spec although the
 	// reconcile went on; observedGeneration stays where it was.
 	incomplete bool
-	// admissionKey is the admission Secret's key when it could be read.
-	admissionKey []byte
 	// refs are the referenced Secrets' values when they could all be read.
 	refs *references
 }
@@ -186,7 +184,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	if err != nil {
 		return true, err
 	}
-	s.admissionKey, s.refs = refs.admissionKey, &refs
+	s.refs = &refs
 	set := resolve(s.fs)
 	cfg := engine.Config{
 		CampaignID: string(s.fs.UID), Namespace: s.fs.Namespace, Name: s.fs.Name, SKU: s.fs.Spec.SKU,
