@@ -666,6 +666,26 @@ func TestReshardRefusedUntilRebuilt(t *testing.T) {
 	}
 }
 
+// The run ids the controller compares are those of the servers holding the
+// sale's shards: in a shared cluster a restart or a new master elsewhere is not
+// this sale's data loss and must not close it for a rebuild.
+func TestRunIDsAreTheShardsServers(t *testing.T) {
+	rdb := clusterClient(t, sharedCluster.Addrs())
+	f := newFixture(t, rdb, withAllocation(10), withShards(1))
+	ctx := context.Background()
+	master, err := rdb.(*redis.ClusterClient).MasterForKey(ctx, f.e.Store().Keys(0).Meta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.e.Check(ctx, 1)
+	if err != nil || h.Lost() {
+		t.Fatalf("check: %+v, %v", h, err)
+	}
+	if len(h.RunIDs) != 1 || h.RunIDs[master.Options().Addr] == "" {
+		t.Fatalf("run ids %v, want only the shard's master %s (of %d masters)", h.RunIDs, master.Options().Addr, len(sharedCluster.Addrs()))
+	}
+}
+
 // Shards seeded before metas recorded their server (no srv) keep selling, and
 // Stamp records the server once, after which a restart is caught as for any
 // other shard.

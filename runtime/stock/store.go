@@ -577,29 +577,30 @@ func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
 	return nil
 }
 
-// RunIDs returns the run_id of every Redis server holding shards (every master of a
-// cluster). A changed run_id means the server restarted and may have lost its data.
+// RunIDs returns the run_id of every Redis server holding shards of the
+// campaign, keyed by address: in a cluster, the masters that own the slots of
+// the shards (by the client's slot map), not every master, so that a restart
+// or a new master elsewhere in a shared cluster does not read as this sale's
+// data loss. A changed run_id means the server restarted and may have lost its
+// data; a shard whose slot moves to another server shows up as a new address.
 func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
 	out := map[string]string{}
-	collect := func(ctx context.Context, c *redis.Client) error {
-		id, err := runID(ctx, c)
-		out[c.Options().Addr] = id
-		return err
+	for _, k := range s.shards {
+		node, err := s.node(ctx, k.Meta())
+		if err != nil {
+			return out, err
+		}
+		addr := node.Options().Addr
+		if _, ok := out[addr]; ok {
+			continue
+		}
+		id, err := runID(ctx, node)
+		if err != nil {
+			return out, err
+		}
+		out[addr] = id
 	}
-	switch c := s.rdb.(type) {
-	case *redis.ClusterClient:
-		var mu sync.Mutex // ForEachMaster calls in parallel
-		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return collect(ctx, m)
-		})
-		return out, err
-	case *redis.Client:
-		return out, collect(ctx, c)
-	default:
-		return nil, fmt.Errorf("unsupported redis client %T", s.rdb)
-	}
+	return out, nil
 }
 
 // DeleteAll removes every key of the campaign (all shards), for a deleted FlashSale.
