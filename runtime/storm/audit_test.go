@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -133,6 +134,44 @@ func TestAuditComparesShardsAfterACleanRun(t *testing.T) {
 	}
 	if !a.OK || a.CheckedShards {
 		t.Fatalf("after a transport error the shards are not compared: %+v", a)
+	}
+}
+
+// A sweep between Counts' read of Redis and its read of the ledger makes one
+// read disagree: the audit reads again, and only a lasting difference fails.
+func TestAuditRereadsShardsThatDisagreeOnce(t *testing.T) {
+	skewed := engine.Counts{Allocation: 10, Available: 2, Reserved: 3, Sold: 5, Pending: 2, Shards: []engine.ShardCounts{
+		{Index: 0, Available: 1, Reserved: 2, Sold: 2, Pending: 1, Allocation: 5},
+		{Index: 1, Available: 1, Reserved: 1, Sold: 3, Pending: 1, Allocation: 5},
+	}}
+	agreed := skewed
+	agreed.Shards = slices.Clone(skewed.Shards)
+	agreed.Shards[0].Reserved, agreed.Shards[0].Available, agreed.Reserved, agreed.Available = 1, 2, 2, 3
+	statuses := goodStatuses()
+	statuses["2.c"] = ledger.StatusPending
+	res := goodResult()
+	res.Outcomes = map[string]map[string]int64{OpReserve: {"201": 3}}
+	src := &fakeSource{counts: []engine.Counts{skewed, skewed, agreed}, statuses: statuses}
+	a, err := RunAudit(context.Background(), src, res, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.OK || !a.CheckedShards || src.calls.Load() != 3 {
+		t.Fatalf("a passing difference failed the audit (%d reads): %+v", src.calls.Load(), a)
+	}
+}
+
+// An interrupt ends the settle wait at once; the checks still run.
+func TestAuditSettleWaitEndsOnStop(t *testing.T) {
+	stop := make(chan struct{})
+	close(stop)
+	start := time.Now()
+	a, err := RunAuditUntil(context.Background(), stop, &fakeSource{counts: []engine.Counts{busy}, statuses: goodStatuses()}, goodResult(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*time.Second || a.Settled || a.OK {
+		t.Fatalf("after %s: %+v", d, a)
 	}
 }
 

@@ -21,9 +21,10 @@ const (
 
 // answer is what one request ended with.
 type answer struct {
-	status        int    // 0 after a transport error
-	code          string // the error body's code
-	reservationID string // reserve and retry: the id of a 201 or 200
+	status        int       // 0 after a transport error
+	code          string    // the error body's code
+	reservationID string    // reserve and retry: the id of a 201 or 200
+	expiresAt     time.Time // with reservationID: when it lapses unless paid
 	retryAfter    time.Duration
 }
 
@@ -86,8 +87,9 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		return answer{}
 	}
 	var wire struct {
-		ReservationID string `json:"reservation_id"`
-		Code          string `json:"code"`
+		ReservationID string    `json:"reservation_id"`
+		ExpiresAt     time.Time `json:"expires_at"`
+		Code          string    `json:"code"`
 	}
 	_ = json.Unmarshal(b, &wire) // a body that is not ours shows as a bare status
 	a := answer{status: resp.StatusCode, code: wire.Code}
@@ -95,7 +97,7 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		a.retryAfter = time.Duration(secs) * time.Second
 	}
 	if (op == OpReserve || op == OpRetry) && (a.status == http.StatusCreated || a.status == http.StatusOK) {
-		a.reservationID = wire.ReservationID
+		a.reservationID, a.expiresAt = wire.ReservationID, wire.ExpiresAt
 	}
 	st.count(op, outcomeLabel(a.status, a.code), d, true)
 	if a.code == "SOLD_OUT" {

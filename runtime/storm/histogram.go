@@ -1,6 +1,7 @@
 package storm
 
 import (
+	"math"
 	"math/bits"
 	"time"
 )
@@ -58,7 +59,8 @@ func (h *histogram) quantile(q float64) time.Duration {
 	if h.n == 0 {
 		return 0
 	}
-	rank := int64(q*float64(h.n) + 0.5)
+	// Nearest rank: the smallest sample with at least q of them at or below it.
+	rank := int64(math.Ceil(q*float64(h.n) - 1e-9))
 	rank = min(max(rank, 1), h.n)
 	var seen int64
 	for b, c := range h.counts {

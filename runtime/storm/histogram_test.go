@@ -52,3 +52,21 @@ func TestQuantilesMatchSortedSamples(t *testing.T) {
 		t.Error("merge changed the summary")
 	}
 }
+
+// Percentiles are nearest-rank: p90 of 1..9 ms is 9 ms, p99 of 1..70 ms is 70.
+func TestQuantileIsNearestRank(t *testing.T) {
+	for _, tc := range []struct {
+		n      int
+		q      float64
+		wantMS int
+	}{{9, 0.9, 9}, {70, 0.99, 70}, {10, 0.5, 5}, {100, 0.9, 90}} {
+		var h histogram
+		for i := 1; i <= tc.n; i++ {
+			h.record(time.Duration(i) * time.Millisecond)
+		}
+		want := time.Duration(tc.wantMS) * time.Millisecond
+		if got := h.quantile(tc.q); got < want || float64(got-want) > 0.04*float64(want) {
+			t.Errorf("p%v of 1..%d ms = %v, want %v", tc.q*100, tc.n, got, want)
+		}
+	}
+}

@@ -40,7 +40,11 @@ type Report struct {
 	IdempotencyViolations []string `json:"idempotency_violations"`
 
 	Audit *Audit `json:"audit,omitempty"` // nil when the audit was not run
-	// OK: the audit passed (or was not run) and no replay broke idempotency.
+	// Failures of the run itself: it was interrupted, or no request reached
+	// the sale.
+	Failures []string `json:"failures"`
+	// OK: the run was complete and reached the sale, the audit passed (or
+	// was not run) and no replay broke idempotency.
 	OK bool `json:"ok"`
 }
 
@@ -62,7 +66,17 @@ func NewReport(cfg Config, res *Result, audit *Audit) *Report {
 	for op, l := range res.Latency {
 		r.LatencyMS[op] = LatencyMS{Count: l.Count, P50: ms(l.P50), P90: ms(l.P90), P99: ms(l.P99), Max: ms(l.Max)}
 	}
-	r.OK = len(res.IdempotencyViolations) == 0 && (audit == nil || audit.OK)
+	if r.Concurrency <= 0 {
+		r.Concurrency = DefaultConcurrency
+	}
+	r.Failures = []string{}
+	if res.Interrupted {
+		r.Failures = append(r.Failures, "interrupted: the storm did not run its planned count or duration")
+	}
+	if res.Journeys > 0 && res.Verdicts() == 0 {
+		r.Failures = append(r.Failures, fmt.Sprintf("no reservation request reached the sale (outcomes %v): check the URL, the SKU and the admission key", res.Outcomes[OpReserve]))
+	}
+	r.OK = len(r.Failures) == 0 && len(res.IdempotencyViolations) == 0 && (audit == nil || audit.OK)
 	return r
 }
 
@@ -114,6 +128,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	for _, v := range r.IdempotencyViolations {
 		fmt.Fprintf(&b, "idempotency violation: %s\n", v)
+	}
+	for _, f := range r.Failures {
+		fmt.Fprintf(&b, "FAIL %s\n", f)
 	}
 	if a := r.Audit; a != nil {
 		fmt.Fprintf(&b, "\naudit: allocation %d, available %d + reserved %d + sold %d = %d (%s); oversold %d; ledger pending %d\n",

@@ -129,12 +129,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("buyers must be at least 1, got %d", c.Buyers)
 	case c.Count < 0 || c.Duration < 0 || c.Concurrency < 0:
 		return errors.New("count, duration and concurrency must not be negative")
+	case c.Quantity < 0 || c.MaxAttempts < 0 || c.Timeout < 0 || c.TokenTTL < 0:
+		return errors.New("quantity, attempts, timeout and token lifetime must not be negative")
 	}
 	for _, r := range []struct {
 		name string
 		v    float64
 	}{{"retry", c.RetryRatio}, {"checkout", c.CheckoutRatio}, {"cancel", c.CancelRatio}, {"abandon", c.AbandonRatio}} {
-		if r.v < 0 || r.v > 1 {
+		if !(r.v >= 0 && r.v <= 1) { // NaN too
 			return fmt.Errorf("the %s ratio must be in [0, 1], got %v", r.name, r.v)
 		}
 	}
@@ -148,9 +150,17 @@ func (c Config) Validate() error {
 // NewClient is an HTTP client for a storm: keep-alive connections, as many as
 // there are workers per host (more would only queue at the server), each
 // request done on its worker's goroutine (Transport), and a timeout on every
-// request so that a dead server costs a bounded wait.
+// request so that a dead server costs a bounded wait. Redirects are not
+// followed: a reservation is counted only when the URL it was sent to answers,
+// and a redirect must not carry buyers' requests to another host.
 func NewClient(concurrency int, timeout time.Duration) *http.Client {
-	return &http.Client{Transport: &Transport{MaxIdlePerHost: concurrency}, Timeout: timeout}
+	return &http.Client{
+		Transport: &Transport{MaxIdlePerHost: concurrency},
+		Timeout:   timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
 }
 
 // Progress is a live snapshot.
@@ -190,9 +200,34 @@ type Result struct {
 	Voided []string
 	// Abandoned counts acknowledged reservations the buyer walked away from.
 	Abandoned int64
-	// IdempotencyViolations are replays that answered another reservation id
-	// than the first attempt (I4); each is described.
+	// IdempotencyViolations are retries of an acknowledged request that did
+	// not replay it (I4); each is described.
 	IdempotencyViolations []string
+	// Interrupted: ctx ended the run before its count or duration.
+	Interrupted bool
+}
+
+// saleVerdicts are the answers only the sale itself gives to a reservation
+// request; 400, 401, 403, 404, 429, 503 UNAVAILABLE and transport errors are
+// not among them.
+var saleVerdicts = map[string]bool{
+	"200": true, "201": true, "409 LIMIT_EXCEEDED": true, "410 SOLD_OUT": true, "410 ENDED": true,
+	"425 NOT_STARTED": true, "503 PAUSED": true, "503 CLOSED": true,
+}
+
+// Verdicts counts the reservation requests the sale decided: reserved,
+// replayed, or refused for its stock, state or limit. None means the storm
+// never reached the sale (a wrong URL, SKU or admission key).
+func (r *Result) Verdicts() int64 {
+	var n int64
+	for _, op := range []string{OpReserve, OpRetry} {
+		for label, c := range r.Outcomes[op] {
+			if saleVerdicts[label] {
+				n += c
+			}
+		}
+	}
+	return n
 }
 
 // Throughput is requests per second over the run.
@@ -207,9 +242,13 @@ func (r *Result) Throughput() float64 {
 // cancelled, whichever comes first, and returns what it saw. Journeys in
 // flight when it stops are finished (bounded by the request timeout).
 func Run(ctx context.Context, cfg Config) (*Result, error) {
-	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	own := cfg.Client == nil
+	cfg.defaults()
+	if own {
+		defer cfg.Client.CloseIdleConnections()
 	}
 	s := &stormer{cfg: cfg, acked: map[string]bool{}}
 	return s.run(ctx)
@@ -264,9 +303,9 @@ func (w *workerStats) count(op, outcome string, d time.Duration, answered bool) 
 	}
 }
 
-func (s *stormer) run(ctx context.Context) (*Result, error) {
+func (s *stormer) run(parent context.Context) (*Result, error) {
 	start := s.cfg.Now()
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	var deadline time.Time
 	if s.cfg.Duration > 0 {
@@ -319,6 +358,7 @@ func (s *stormer) run(ctx context.Context) (*Result, error) {
 	<-progressDone
 
 	res := s.result(start, stats)
+	res.Interrupted = parent.Err() != nil
 	if s.cfg.Progress != nil {
 		s.cfg.Progress(s.progress(start, true))
 	}
@@ -404,9 +444,10 @@ func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *work
 	if rng.Float64() < s.cfg.RetryRatio {
 		// The next replica, as a client retry through a load balancer could land:
 		// the reservation id is derived on the server, so any replica replays it.
+		sent := s.cfg.Now()
 		again := s.call(ctx, st, OpRetry, home+1, http.MethodPost, reservePath, token, body)
-		if first.reservationID != "" && again.reservationID != "" && first.reservationID != again.reservationID {
-			st.violations = append(st.violations, fmt.Sprintf("user %s key %s: first %s, replay %s", user, key, first.reservationID, again.reservationID))
+		if v := replayViolation(first, again, sent); v != "" {
+			st.violations = append(st.violations, fmt.Sprintf("user %s key %s: %s", user, key, v))
 		}
 		if got.reservationID == "" {
 			got = again
@@ -439,6 +480,38 @@ func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *work
 	default:
 		st.abandoned++
 	}
+}
+
+// clockSlack is how far the storm's clock may be from Redis's, which sets
+// expires_at: a retry sent this long before the first answer's expiry finds
+// the reservation still held.
+const clockSlack = time.Second
+
+// replayViolation says how a retry of an acknowledged reservation request
+// broke idempotency (I4), or "". While the reservation is held (the retry was
+// sent before it could expire, and this journey has not cancelled it), the
+// retry must answer 200 with the same reservation: a 201 took another unit,
+// and LIMIT_EXCEEDED, SOLD_OUT or EXPIRED means the replay was not recognised.
+// A retry that got no verdict (a transport error, 503, 429) or a closed or
+// ended sale's answer says nothing either way.
+func replayViolation(first, again answer, sent time.Time) string {
+	if first.reservationID == "" {
+		return "" // nothing acknowledged: the retry may reserve
+	}
+	if again.reservationID != "" && again.reservationID != first.reservationID {
+		return fmt.Sprintf("first %s, replay %s", first.reservationID, again.reservationID)
+	}
+	if first.expiresAt.IsZero() || !sent.Add(clockSlack).Before(first.expiresAt) {
+		return "" // it may have lapsed: the sweeper may have released it
+	}
+	switch {
+	case again.status == http.StatusCreated:
+		return fmt.Sprintf("first %s, replay answered 201: a second reservation", first.reservationID)
+	case again.code == "LIMIT_EXCEEDED" || again.code == "SOLD_OUT" || again.code == "EXPIRED" || again.code == "CONFLICT":
+		return fmt.Sprintf("first %s (held until %s), replay answered %s", first.reservationID,
+			first.expiresAt.UTC().Format(time.RFC3339Nano), outcomeLabel(again.status, again.code))
+	}
+	return ""
 }
 
 // Routes of the reserve API (docs/api.md).

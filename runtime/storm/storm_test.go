@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -29,8 +30,10 @@ type fakeAPI struct {
 	requests  atomic.Int64
 	badTokens atomic.Int64
 
-	replayNewID   bool // break idempotency on purpose
-	busyFirst     bool // answer 503 + Retry-After to the first attempt of each key
+	replayNewID   bool          // break idempotency on purpose
+	replayAnswer  string        // "201" or an error code: answer replays so (not recognised)
+	expiresIn     time.Duration // with it, reservations carry expires_at = now + expiresIn
+	busyFirst     bool          // answer 503 + Retry-After to the first attempt of each key
 	busySeen      map[string]bool
 	dropResponses atomic.Int64 // close this many connections after doing the work
 }
@@ -96,10 +99,19 @@ func (f *fakeAPI) handler() http.Handler {
 			return
 		}
 		if id, ok := f.byKey[k]; ok {
+			switch f.replayAnswer {
+			case "":
+			case "201":
+				writeJSON(w, 201, f.reservation(id))
+				return
+			default:
+				apiErr(w, 409, f.replayAnswer)
+				return
+			}
 			if f.replayNewID {
 				id += "x"
 			}
-			writeJSON(w, 200, map[string]string{"reservation_id": id, "status": "reserved"})
+			writeJSON(w, 200, f.reservation(id))
 			return
 		}
 		switch {
@@ -125,7 +137,7 @@ func (f *fakeAPI) handler() http.Handler {
 				}
 			}
 		}
-		writeJSON(w, 201, map[string]string{"reservation_id": id, "status": "reserved"})
+		writeJSON(w, 201, f.reservation(id))
 	})
 	mux.HandleFunc("POST /api/v1/flash-sale/checkout", func(w http.ResponseWriter, r *http.Request) {
 		f.requests.Add(1)
@@ -171,6 +183,14 @@ func (f *fakeAPI) handler() http.Handler {
 		writeJSON(w, 200, map[string]string{"status": "cancelled"})
 	})
 	return mux
+}
+
+func (f *fakeAPI) reservation(id string) map[string]string {
+	m := map[string]string{"reservation_id": id, "status": "reserved"}
+	if f.expiresIn != 0 {
+		m["expires_at"] = time.Now().Add(f.expiresIn).UTC().Format(time.RFC3339Nano)
+	}
+	return m
 }
 
 func (f *fakeAPI) with(status string) []string {
@@ -287,6 +307,95 @@ func TestStormDetectsBrokenIdempotency(t *testing.T) {
 	}
 }
 
+// A retry of an acknowledged request, sent while its reservation is held,
+// must replay it: a 201 (a second reservation) or a refusal is a violation.
+// Once the reservation may have lapsed, a refusal says nothing.
+func TestStormDetectsUnrecognisedReplays(t *testing.T) {
+	for _, tc := range []struct {
+		answer     string
+		expiresIn  time.Duration
+		violations bool
+	}{
+		{"201", time.Minute, true},
+		{"LIMIT_EXCEEDED", time.Minute, true},
+		{"LIMIT_EXCEEDED", -time.Minute, false}, // lapsed: the key's unit may be gone
+		{"LIMIT_EXCEEDED", 0, false},            // no expiry given
+		{"", time.Minute, false},
+	} {
+		t.Run(fmt.Sprintf("%s/%s", tc.answer, tc.expiresIn), func(t *testing.T) {
+			f := newFakeAPI(1000)
+			f.replayAnswer, f.expiresIn = tc.answer, tc.expiresIn
+			srv := httptest.NewServer(f.handler())
+			defer srv.Close()
+			cfg := baseConfig(srv.URL)
+			cfg.Buyers, cfg.RetryRatio = 100, 1
+			res, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(res.IdempotencyViolations); tc.violations && got != 100 || !tc.violations && got != 0 {
+				t.Fatalf("%d violations (%v)", got, res.IdempotencyViolations)
+			}
+			if NewReport(cfg, res, nil).OK == tc.violations {
+				t.Fatal("the report's verdict does not follow the violations")
+			}
+		})
+	}
+}
+
+// A redirect is not followed: the buyers' requests stay with the URL given,
+// and what another host answers is not counted.
+func TestStormDoesNotFollowRedirects(t *testing.T) {
+	f := newFakeAPI(100)
+	other := httptest.NewServer(f.handler())
+	defer other.Close()
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer redirect.Close()
+	cfg := baseConfig(redirect.URL)
+	cfg.Buyers = 20
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.requests.Load(); n != 0 || len(res.Acked) != 0 || res.Outcomes[OpReserve]["307"] != 20 {
+		t.Fatalf("%d requests reached the other host; acked %v; outcomes %v", n, res.Acked, res.Outcomes)
+	}
+	rep := NewReport(cfg, res, nil)
+	if rep.OK || len(rep.Failures) != 1 || !strings.Contains(rep.Failures[0], "no reservation request reached the sale") {
+		t.Fatalf("report %+v", rep.Failures)
+	}
+}
+
+// A storm that never reached the sale (a wrong SKU or key: every answer 4xx)
+// fails, however clean its audit; a sold-out sale did answer.
+func TestReportFailsWhenNoRequestReachedTheSale(t *testing.T) {
+	f := newFakeAPI(100)
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	cfg := baseConfig(srv.URL)
+	cfg.Buyers, cfg.SKU = 20, "sku-typo"
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := NewReport(cfg, res, nil); rep.OK || res.Verdicts() != 0 {
+		t.Fatalf("outcomes %v: report OK %v", res.Outcomes, rep.OK)
+	}
+	soldOut := newFakeAPI(0)
+	srv2 := httptest.NewServer(soldOut.handler())
+	defer srv2.Close()
+	cfg = baseConfig(srv2.URL)
+	cfg.Buyers = 20
+	if res, err = Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if rep := NewReport(cfg, res, nil); !rep.OK || res.Verdicts() < 20 {
+		t.Fatalf("a sold-out sale answered: outcomes %v, failures %v", res.Outcomes, rep.Failures)
+	}
+}
+
 // A dead replica: its buyers move to the live one; nothing is lost.
 func TestStormFailsOverToTheNextURL(t *testing.T) {
 	f := newFakeAPI(100)
@@ -356,8 +465,8 @@ func TestStormStopsAtDurationAndOnCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 3*time.Second || res.Journeys == 0 || res.Journeys >= 1<<20 {
-		t.Fatalf("duration-bound run: %d journeys in %s", res.Journeys, d)
+	if d := time.Since(start); d > 3*time.Second || res.Journeys == 0 || res.Journeys >= 1<<20 || res.Interrupted {
+		t.Fatalf("duration-bound run: %d journeys in %s, interrupted %v", res.Journeys, d, res.Interrupted)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
@@ -367,8 +476,11 @@ func TestStormStopsAtDurationAndOnCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Journeys == 0 || res.Journeys >= 1<<20 {
-		t.Fatalf("cancelled run: %d journeys", res.Journeys)
+	if res.Journeys == 0 || res.Journeys >= 1<<20 || !res.Interrupted {
+		t.Fatalf("cancelled run: %d journeys, interrupted %v", res.Journeys, res.Interrupted)
+	}
+	if rep := NewReport(cfg, res, nil); rep.OK || !strings.Contains(strings.Join(rep.Failures, ";"), "interrupted") {
+		t.Fatalf("an interrupted run's report: %+v", rep.Failures)
 	}
 	if n := res.Outcomes[OpReserve]["ERR cancelled"]; n != 0 {
 		t.Fatalf("%d requests cut by the stop", n)
@@ -391,6 +503,9 @@ func TestConfigValidate(t *testing.T) {
 		"sum below 1":  func(c *Config) { c.AbandonRatio = 0.1 },
 		"sum above 1":  func(c *Config) { c.CheckoutRatio = 0.9 },
 		"negative dur": func(c *Config) { c.Duration = -time.Second },
+		"ratio NaN":    func(c *Config) { c.CheckoutRatio = math.NaN() },
+		"negative qty": func(c *Config) { c.Quantity = -3 },
+		"negative ttl": func(c *Config) { c.TokenTTL = -time.Minute },
 	} {
 		c := ok
 		mut(&c)

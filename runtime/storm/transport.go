@@ -32,7 +32,7 @@ type Transport struct {
 	// deadline (http.Client.Timeout sets one) bounds the rest.
 	DialTimeout time.Duration
 	// Fallback serves https and proxied requests; default a clone of
-	// http.DefaultTransport.
+	// http.DefaultTransport keeping MaxIdlePerHost idle connections per host.
 	Fallback http.RoundTripper
 
 	once     sync.Once
@@ -60,7 +60,11 @@ func (t *Transport) init() {
 		t.dialer = net.Dialer{Timeout: t.DialTimeout, KeepAlive: 30 * time.Second}
 		t.fallback = t.Fallback
 		if t.fallback == nil {
-			t.fallback = http.DefaultTransport.(*http.Transport).Clone()
+			// The default keeps 2 idle connections per host: a storm over
+			// https would reconnect (a TLS handshake) on most requests.
+			ht := http.DefaultTransport.(*http.Transport).Clone()
+			ht.MaxIdleConnsPerHost = t.MaxIdlePerHost
+			t.fallback = ht
 		}
 		t.idle = map[string][]*conn{}
 		t.direct = map[string]bool{}

@@ -72,7 +72,9 @@ The report gives outcomes by status and code, throughput and latency
 percentiles, then the audit read from Redis and the ledger: available +
 reserved + sold = allocation, nothing oversold, every acknowledged reservation
 in the ledger. --settle waits for the sweeper to release what expired first.
-The command exits non-zero when an invariant fails.
+The command exits non-zero when an invariant fails, when a retry of an
+acknowledged request did not replay it, when no request reached the sale (a
+wrong URL, SKU or key), or when it was interrupted. Redirects are not followed.
 
 The audit needs the campaign's Redis and PostgreSQL settings, as flags or the
 same FLASHSALE_* variables as the reserve pods; --audit=false skips it.`,
@@ -132,7 +134,7 @@ func run(cmd *cobra.Command, o *Options) error {
 	cfg.Mint = func(sku, user string, ttl time.Duration, now time.Time) (string, error) {
 		return admission.Mint(key, sku, user, ttl, now)
 	}
-	if err := validate(cfg); err != nil {
+	if err := validate(cfg, o.Settle); err != nil {
 		return err
 	}
 
@@ -173,8 +175,10 @@ func run(cmd *cobra.Command, o *Options) error {
 		if settle > 0 && !o.Quiet {
 			fmt.Fprintf(stderr, "waiting up to %s for the sweeper to settle the campaign...\n", settle)
 		}
+		// The reads outlive an interrupt (the audit of a partial run is still
+		// worth having); the settle wait does not.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settle+auditTimeout)
-		audit, err = storm.RunAudit(actx, src, res, settle)
+		audit, err = storm.RunAuditUntil(actx, ctx.Done(), src, res, settle)
 		cancel()
 		if err != nil {
 			return err
@@ -197,17 +201,31 @@ func run(cmd *cobra.Command, o *Options) error {
 		if audit != nil {
 			fails = audit.Failures
 		}
-		if n := len(res.IdempotencyViolations); n > 0 {
+		if n := len(res.IdempotencyViolations); n > 0 && audit == nil {
 			fails = append(fails, fmt.Sprintf("%d idempotency violations", n))
 		}
-		return fmt.Errorf("invariants failed: %s", strings.Join(fails, "; "))
+		fails = append(fails, rep.Failures...)
+		return fmt.Errorf("storm failed: %s", strings.Join(fails, "; "))
 	}
 	return nil
 }
 
-func validate(cfg storm.Config) error {
-	if cfg.SKU == "" {
+func validate(cfg storm.Config, settle time.Duration) error {
+	switch {
+	case cfg.SKU == "":
 		return fmt.Errorf("--sku (or %s) is required", config.EnvSKU)
+	case cfg.Concurrency < 1:
+		return fmt.Errorf("--concurrency must be at least 1, got %d", cfg.Concurrency)
+	case cfg.Quantity < 1:
+		return fmt.Errorf("--quantity must be at least 1, got %d", cfg.Quantity)
+	case cfg.MaxAttempts < 1:
+		return fmt.Errorf("--max-attempts must be at least 1, got %d", cfg.MaxAttempts)
+	case cfg.Timeout <= 0:
+		return fmt.Errorf("--timeout must be positive, got %s", cfg.Timeout)
+	case cfg.TokenTTL <= 0:
+		return fmt.Errorf("--token-ttl must be positive, got %s", cfg.TokenTTL)
+	case settle < 0:
+		return fmt.Errorf("--settle must not be negative, got %s", settle)
 	}
 	return cfg.Validate()
 }

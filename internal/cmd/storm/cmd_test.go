@@ -101,6 +101,13 @@ func TestStormCommandRefusesBadSettings(t *testing.T) {
 		"no sku":           {nil, nil, "--sku"},
 		"ratios over 1":    {[]string{"--sku", "s", "--abandon-ratio", "0.9"}, nil, "add up to 1"},
 		"audit without db": {[]string{"--sku", "s"}, nil, "--audit=false"},
+		"NaN ratio":        {[]string{"--sku", "s", "--checkout-ratio", "NaN"}, nil, "checkout ratio"},
+		"no concurrency":   {[]string{"--sku", "s", "--concurrency", "0"}, nil, "--concurrency"},
+		"negative qty":     {[]string{"--sku", "s", "--quantity", "-3"}, nil, "--quantity"},
+		"no attempts":      {[]string{"--sku", "s", "--max-attempts", "-1"}, nil, "--max-attempts"},
+		"negative timeout": {[]string{"--sku", "s", "--timeout", "-1s"}, nil, "--timeout"},
+		"negative ttl":     {[]string{"--sku", "s", "--token-ttl", "-5m"}, nil, "--token-ttl"},
+		"negative settle":  {[]string{"--sku", "s", "--settle", "-5s"}, nil, "--settle"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			for k, v := range tc.env {
