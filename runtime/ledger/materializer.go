@@ -383,7 +383,19 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 		return fmt.Errorf("%w: %s: campaign %s is not at epoch %d (rebuilt, deleted or missing)", ErrFenced, o.ReservationID, o.CampaignID, o.Epoch)
 	}
 
-	tag, err := m.l.pool.Exec(ctx, sqlInsertPending, args...)
+	// The connection is taken first: failing to get one (PostgreSQL down, or
+	// the pool busy past the batch's deadline) means nothing was sent, so the
+	// callers release their units at once instead of holding them until
+	// they expire.
+	conn, err := m.l.pool.Acquire(ctx)
+	if err != nil {
+		for _, i := range idx {
+			results[i] = fmt.Errorf("ledger: materialize %s: not sent, no connection: %w", rows[i].o.ReservationID, err)
+		}
+		return
+	}
+	defer conn.Release()
+	tag, err := conn.Exec(ctx, sqlInsertPending, args...)
 	if err == nil {
 		switch written := tag.RowsAffected(); {
 		case written == int64(n):
@@ -401,7 +413,7 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
 		// Refused as a whole, nothing written: again, skipping the rows present.
 		var inserted pgx.Rows
-		inserted, err = m.l.pool.Query(ctx, sqlInsertPendingSkipDuplicates, args...)
+		inserted, err = conn.Query(ctx, sqlInsertPendingSkipDuplicates, args...)
 		if err == nil {
 			var id string
 			_, err = pgx.ForEachRow(inserted, []any{&id}, func() error {
@@ -434,7 +446,7 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 	// duplicates from fenced rows.
 	existing := map[string]bool{}
 	if len(skipped) > 0 {
-		if ex, err := m.l.pool.Query(ctx, sqlExistingOrders, skipped); err == nil {
+		if ex, err := conn.Query(ctx, sqlExistingOrders, skipped); err == nil {
 			var id string
 			_, _ = pgx.ForEachRow(ex, []any{&id}, func() error {
 				existing[id] = true

@@ -408,6 +408,13 @@ func TestMaterializerPostgresDown(t *testing.T) {
 		}
 	}
 
+	// The connections from before the stop are gone by now: a row that gets
+	// no connection was certainly not sent, so its caller may release its
+	// unit at once instead of leaving it to expire.
+	if err := m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour)); err == nil || errors.Is(err, ErrAmbiguous) {
+		t.Fatalf("Submit without a connection: %v, want a definite failure", err)
+	}
+
 	if err := pg.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -437,6 +444,30 @@ func TestMaterializerPostgresDown(t *testing.T) {
 		if orderExists(t, l, o.ReservationID) {
 			t.Errorf("%s failed while PostgreSQL was down but exists", o.ReservationID)
 		}
+	}
+}
+
+// A batch that waits past its deadline for a connection of a busy pool was
+// not sent: its rows fail definitely (not ErrAmbiguous) and do not exist.
+func TestMaterializerBusyPoolIsNotAmbiguous(t *testing.T) {
+	t.Parallel()
+	l := openLedger(t, newDSN(t, testPG)+"&pool_max_conns=1")
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10, 1)
+	held, err := l.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := l.NewMaterializer(MaterializerConfig{Timeout: 300 * time.Millisecond})
+	defer m.Close()
+	o := pendingOrder(c, "u", 0, time.Hour)
+	err = m.Submit(ctx, o)
+	held.Release()
+	if err == nil || errors.Is(err, ErrAmbiguous) {
+		t.Fatalf("Submit with the pool busy: %v, want a definite failure", err)
+	}
+	if orderExists(t, l, o.ReservationID) {
+		t.Fatalf("%s failed but exists", o.ReservationID)
 	}
 }
 
