@@ -114,8 +114,8 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !fs.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, fs)
 	}
-	if controllerutil.AddFinalizer(fs, Finalizer) {
-		return ctrl.Result{}, r.Update(ctx, fs)
+	if err := r.setFinalizer(ctx, fs, true); err != nil {
+		return ctrl.Result{}, err
 	}
 
 	before := fs.DeepCopy()
@@ -662,8 +662,24 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		}
 	}
 	r.conns.drop(name)
-	controllerutil.RemoveFinalizer(fs, Finalizer)
-	return r.Update(ctx, fs)
+	return r.setFinalizer(ctx, fs, false)
+}
+
+// setFinalizer adds or removes the finalizer with a patch of the finalizers
+// alone (guarded by the resourceVersion). An Update would send back the whole
+// object as Go re-encodes it ("10m" becomes "10m0s", an offset becomes UTC):
+// the stored spec would drift from the manifest, and a later server-side
+// apply would conflict with the controller over fields it never set.
+func (r *FlashSaleReconciler) setFinalizer(ctx context.Context, fs *flashsalev1alpha1.FlashSale, present bool) error {
+	before := fs.DeepCopy()
+	changed := controllerutil.AddFinalizer(fs, Finalizer)
+	if !present {
+		changed = controllerutil.RemoveFinalizer(fs, Finalizer)
+	}
+	if !changed {
+		return nil
+	}
+	return r.Patch(ctx, fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
 // SetupWithManager registers the controller: FlashSales, their children, and the

@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -898,5 +899,51 @@ func TestReservationIDKeySecret(t *testing.T) {
 	})
 	if string(s.Data[controllers.SecretKeyIDKey]) != base64.RawURLEncoding.EncodeToString(want) {
 		t.Fatal("the recreated id key is not the one the running reserve pods derive")
+	}
+}
+
+// The finalizer is added without writing the spec back: the stored spec stays
+// as the manifest wrote it ("10m", a start with an offset), its generation
+// stays 1, and a GitOps tool applying the same manifest server-side finds no
+// field the controller took over.
+func TestFinalizerLeavesTheSpecAsWritten(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	manifest := func() *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": flashsalev1alpha1.GroupVersion.String(),
+			"kind":       "FlashSale",
+			"metadata":   map[string]any{"name": "as-written", "namespace": e.ns},
+			"spec": map[string]any{
+				"sku": "itm-as-written", "allocation": int64(20), "shards": int64(2),
+				"schedule":    map[string]any{"start": "2020-01-01T10:00:00+01:00"},
+				"reservation": map[string]any{"ttl": "10m", "gracePeriod": "0s"},
+				"redis":       map[string]any{"secretRef": map[string]any{"name": "shop-redis"}},
+				"postgres":    map[string]any{"secretRef": map[string]any{"name": "shop-ledger"}},
+				"admission":   map[string]any{"secretRef": map[string]any{"name": "waiting-room"}},
+			},
+		}}
+		return u
+	}
+	ctx := context.Background()
+	if err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(manifest()), client.FieldOwner("gitops")); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("as-written", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	if len(fs.Finalizers) == 0 || fs.Generation != 1 {
+		t.Fatalf("finalizers %v, generation %d", fs.Finalizers, fs.Generation)
+	}
+	stored := &unstructured.Unstructured{}
+	stored.SetGroupVersionKind(flashsalev1alpha1.GroupVersion.WithKind("FlashSale"))
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "as-written"}, stored); err != nil {
+		t.Fatal(err)
+	}
+	ttl, _, _ := unstructured.NestedString(stored.Object, "spec", "reservation", "ttl")
+	start, _, _ := unstructured.NestedString(stored.Object, "spec", "schedule", "start")
+	if ttl != "10m" || start != "2020-01-01T10:00:00+01:00" {
+		t.Fatalf("stored spec rewritten: ttl %q, start %q", ttl, start)
+	}
+	if err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(manifest()), client.FieldOwner("gitops")); err != nil {
+		t.Fatalf("the same manifest applied again: %v", err)
 	}
 }
