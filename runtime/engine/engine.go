@@ -91,7 +91,7 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	}
 	return &Engine{
 		cfg:     cfg,
-		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards),
+		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(stock.BackstopFor(cfg.TTL + cfg.Grace)),
 		ledger:  l,
 		mat:     l.NewMaterializer(mc),
 		soldOut: make([]atomic.Int64, cfg.Shards),

@@ -692,6 +692,25 @@ func TestRunIDsAreTheShardsServers(t *testing.T) {
 	}
 }
 
+// A reservation hash outlives its reservation's whole lifetime (TTL and
+// grace) by the backstop: with a TTL beyond the default 24 h backstop, a hash
+// that expired first would take its unit with it.
+func TestBackstopOutlivesLongReservations(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(1), withTTL(30*time.Hour, time.Hour))
+	r := f.reserve("vera", "r", 1)
+	if r.Outcome != engine.OutcomeReserved {
+		t.Fatal(r.Outcome)
+	}
+	ttl, err := rdb.TTL(context.Background(), f.e.Store().Keys(0).Res(strings.TrimPrefix(r.Reservation.ID, "0."))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 31*time.Hour + stock.DefaultBackstop - time.Minute; ttl < want {
+		t.Fatalf("reservation hash TTL %s, want at least %s", ttl, want)
+	}
+}
+
 // Shards seeded before metas recorded their server (no srv) keep selling, and
 // Stamp records the server once, after which a restart is caught as for any
 // other shard.

@@ -36,7 +36,14 @@ const (
 
 // DefaultBackstop is the TTL of a reservation hash: a safety net only. The business
 // TTL lives in the expiry index and the sweeper deletes released reservations.
+// A campaign whose reservations live longer sets BackstopFor their lifetime.
 const DefaultBackstop = 24 * time.Hour
+
+// BackstopFor is the reservation hash TTL of a campaign whose reservations
+// may be held for lifetime (TTL plus grace): DefaultBackstop beyond it. A
+// hash that expired before the sweeper's turn would take its unit with it:
+// the release would find nothing to give back.
+func BackstopFor(lifetime time.Duration) time.Duration { return DefaultBackstop + max(lifetime, 0) }
 
 // Code is the outcome of one reserve script call on one shard.
 type Code int
@@ -96,6 +103,13 @@ func New(rdb redis.UniversalClient, campaign string, shards int) *Store {
 		ks[i] = ShardKeys(campaign, i)
 	}
 	return &Store{rdb: rdb, campaign: campaign, shards: ks, backstop: DefaultBackstop}
+}
+
+// WithBackstop sets the reservation hash TTL (see BackstopFor); call it before
+// the Store is used.
+func (s *Store) WithBackstop(d time.Duration) *Store {
+	s.backstop = d
+	return s
 }
 
 // Shards is the number of shards.
