@@ -107,7 +107,7 @@ func TestAgainstTheAPIServer(t *testing.T) {
 			{"maxPerUser 0", func(f *v1alpha1.FlashSale) { f.Spec.MaxPerUser = ptr.To[int32](0) }, "spec.maxPerUser in body should be greater than or equal to 1"},
 			{"maxPerUser 101", func(f *v1alpha1.FlashSale) { f.Spec.MaxPerUser = ptr.To[int32](101) }, "spec.maxPerUser in body should be less than or equal to 100"},
 			{"unknown redis mode", func(f *v1alpha1.FlashSale) { f.Spec.Redis.Mode = "sentinel" }, `spec.redis.mode: Unsupported value: "sentinel"`},
-			{"ttl 0s", func(f *v1alpha1.FlashSale) { f.Spec.Reservation.TTL = &metav1.Duration{} }, "reservation.ttl must be greater than 0s"},
+			{"ttl 0s", func(f *v1alpha1.FlashSale) { f.Spec.Reservation.TTL = &metav1.Duration{} }, "reservation.ttl must be at least 1s"},
 			{"missing sku", func(f *v1alpha1.FlashSale) { f.Spec.SKU = "" }, "spec.sku"},
 			{"sku too long", func(f *v1alpha1.FlashSale) { f.Spec.SKU = strings.Repeat("x", 129) }, "spec.sku"},
 			// Names its children cannot carry: a Service named <name>-reserve

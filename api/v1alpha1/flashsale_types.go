@@ -179,13 +179,14 @@ type ScheduleSpec struct {
 // ReservationSpec configures reservation leases and the reservation API.
 type ReservationSpec struct {
 	// ttl is how long a reservation holds its units before it expires and
-	// the sweeper may release them. It must be greater than 0s.
+	// the sweeper may release them. It must be at least 1s (expiries are kept
+	// in milliseconds).
 	// +optional
 	// +kubebuilder:default="10m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="reservation.ttl must be greater than 0s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="reservation.ttl must be at least 1s"
 	TTL *metav1.Duration `json:"ttl,omitempty"`
 
 	// gracePeriod is how long after expiry a reservation is still left
@@ -219,13 +220,15 @@ type ReservationSpec struct {
 
 // SweeperSpec configures the process that releases expired reservations.
 type SweeperSpec struct {
-	// interval is the time between two sweeps. It must be greater than 0s.
+	// interval is the time between two sweeps. It must be at least 1s: a
+	// shorter one would keep the sweeper querying PostgreSQL and Redis
+	// without a pause.
 	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="sweeper.interval must be greater than 0s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="sweeper.interval must be at least 1s"
 	Interval *metav1.Duration `json:"interval,omitempty"`
 }
 
