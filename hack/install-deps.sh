@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the build and the tests need: Redis
 # (server and redis-cli), PostgreSQL (server and client), git, make, procps,
-# util-linux (setpriv, for the test API server) and CA certificates. Packages already present are left alone, so a second run
-# does nothing and prints nothing.
+# util-linux (setpriv, for the test API server), CA certificates, and a C
+# compiler with the C library headers (go test -race needs cgo). Packages
+# already present are left alone, so a second run does nothing and prints
+# nothing.
 set -euo pipefail
 
 # package:command that proves it is installed ("" = ask dpkg)
@@ -15,6 +17,8 @@ checks=(
 	"make:make"
 	"procps:ps"
 	"util-linux:setpriv"
+	"gcc:gcc"
+	"libc6-dev:"
 )
 
 have_postgres() {
