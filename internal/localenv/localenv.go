@@ -89,8 +89,9 @@ type Env struct {
 	RunnerAPI  *podrunner.Client
 	RunnerDir  string
 
-	opts   Options
-	extras []*testharness.Redis
+	opts       Options
+	extras     []*testharness.Redis
+	outsideTmp string // TMPDIR when Dir is below a private directory
 }
 
 // Start brings the environment up. On error, everything started is stopped.
@@ -134,7 +135,20 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 			return nil, err
 		}
 	}
-	if err := os.Setenv("TMPDIR", filepath.Join(dir, "tmp")); err != nil {
+	tmp := filepath.Join(dir, "tmp")
+	if os.Geteuid() == 0 && !traversable(dir) {
+		// Below a private directory such as /root, PostgreSQL's user could
+		// not reach its data: that goes below the system's temporary
+		// directory instead, removed by Close.
+		if tmp, err = os.MkdirTemp(os.TempDir(), "flashsale-demo-"); err != nil {
+			return nil, err
+		}
+		e.outsideTmp = tmp
+		if err := os.Chmod(tmp, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Setenv("TMPDIR", tmp); err != nil {
 		return nil, err
 	}
 
@@ -326,7 +340,23 @@ func (e *Env) Close() error {
 	if e.Postgres != nil {
 		errs = append(errs, e.Postgres.Close())
 	}
+	if e.outsideTmp != "" {
+		errs = append(errs, os.RemoveAll(e.outsideTmp))
+	}
 	return errors.Join(errs...)
+}
+
+// traversable reports whether every user may pass through each parent of dir.
+func traversable(dir string) bool {
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if p == filepath.Dir(p) {
+			return true
+		}
+	}
 }
 
 // StartRedis starts another Redis (e.g. one to restart empty without touching

@@ -1,6 +1,7 @@
 package localenv
 
 import (
+	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -53,5 +54,28 @@ func TestRenderSecretReplacesOnlyThePlaceholders(t *testing.T) {
 	}
 	if _, _, err := RenderSecret(filepath.Join(samples, "flashsale_v1alpha1_flashsale.yaml"), values); err == nil {
 		t.Error("rendering a FlashSale as a Secret succeeded")
+	}
+}
+
+// A directory below a private one (such as /root) is not traversable: the
+// demo then keeps PostgreSQL's data below the system's temporary directory.
+func TestTraversable(t *testing.T) {
+	open, err := os.MkdirTemp("", "localenv-open-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(open) })
+	if err := os.Chmod(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	private := filepath.Join(open, "private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if !traversable(filepath.Join(open, "demo")) {
+		t.Fatalf("%s/demo: want traversable", open)
+	}
+	if traversable(filepath.Join(private, "demo")) {
+		t.Fatalf("%s/demo: want not traversable", private)
 	}
 }
