@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -568,6 +569,34 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
 		return c != nil && c.Reason != controllers.ReasonSecretNotFound
 	})
+}
+
+// Ready is decided once per reconcile: a problem that does not stop the
+// phases (here a Secret deleted mid-sale) keeps Ready False with a steady
+// lastTransitionTime, instead of a True then False on every status refresh.
+func TestReadyDoesNotFlapWhileNotReady(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	s := e.sale("steady", 10)
+	s.fs.Spec.Reservation.Replicas = ptr.To[int32](0) // no pods needed: the children are ready
+	e.apply(s)
+	e.waitFor("steady", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
+	})
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "waiting-room", Namespace: e.ns}}
+	if err := k8s.Delete(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("steady", settle, "SecretNotFound", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonSecretNotFound
+	})
+	since := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady).LastTransitionTime
+	time.Sleep(3500 * time.Millisecond) // three status refreshes, in other seconds
+	c := meta.FindStatusCondition(e.get("steady").Status.Conditions, flashsalev1alpha1.ConditionReady)
+	if c.Status != metav1.ConditionFalse || !c.LastTransitionTime.Equal(&since) {
+		t.Fatalf("Ready %s since %s, want False since %s", c.Status, c.LastTransitionTime, since)
+	}
 }
 
 // A child the controller cannot write (here a Deployment of the same name that
