@@ -349,12 +349,19 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		r.unhealthy(s, &ledgerError{err})
 		return true, nil
 	}
+	// A spec that is refused or still being applied is not observed: the
+	// generation stays unobserved until it is in effect.
 	refuse := func(sold, reserved int64) {
 		msg := fmt.Sprintf("allocation %d refused: %d units are sold and %d reserved; allocation %d stays in effect", want, sold, reserved, c.Allocation)
-		if cond := meta.FindStatusCondition(s.fs.Status.Conditions, ConditionAllocationApplied); cond == nil || cond.Message != msg {
+		// One event per refused spec: the counts in the message change with
+		// every reservation.
+		if cond := meta.FindStatusCondition(s.fs.Status.Conditions, ConditionAllocationApplied); cond == nil ||
+			cond.Reason != ReasonAllocationRefused || cond.ObservedGeneration != s.fs.Generation {
 			s.event(corev1.EventTypeWarning, ReasonAllocationRefused, "%s", msg)
 		}
 		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRefused, msg)
+		s.setNotReady(ReasonAllocationRefused, msg)
+		s.incomplete = true
 	}
 	if want < c.Allocation {
 		counts, err := eng.Counts(ctx)
@@ -381,6 +388,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 	case errors.Is(err, engine.ErrAllocationPending):
 		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationPending,
 			fmt.Sprintf("lowering the allocation to %d: %v; it completes as reserved units are released", want, err))
+		s.incomplete = true
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
 	case err != nil:

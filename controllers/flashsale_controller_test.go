@@ -282,11 +282,46 @@ func TestPauseRestockAndDecrease(t *testing.T) {
 	if fs.Status.Allocation != 600 || fs.Status.Available != 595 {
 		t.Fatalf("a refused decrease changed the stock: %+v", fs.Status)
 	}
+	// The refusal stands while buyers keep reserving: one event, not one per
+	// change of the counts; the generation is not observed and Ready says why.
+	for i := range 3 {
+		e.reserve(eng, fmt.Sprintf("after-refusal-%d", i))
+	}
+	fs = e.waitFor("restock", settle, "the new counts in the refusal", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, controllers.ConditionAllocationApplied)
+		return c != nil && strings.Contains(c.Message, "3 reserved")
+	})
+	if n := countEvents(t, e.ns, "restock", controllers.ReasonAllocationRefused); n != 1 {
+		t.Fatalf("%d %s events for one refused spec, want 1", n, controllers.ReasonAllocationRefused)
+	}
+	if fs.Status.ObservedGeneration == fs.Generation {
+		t.Fatal("observedGeneration moved to a refused spec")
+	}
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse || c.Reason != controllers.ReasonAllocationRefused {
+		t.Fatalf("Ready with a refused allocation: %+v", c)
+	}
 	// Above sold: units leave the available stock.
 	updateSpec(t, e.ns, "restock", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Allocation = 50 })
 	e.waitFor("restock", settle, "lowered", func(fs *flashsalev1alpha1.FlashSale) bool {
-		return fs.Status.Allocation == 50 && fs.Status.Available == 45 && conditionIs(fs, controllers.ConditionAllocationApplied, metav1.ConditionTrue)
+		return fs.Status.Allocation == 50 && fs.Status.Available == 42 && conditionIs(fs, controllers.ConditionAllocationApplied, metav1.ConditionTrue) &&
+			fs.Status.ObservedGeneration == fs.Generation
 	})
+}
+
+// countEvents counts the Events of one reason about one object.
+func countEvents(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	var list corev1.EventList
+	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Name == name && ev.Reason == reason {
+			n++
+		}
+	}
+	return n
 }
 
 func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {

@@ -99,7 +99,9 @@ func TestCRDPrinterColumns(t *testing.T) {
 		// During an incident the phase may still say Open: Admitting says
 		// whether reservations are actually taken, Reason why the sale is not Ready.
 		{"Admitting", "string", `.status.conditions[?(@.type=="Admitting")].status`, 0},
-		{"Allocation", "integer", ".spec.allocation", 0},
+		// The allocation in effect, which Available, Reserved and Sold add up
+		// to; a refused or pending change shows in the AllocationApplied condition.
+		{"Allocation", "integer", ".status.allocation", 0},
 		{"Available", "integer", ".status.available", 0},
 		{"Reserved", "integer", ".status.reserved", 0},
 		{"Sold", "integer", ".status.sold", 0},

@@ -462,7 +462,7 @@ type RebuildStatus struct {
 // +kubebuilder:printcolumn:name="SKU",type=string,JSONPath=`.spec.sku`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Admitting",type=string,JSONPath=`.status.conditions[?(@.type=="Admitting")].status`
-// +kubebuilder:printcolumn:name="Allocation",type=integer,JSONPath=`.spec.allocation`
+// +kubebuilder:printcolumn:name="Allocation",type=integer,JSONPath=`.status.allocation`
 // +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.available`
 // +kubebuilder:printcolumn:name="Reserved",type=integer,JSONPath=`.status.reserved`
 // +kubebuilder:printcolumn:name="Sold",type=integer,JSONPath=`.status.sold`
