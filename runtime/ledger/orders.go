@@ -68,10 +68,19 @@ WHERE reservation_id = $1 AND campaign_id = $2 AND user_id = $3 AND status = 'PE
 RETURNING ` + orderColumns
 
 	// Grace is passed in microseconds: an exact integer, no interval parsing.
-	sqlCancelExpired = `UPDATE flashsale_orders
+	// The rows are locked in reservation id order (the same order as the
+	// rebuild's cancel), so two sweepers and a rebuild cannot deadlock on
+	// each other whatever plan each statement gets.
+	sqlCancelExpired = `WITH doomed AS (
+    SELECT reservation_id FROM flashsale_orders
+    WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])
+      AND status = 'PENDING' AND expires_at + $3::bigint * interval '1 microsecond' < now()
+    ORDER BY reservation_id
+    FOR UPDATE)
+UPDATE flashsale_orders o
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
-WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])
-  AND status = 'PENDING' AND expires_at + $3::bigint * interval '1 microsecond' < now()`
+FROM doomed
+WHERE o.reservation_id = doomed.reservation_id`
 
 	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
 WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`

@@ -28,9 +28,17 @@ const (
 WHERE campaign_id = $1 AND deleted_at IS NULL
 RETURNING epoch - 1`
 
-	sqlCancelExpiredAll = `UPDATE flashsale_orders
+	// Locked in reservation id order, as the sweeper's cancel does, so the
+	// two cannot deadlock.
+	sqlCancelExpiredAll = `WITH doomed AS (
+    SELECT reservation_id FROM flashsale_orders
+    WHERE campaign_id = $1 AND status = 'PENDING' AND expires_at + $2::bigint * interval '1 microsecond' < now()
+    ORDER BY reservation_id
+    FOR UPDATE)
+UPDATE flashsale_orders o
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
-WHERE campaign_id = $1 AND status = 'PENDING' AND expires_at + $2::bigint * interval '1 microsecond' < now()`
+FROM doomed
+WHERE o.reservation_id = doomed.reservation_id`
 
 	// The shard allocations include every planned change up to
 	// last_change_id, so the rebuilt stock already holds those units.

@@ -100,3 +100,57 @@ func TestBeginRebuildAbsorbsPlannedChanges(t *testing.T) {
 		t.Errorf("unapplied %v, want change %d", pending, ch.ID)
 	}
 }
+
+// A rebuild's cancel of the expired rows and a sweeper's cancel of the same
+// rows lock them in one order: whatever plan each statement gets (a table
+// scan in insertion order, an index scan in id order), and while a third
+// transaction (a checkout, a user's cancel) holds one row, neither fails
+// with a deadlock.
+func TestRebuildAndSweeperCancelInOneLockOrder(t *testing.T) {
+	dsn := newDSN(t, testPG)
+	sweeper := openLedger(t, dsn)
+	// The sweeper's plan walks the live index (shard order: A on shard 0
+	// first), the rebuild's scans the table (insertion order: B first).
+	l := openLedger(t, dsn+"&options=-c%20enable_indexscan%3Doff%20-c%20enable_bitmapscan%3Doff")
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 2)
+	b, a := pendingOrder(c, "u", 1, 0), pendingOrder(c, "u", 0, 0)
+	b.ReservationID, a.ReservationID = "1.b-"+b.ReservationID, "0.a-"+a.ReservationID
+	insertOrder(t, l, b, -time.Minute)
+	insertOrder(t, l, a, -time.Minute)
+
+	blocker, err := l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(ctx) }()
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM flashsale_orders WHERE reservation_id = $1 FOR UPDATE`, a.ReservationID); err != nil {
+		t.Fatal(err)
+	}
+	sweep := make(chan error, 1)
+	go func() {
+		_, err := sweeper.CancelExpired(ctx, c.ID, []string{b.ReservationID, a.ReservationID}, 0)
+		sweep <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the sweeper waits for A
+	rebuild := make(chan error, 1)
+	go func() {
+		_, err := l.BeginRebuild(ctx, c.ID, 0)
+		rebuild <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the rebuild waits too
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sweep; err != nil {
+		t.Fatalf("sweeper: %v", err)
+	}
+	if err := <-rebuild; err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	for _, o := range []Order{a, b} {
+		if got, err := l.GetOrder(ctx, o.ReservationID); err != nil || got.Status != StatusCancelledBySweeper {
+			t.Fatalf("%s: %+v %v", o.ReservationID, got.Status, err)
+		}
+	}
+}
