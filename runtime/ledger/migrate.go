@@ -38,6 +38,8 @@ const (
 
 	sqlAppliedMigrations = `SELECT version, checksum FROM flashsale_schema_migrations`
 
+	sqlMigrationsTableExists = `SELECT to_regclass('flashsale_schema_migrations') IS NOT NULL`
+
 	sqlRecordMigration = `INSERT INTO flashsale_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)`
 )
 
@@ -83,9 +85,16 @@ func loadMigrations() ([]migration, error) {
 // number of processes may call it at once: the first applies, the rest wait
 // and find nothing to do. An applied migration whose file has since changed
 // is an error, not something to paper over.
+//
+// A schema that is already up to date is only read: a role without CREATE on
+// the schema (the least privilege the reserve and sweeper pods need) can
+// start once another has migrated.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	migs, err := loadMigrations()
 	if err != nil {
+		return err
+	}
+	if current, err := upToDate(ctx, pool, migs); err != nil || current {
 		return err
 	}
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
@@ -95,23 +104,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, sqlCreateMigrationsTable); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, sqlAppliedMigrations)
+		applied, err := appliedMigrations(ctx, tx)
 		if err != nil {
-			return err
-		}
-		applied := map[int]string{}
-		var v int
-		var sum string
-		if _, err := pgx.ForEachRow(rows, []any{&v, &sum}, func() error {
-			applied[v] = sum
-			return nil
-		}); err != nil {
 			return err
 		}
 		for _, m := range migs {
 			if sum, ok := applied[m.version]; ok {
 				if sum != m.checksum {
-					return fmt.Errorf("migration %04d_%s was changed after it was applied", m.version, m.name)
+					return changedMigration(m)
 				}
 				continue
 			}
@@ -130,4 +130,54 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
 	return nil
+}
+
+// upToDate reports, without locking or writing anything, whether every
+// migration is applied as it is now; an applied one that changed is an error.
+func upToDate(ctx context.Context, pool *pgxpool.Pool, migs []migration) (bool, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, sqlMigrationsTableExists).Scan(&exists); err != nil {
+		return false, fmt.Errorf("ledger: migrate: %w", err)
+	}
+	if !exists {
+		return false, nil
+	}
+	applied, err := appliedMigrations(ctx, pool)
+	if err != nil {
+		return false, fmt.Errorf("ledger: migrate: %w", err)
+	}
+	for _, m := range migs {
+		sum, ok := applied[m.version]
+		if !ok {
+			return false, nil
+		}
+		if sum != m.checksum {
+			return false, fmt.Errorf("ledger: migrate: %w", changedMigration(m))
+		}
+	}
+	return true, nil
+}
+
+func changedMigration(m migration) error {
+	return fmt.Errorf("migration %04d_%s was changed after it was applied", m.version, m.name)
+}
+
+// appliedMigrations reads version -> checksum.
+func appliedMigrations(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (map[int]string, error) {
+	rows, err := q.Query(ctx, sqlAppliedMigrations)
+	if err != nil {
+		return nil, err
+	}
+	applied := map[int]string{}
+	var v int
+	var sum string
+	if _, err := pgx.ForEachRow(rows, []any{&v, &sum}, func() error {
+		applied[v] = sum
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return applied, nil
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -97,5 +98,42 @@ func TestMigrateRefusesEditedMigration(t *testing.T) {
 	err := Migrate(testCtx(t), l.Pool())
 	if err == nil || !strings.Contains(err.Error(), "changed after it was applied") {
 		t.Fatalf("Migrate after edit: %v", err)
+	}
+}
+
+// A role without CREATE on the schema (what the reserve and sweeper pods
+// need at least: read and write the tables) opens a ledger that another role
+// has migrated: an up-to-date schema is only read.
+func TestOpenWithoutCreatePrivilege(t *testing.T) {
+	t.Parallel()
+	dsn := newDSN(t, testPG)
+	l := openLedger(t, dsn) // migrates as the superuser
+	role := "limited_" + strings.ReplaceAll(uniqueID("r"), "-", "_")
+	ctx := testCtx(t)
+	for _, stmt := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`REVOKE CREATE ON SCHEMA public FROM PUBLIC`,
+		`GRANT USAGE ON SCHEMA public TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO ` + role,
+		`GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
+	} {
+		if _, err := l.Pool().Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	limitedDSN := strings.Replace(dsn, "://postgres@", "://"+role+"@", 1)
+	if limitedDSN == dsn {
+		t.Fatalf("cannot make a DSN for %s from %s", role, dsn)
+	}
+	limited, err := Open(ctx, limitedDSN)
+	if err != nil {
+		t.Fatalf("open without CREATE: %v", err)
+	}
+	defer limited.Close()
+	c := newCampaign(t, limited, 10, 1)
+	m := limited.NewMaterializer(MaterializerConfig{})
+	defer m.Close()
+	if err := m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour)); err != nil {
+		t.Fatalf("write as %s: %v", role, err)
 	}
 }
