@@ -136,9 +136,10 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 //   - ErrAmbiguous: COMMIT failed, the row may or may not exist;
 //   - anything else: definitely not written.
 //
-// A ctx that ends before the row's batch is sent means not written. Once the
-// batch is sent Submit waits for it (at most cfg.Timeout) even if ctx ends,
-// because only then is the outcome known. o.Status must be empty or PENDING.
+// A ctx that ends while the row is queued returns at once: not written. Once
+// the row's batch is taken Submit waits for it (at most cfg.Timeout) even if
+// ctx ends, because only then is the outcome known. o.Status must be empty or
+// PENDING.
 func (m *Materializer) Submit(ctx context.Context, o Order) error {
 	if err := validatePending(o); err != nil {
 		return err
@@ -161,6 +162,20 @@ func (m *Materializer) Submit(ctx context.Context, o Order) error {
 	if wake {
 		m.poke()
 	}
+	select {
+	case err := <-r.res:
+		return err
+	case <-ctx.Done():
+	}
+	// The caller gave up. A row still queued is withdrawn: not written. One
+	// already in a batch has its outcome soon (the batch's own timeout).
+	m.mu.Lock()
+	if i := slices.Index(m.pending, r); i >= 0 {
+		m.pending = slices.Delete(m.pending, i, i+1)
+		m.mu.Unlock()
+		return fmt.Errorf("ledger: materialize %s: not sent: %w", o.ReservationID, ctx.Err())
+	}
+	m.mu.Unlock()
 	return <-r.res
 }
 

@@ -556,3 +556,46 @@ func TestMaterializerSecondBatchOnlyWhenAFullOneWaits(t *testing.T) {
 		t.Errorf("batch sizes %v, want 1, 8 and 3", sizes)
 	}
 }
+
+// A caller whose deadline passes while its row waits behind a stuck batch
+// returns at once, told the row was not written, and the row never is.
+func TestMaterializerQueuedRowLeavesWithItsCaller(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 1000, 1)
+	m := l.NewMaterializer(MaterializerConfig{Concurrency: 1, Timeout: time.Minute})
+	defer m.Close()
+	lock, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	stuck := make(chan error, 1)
+	go func() { stuck <- m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour)) }()
+	testharness.Eventually(t, 10*time.Second, "the first batch in flight", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.busy == 1 && len(m.pending) == 0
+	})
+	queued := pendingOrder(c, "u", 0, time.Hour)
+	qctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = m.Submit(qctx, queued)
+	if d := time.Since(start); d > 5*time.Second || err == nil || errors.Is(err, ErrAmbiguous) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after %s: %v, want a definite failure at the deadline", d, err)
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stuck; err != nil {
+		t.Fatalf("the stuck batch: %v", err)
+	}
+	if orderExists(t, l, queued.ReservationID) {
+		t.Fatalf("%s was withdrawn but exists", queued.ReservationID)
+	}
+}
