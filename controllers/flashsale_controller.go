@@ -241,10 +241,21 @@ func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, error) {
 	eng := s.conn.engine
 	lost, why := false, ""
-	res, err := eng.Seed(ctx, s.window.Gate)
+	res, err := eng.SeedSale(ctx, s.window.Gate, s.fs.Status.Epoch > 0)
 	switch {
 	case errors.Is(err, engine.ErrNeedsRebuild):
 		lost, why = true, err.Error()
+	case errors.Is(err, engine.ErrLedgerMismatch):
+		// Neither seeded nor rebuilt: either would trust a ledger that does
+		// not hold what was sold. Pods writing to it are fenced (no campaign).
+		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonLedgerMismatch {
+			s.event(corev1.EventTypeWarning, ReasonLedgerMismatch, "%s", err.Error())
+		}
+		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, err.Error())
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerMismatch, err.Error())
+		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+err.Error())
+		s.requeueAfter(retryUnhealthy)
+		return true, nil
 	case err != nil:
 		r.unhealthy(s, classify(err))
 		return true, nil

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/url"
 	"os/exec"
@@ -1009,5 +1010,57 @@ func TestFinalizerLeavesTheSpecAsWritten(t *testing.T) {
 	}
 	if err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(manifest()), client.FieldOwner("gitops")); err != nil {
 		t.Fatalf("the same manifest applied again: %v", err)
+	}
+}
+
+// The ledger Secret re-pointed at another database during the sale: the
+// operator neither seeds nor rebuilds the sale into a ledger that does not
+// hold what was sold, says so in Ready (once as an event), and leaves that
+// database without the campaign.
+func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("forked", 20))
+	fs = e.waitFor("forked", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	ctx := context.Background()
+	for i := range 3 {
+		res := e.reserve(eng, fmt.Sprintf("f-%d", i))
+		if _, err := eng.Checkout(ctx, fmt.Sprintf("f-%d", i), res.ID, "pay"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitFor("forked", settle, "sold 3", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Sold == 3 })
+
+	otherDSN, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var secret corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "shop-ledger"}, &secret); err != nil {
+		t.Fatal(err)
+	}
+	secret.Data["dsn"] = []byte(otherDSN)
+	if err := k8s.Update(ctx, &secret); err != nil {
+		t.Fatal(err)
+	}
+	fs = e.waitFor("forked", settle, "LedgerMismatch", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonLedgerMismatch
+	})
+	if fs.Status.Sold != 3 {
+		t.Fatalf("status forgot what was sold: %+v", fs.Status)
+	}
+	time.Sleep(2500 * time.Millisecond) // a few reconciles
+	if n := countEvents(t, e.ns, "forked", controllers.ReasonLedgerMismatch); n != 1 {
+		t.Fatalf("%d %s events, want 1", n, controllers.ReasonLedgerMismatch)
+	}
+	other, err := ledger.Open(ctx, otherDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.GetCampaign(ctx, string(fs.UID)); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("the other database got the campaign: %v", err)
 	}
 }

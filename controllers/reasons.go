@@ -18,6 +18,8 @@ const (
 	ReasonForbidden         = "Forbidden"
 	ReasonRedisForbidden    = "RedisForbidden"
 	ReasonLedgerForbidden   = "LedgerForbidden"
+	ReasonMismatch          = "Mismatch"
+	ReasonLedgerMismatch    = "LedgerMismatch"
 	ReasonUnhealthy         = "Unhealthy"
 	ReasonSeeded            = "Seeded"
 	ReasonRedisDataLost     = "RedisDataLost"

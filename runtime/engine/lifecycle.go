@@ -18,6 +18,13 @@ import (
 // never seeded afresh.
 var ErrNeedsRebuild = errors.New("redis lost campaign state: rebuild from the ledger required")
 
+// ErrLedgerMismatch means the ledger has no record of a sale that was seeded
+// before (Redis holds its shards, or the caller knows it ran): the ledger's
+// DSN now points at another database, or the ledger lost data. Nothing is
+// created: a second book at epoch 1 would let a later rebuild sell the sold
+// units again.
+var ErrLedgerMismatch = errors.New("the ledger has no record of this sale")
+
 // SeedResult says what Seed did.
 type SeedResult struct {
 	Campaign ledger.Campaign
@@ -32,11 +39,39 @@ type SeedResult struct {
 // ledger a row still on its way would commit at the unchanged epoch: the rebuild
 // bumps the epoch, so that row is counted or fenced.
 func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
-	c, created, err := e.ledger.EnsureCampaign(ctx, ledger.Campaign{
-		ID: e.cfg.CampaignID, Namespace: e.cfg.Namespace, Name: e.cfg.Name, SKU: e.cfg.SKU,
-		Allocation: e.cfg.Allocation, Shards: e.cfg.Shards,
-	})
-	if err != nil {
+	return e.SeedSale(ctx, gate, false)
+}
+
+// SeedSale is Seed for a caller that knows whether the sale was seeded
+// before: then a ledger without its campaign is ErrLedgerMismatch, as it is
+// whenever Redis holds shards of a campaign the ledger does not know.
+func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (SeedResult, error) {
+	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
+	created := false
+	switch {
+	case errors.Is(err, ledger.ErrCampaignNotFound):
+		states, err := e.store.State(ctx)
+		if err != nil {
+			return SeedResult{}, fmt.Errorf("redis: %w", err)
+		}
+		present := 0
+		for _, s := range states {
+			if s.Present {
+				present++
+			}
+		}
+		if present > 0 || seededBefore {
+			return SeedResult{}, fmt.Errorf("%w, though it was seeded before (Redis holds %d of its %d shards): the ledger DSN points at another database, or the ledger lost data; nothing is seeded or rebuilt",
+				ErrLedgerMismatch, present, len(states))
+		}
+		c, created, err = e.ledger.EnsureCampaign(ctx, ledger.Campaign{
+			ID: e.cfg.CampaignID, Namespace: e.cfg.Namespace, Name: e.cfg.Name, SKU: e.cfg.SKU,
+			Allocation: e.cfg.Allocation, Shards: e.cfg.Shards,
+		})
+		if err != nil {
+			return SeedResult{}, ledgerFailure("campaign", err)
+		}
+	case err != nil:
 		return SeedResult{}, ledgerFailure("campaign", err)
 	}
 	if c.Shards != e.cfg.Shards {

@@ -1042,6 +1042,60 @@ func TestConservedSeesEachShard(t *testing.T) {
 	}
 }
 
+// A ledger that does not know a sale Redis holds (its DSN now points at
+// another database, or it lost data) is refused, and nothing is created in
+// it: a second book at epoch 1 would let a later rebuild sell the sold units
+// again. The same when the caller knows the sale was seeded before, even with
+// Redis empty too.
+func TestSeedRefusesALedgerThatDoesNotKnowTheSale(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(2))
+	reserveMany(t, f, "sold", 3)
+	ctx := context.Background()
+	other := func() (*engine.Engine, *ledger.Ledger) {
+		dsn, err := sharedPG.NewDatabase()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := ledger.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		e, err := engine.New(f.cfg, rdb, l, ledger.MaterializerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e, l
+	}
+	e, l := other()
+	if _, err := e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrLedgerMismatch) {
+		t.Fatalf("seed on a ledger without the sale while Redis holds it: %v", err)
+	}
+	if _, err := l.GetCampaign(ctx, f.cfg.CampaignID); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("the other ledger got the campaign: %v", err)
+	}
+	if c := f.counts(); c.Reserved != 3 || c.Available != 7 {
+		t.Fatalf("Redis changed: %+v", c)
+	}
+
+	empty := testharness.RedisT(t)
+	f.cfg.CampaignID = "c-" + randomID()
+	e, _ = other()
+	e2, err := engine.New(f.cfg, standaloneClient(t, empty.Addr()), l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e2.Close)
+	if _, err := e2.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrLedgerMismatch) {
+		t.Fatalf("seed of a sale seeded before, on an empty Redis and ledger: %v", err)
+	}
+	if res, err := e.SeedSale(ctx, stock.StateOpen, false); err != nil || res.Seeded != 2 {
+		t.Fatalf("a new sale: %+v %v", res, err)
+	}
+}
+
 // TestSeedAfterLossIsARebuild: Redis lost a campaign's keys without restarting
 // (a FLUSHALL, an eviction) while a reservation's ledger row was on its way.
 // Seeding afresh at the same epoch would let that row commit against a full
