@@ -313,7 +313,9 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		if why == "" {
 			s.fs.Status.LastRebuild.Reason = "resumed after the sale failed closed"
 		}
-		s.fs.Status.Phase = "" // recomputed by observe
+		// What the rebuilt shards say, until observe recomputes it: a later
+		// phase that stops early must not leave the phase blank.
+		s.fs.Status.Phase = salePhase(s.window.Gate, rep.Available, rep.Reserved)
 		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d",
 			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
 	}
