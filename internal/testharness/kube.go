@@ -1,6 +1,7 @@
 package testharness
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -57,6 +58,9 @@ type Kube struct {
 	stopErr  error
 }
 
+// kubeAttempts bounds StartKube's tries.
+const kubeAttempts = 3
+
 // StartKube starts the API server with the CRDs from config/crd/bases.
 //
 // envtest starts etcd and kube-apiserver without a parent-death signal, so a
@@ -69,17 +73,24 @@ func StartKube() (*Kube, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := tempDir("kube")
-	if err != nil {
-		return nil, err
-	}
-	k, err := startKube(assets, dir)
-	if err != nil {
+	// envtest picks etcd's and the API server's ports itself, from the
+	// kernel's ephemeral range, and does not retry when another process takes
+	// one first: the harness does, a few times.
+	var errs []error
+	for range kubeAttempts {
+		dir, err := tempDir("kube")
+		if err != nil {
+			return nil, err
+		}
+		k, err := startKube(assets, dir)
+		if err == nil {
+			register(k)
+			return k, nil
+		}
 		_ = os.RemoveAll(dir)
-		return nil, err
+		errs = append(errs, err)
 	}
-	register(k)
-	return k, nil
+	return nil, errors.Join(errs...)
 }
 
 func startKube(assets, dir string) (*Kube, error) {
@@ -106,6 +117,7 @@ func startKube(assets, dir string) (*Kube, error) {
 	env.ControlPlane.APIServer = &envtest.APIServer{Path: apiserver, CertDir: certs}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = env.Stop() // whatever did start
 		return nil, fmt.Errorf("starting envtest: %w", err)
 	}
 	return &Kube{Env: env, Config: cfg, dir: dir}, nil

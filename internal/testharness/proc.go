@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -221,17 +222,51 @@ var pickPort = FreePort
 var ports struct {
 	sync.Mutex
 	given map[int]bool
+	locks []*os.File // held until the process exits: the ports stay ours
 }
 
-// FreePort returns a TCP port that is free on 127.0.0.1. It never returns the
-// same port twice within one process; another process may still take it
-// before it is bound, which the Start functions handle by retrying.
+// Ports come from below the kernel's ephemeral range, which bind(0) and every
+// outgoing connection draw from: a server restarted on its port cannot find it
+// taken by some client's connection, and test binaries running at once (go
+// test runs packages in parallel) share the range through lock files, each
+// port held by one process for its lifetime.
+const (
+	portRangeLow  = 20000
+	portRangeHigh = 32767 // below Linux's default ephemeral range (32768-60999)
+)
+
+// FreePort returns a TCP port that is free on 127.0.0.1 and reserved for this
+// process: no other process using this package gets it while this one runs,
+// and the kernel does not hand it out to connections. It never returns the
+// same port twice within one process.
 func FreePort() (int, error) {
 	ports.Lock()
 	defer ports.Unlock()
 	if ports.given == nil {
 		ports.given = map[int]bool{}
 	}
+	low, high := reservedRange()
+	if high > low {
+		dir, err := portLockDir()
+		if err == nil {
+			for range 200 {
+				port := low + rand.IntN(high-low+1)
+				if ports.given[port] {
+					continue
+				}
+				if lock, ok := lockPort(dir, port); ok {
+					if bindable(port) {
+						ports.given[port] = true
+						ports.locks = append(ports.locks, lock)
+						return port, nil
+					}
+					_ = lock.Close()
+				}
+			}
+		}
+	}
+	// No reserved range here (an unusual ephemeral range, no lock directory):
+	// any free port, which another process may still take before it is bound.
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -245,6 +280,53 @@ func FreePort() (int, error) {
 		}
 	}
 	return 0, errors.New("no free port on 127.0.0.1")
+}
+
+// reservedRange is [portRangeLow, portRangeHigh] cut below the ephemeral range.
+func reservedRange() (int, int) {
+	high := portRangeHigh
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil {
+				high = min(high, lo-1)
+			}
+		}
+	}
+	return portRangeLow, high
+}
+
+// portLockDir is shared by every user of the machine (sticky, like /tmp).
+func portLockDir() (string, error) {
+	dir := filepath.Join(os.TempDir(), "flashsale-testharness-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return "", err
+	}
+	_ = os.Chmod(dir, 0o777|os.ModeSticky) // umask; fails harmlessly when another user made it
+	return dir, nil
+}
+
+// lockPort takes the port's lock file; the lock ends with the file or the
+// process.
+func lockPort(dir string, port int) (*os.File, bool) {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		return nil, false
+	}
+	_ = f.Chmod(0o666) // another user may take it after this process
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		return nil, false
+	}
+	return f, true
+}
+
+func bindable(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 const tempPrefix = "testharness-"

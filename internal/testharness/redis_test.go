@@ -212,6 +212,31 @@ func TestFreePort(t *testing.T) {
 	}
 }
 
+// Ports come from below the ephemeral range, each held by a lock that no
+// other process (nor another open of the file) can take while this one runs.
+func TestFreePortIsReserved(t *testing.T) {
+	t.Parallel()
+	low, high := reservedRange()
+	p, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if high <= low {
+		return // an ephemeral range that leaves none below it: any free port (TestFreePort)
+	}
+	if p < low || p > high {
+		t.Fatalf("port %d outside %d-%d", p, low, high)
+	}
+	dir, err := portLockDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := lockPort(dir, p); ok {
+		f.Close()
+		t.Fatalf("port %d's lock was free", p)
+	}
+}
+
 // Not parallel: it replaces pickPort for the whole package.
 func TestStartRetriesWhenPortTaken(t *testing.T) {
 	ctx := context.Background()
