@@ -36,7 +36,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		dir, err := os.MkdirTemp("", "podrunner-test-")
+		dir, err := testharness.RunDir("podrunner")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

@@ -37,6 +37,12 @@ func TempDir(kind string) (string, error) {
 	return dir, nil
 }
 
+// RunDir makes a directory named for this process that the caller removes
+// (or keeps, for a failed run's logs). Once this process is gone, the next
+// run's sweep of stale directories removes it, so runs that were killed, or
+// kept their logs, do not pile up.
+func RunDir(kind string) (string, error) { return tempDir(kind) }
+
 type tempDirCloser string
 
 func (d tempDirCloser) Close() error {

@@ -48,7 +48,7 @@ const admissionKey = "e2e-admission-key-5b0c2f7e9a1d4c8b"
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		dir, err := os.MkdirTemp("", "flashsale-e2e-")
+		dir, err := testharness.RunDir("e2e")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -107,7 +107,7 @@ func TestMain(m *testing.M) {
 		code := m.Run()
 		if code != 0 {
 			keepLogs = true
-			fmt.Fprintf(os.Stderr, "logs of the operator, the pod runner and every replica are kept in %s\n", filepath.Join(dir, "env"))
+			fmt.Fprintf(os.Stderr, "logs of the operator, the pod runner and every replica are kept in %s (until a later test run sweeps it)\n", filepath.Join(dir, "env"))
 		}
 		return code
 	}()
