@@ -245,8 +245,14 @@ func prepareDir(d string) (string, error) {
 	}
 	pidFile := filepath.Join(dir, "demo.pid")
 	if b, err := os.ReadFile(pidFile); err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid != os.Getpid() && alive(pid) {
-			return "", fmt.Errorf("another demo (pid %d) is using %s: stop it with Ctrl-C, or use --dir", pid, dir)
+		// "<pid> <start time>": a pid alone could be another process's by now.
+		f := strings.Fields(string(b))
+		if len(f) > 0 {
+			pid, err := strconv.Atoi(f[0])
+			started, ok := processStart(pid)
+			if err == nil && pid != os.Getpid() && ok && (len(f) < 2 || f[1] == started) {
+				return "", fmt.Errorf("another demo (pid %d) is using %s: stop it with Ctrl-C, or use --dir", pid, dir)
+			}
 		}
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -255,17 +261,24 @@ func prepareDir(d string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	return dir, os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	started, _ := processStart(os.Getpid())
+	return dir, os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+" "+started+"\n"), 0o644)
 }
 
-func alive(pid int) bool {
+// processStart returns a live (not zombie) process's start time, in clock
+// ticks since boot (/proc/PID/stat field 22): with the pid it names one
+// process, even after the pid is reused.
+func processStart(pid int) (string, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return false
+		return "", false
 	}
 	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z"
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // f[0] is field 3
+	if len(f) < 20 || f[0] == "Z" {
+		return "", false
+	}
+	return f[19], true
 }
 
 // runQuiet runs a command, showing its output only when it fails.
