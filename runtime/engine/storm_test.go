@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -708,6 +709,29 @@ func TestBackstopOutlivesLongReservations(t *testing.T) {
 	}
 	if want := 31*time.Hour + stock.DefaultBackstop - time.Minute; ttl < want {
 		t.Fatalf("reservation hash TTL %s, want at least %s", ttl, want)
+	}
+
+	// The TTL is lowered, then Redis is rebuilt: the restored hash still
+	// outlives the reservation's own expiry, 30 h away, not the new TTL's.
+	cfg := f.cfg
+	cfg.TTL = 10 * time.Minute
+	e, err := engine.New(cfg, rdb, f.l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if _, err := e.Rebuild(context.Background(), stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	ttl, err = rdb.TTL(context.Background(), f.e.Store().Keys(0).Res(strings.TrimPrefix(r.Reservation.ID, "0."))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 30*time.Hour + stock.DefaultBackstop - time.Minute; ttl < want {
+		t.Fatalf("restored hash TTL %s, want at least %s", ttl, want)
+	}
+	if got := stock.BackstopFor(math.MaxInt64 - time.Hour); got <= 0 {
+		t.Fatalf("BackstopFor overflowed: %s", got)
 	}
 }
 

@@ -43,7 +43,13 @@ const DefaultBackstop = 24 * time.Hour
 // may be held for lifetime (TTL plus grace): DefaultBackstop beyond it. A
 // hash that expired before the sweeper's turn would take its unit with it:
 // the release would find nothing to give back.
-func BackstopFor(lifetime time.Duration) time.Duration { return DefaultBackstop + max(lifetime, 0) }
+func BackstopFor(lifetime time.Duration) time.Duration {
+	return min(DefaultBackstop+min(max(lifetime, 0), maxBackstop), maxBackstop)
+}
+
+// maxBackstop bounds the hash TTL: Redis refuses EXPIRE times that overflow,
+// and a duration sum could.
+const maxBackstop = 10 * 365 * 24 * time.Hour
 
 // Code is the outcome of one reserve script call on one shard.
 type Code int
@@ -598,6 +604,13 @@ func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
 // data loss. A changed run_id means the server restarted and may have lost its
 // data; a shard whose slot moves to another server shows up as a new address.
 func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		// ForEachMaster reloads the slot map first (MasterForKey alone uses
+		// the cached one): a failover must show as the new master at once.
+		if err := c.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+			return nil, err
+		}
+	}
 	out := map[string]string{}
 	for _, k := range s.shards {
 		node, err := s.node(ctx, k.Meta())
@@ -702,8 +715,17 @@ func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
 // rebuilt under epoch.
 func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Reservation) error {
 	k := s.shards[n]
+	// A reservation made under a longer TTL than the campaign's current one
+	// still holds its unit until its own expiry: its hash must outlive that.
+	backstop := s.backstop
+	now := time.Now().UnixMilli()
+	for _, r := range rs {
+		if left := time.Duration(r.ExpiryMs-now) * time.Millisecond; left > 0 {
+			backstop = max(backstop, min(s.backstop+min(left, maxBackstop), maxBackstop))
+		}
+	}
 	keys := []string{k.Meta(), k.Index()}
-	args := []any{int64(s.backstop / time.Second), epoch}
+	args := []any{int64(backstop / time.Second), epoch}
 	for _, r := range rs {
 		keys = append(keys, k.Res(r.Key))
 		args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home)
