@@ -134,10 +134,23 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err == nil && completed && !s.incomplete {
 		fs.Status.ObservedGeneration = fs.Generation
 	}
+	keepTransitionTimes(before.Status.Conditions, fs.Status.Conditions)
 	if werr := r.writeStatus(ctx, before, s); werr != nil {
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
 	return s.result, err
+}
+
+// keepTransitionTimes gives back the stored lastTransitionTime of every
+// condition that ends the reconcile with the status it started with: a phase
+// may set a condition one way and a later phase the other (the ledger answers,
+// then it turns out not to know the sale), and only the final status counts.
+func keepTransitionTimes(before, after []metav1.Condition) {
+	for i := range after {
+		if old := meta.FindStatusCondition(before, after[i].Type); old != nil && old.Status == after[i].Status {
+			after[i].LastTransitionTime = old.LastTransitionTime
+		}
+	}
 }
 
 // reconcilePhases runs the phases in order until one is done early (it set a

@@ -1051,7 +1051,11 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 	if fs.Status.Sold != 3 {
 		t.Fatalf("status forgot what was sold: %+v", fs.Status)
 	}
-	time.Sleep(2500 * time.Millisecond) // a few reconciles
+	since := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy).LastTransitionTime
+	time.Sleep(3500 * time.Millisecond) // a few reconciles, in other seconds
+	if c := meta.FindStatusCondition(e.get("forked").Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy); c.Status != metav1.ConditionFalse || !c.LastTransitionTime.Equal(&since) {
+		t.Fatalf("LedgerHealthy %s since %s, want False since %s", c.Status, c.LastTransitionTime, since)
+	}
 	if n := countEvents(t, e.ns, "forked", controllers.ReasonLedgerMismatch); n != 1 {
 		t.Fatalf("%d %s events, want 1", n, controllers.ReasonLedgerMismatch)
 	}
