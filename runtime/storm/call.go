@@ -25,6 +25,7 @@ type answer struct {
 	code          string    // the error body's code
 	reservationID string    // reserve and retry: the id of a 201 or 200
 	expiresAt     time.Time // with reservationID: when it lapses unless paid
+	sentAt        time.Time // when the attempt that gave this answer was sent
 	retryAfter    time.Duration
 }
 
@@ -70,12 +71,13 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		req.Header.Set("Content-Type", "application/json")
 	}
 	start := time.Now()
+	sentAt := s.cfg.Now()
 	resp, err := s.cfg.Client.Do(req)
 	s.requests.Add(1)
 	if err != nil {
 		st.count(op, transportLabel(err), 0, false)
 		s.failed.Add(1)
-		return answer{}
+		return answer{sentAt: sentAt}
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswerBytes)) // let the connection be reused
@@ -92,7 +94,7 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		Code          string    `json:"code"`
 	}
 	_ = json.Unmarshal(b, &wire) // a body that is not ours shows as a bare status
-	a := answer{status: resp.StatusCode, code: wire.Code}
+	a := answer{status: resp.StatusCode, code: wire.Code, sentAt: sentAt}
 	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
 		a.retryAfter = time.Duration(secs) * time.Second
 	}

@@ -444,9 +444,8 @@ func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *work
 	if rng.Float64() < s.cfg.RetryRatio {
 		// The next replica, as a client retry through a load balancer could land:
 		// the reservation id is derived on the server, so any replica replays it.
-		sent := s.cfg.Now()
 		again := s.call(ctx, st, OpRetry, home+1, http.MethodPost, reservePath, token, body)
-		if v := replayViolation(first, again, sent); v != "" {
+		if v := replayViolation(first, again); v != "" {
 			st.violations = append(st.violations, fmt.Sprintf("user %s key %s: %s", user, key, v))
 		}
 		if got.reservationID == "" {
@@ -488,20 +487,21 @@ func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *work
 const clockSlack = time.Second
 
 // replayViolation says how a retry of an acknowledged reservation request
-// broke idempotency (I4), or "". While the reservation is held (the retry was
-// sent before it could expire, and this journey has not cancelled it), the
+// broke idempotency (I4), or "". While the reservation is held (the retry's
+// answering attempt was sent before it could expire, and this journey has not
+// cancelled it), the
 // retry must answer 200 with the same reservation: a 201 took another unit,
 // and LIMIT_EXCEEDED, SOLD_OUT or EXPIRED means the replay was not recognised.
 // A retry that got no verdict (a transport error, 503, 429) or a closed or
 // ended sale's answer says nothing either way.
-func replayViolation(first, again answer, sent time.Time) string {
+func replayViolation(first, again answer) string {
 	if first.reservationID == "" {
 		return "" // nothing acknowledged: the retry may reserve
 	}
 	if again.reservationID != "" && again.reservationID != first.reservationID {
 		return fmt.Sprintf("first %s, replay %s", first.reservationID, again.reservationID)
 	}
-	if first.expiresAt.IsZero() || !sent.Add(clockSlack).Before(first.expiresAt) {
+	if first.expiresAt.IsZero() || again.sentAt.IsZero() || !again.sentAt.Add(clockSlack).Before(first.expiresAt) {
 		return "" // it may have lapsed: the sweeper may have released it
 	}
 	switch {

@@ -541,3 +541,33 @@ func TestStormChoicesFollowTheSeed(t *testing.T) {
 		t.Fatalf("another seed made the same choices: %s", shape(a))
 	}
 }
+
+// A retry is judged by the attempt that answered it: one sent after the first
+// answer's expiry may find the reservation swept, even when an earlier
+// attempt of the same retry went out before.
+func TestReplayViolationTimesTheAnsweringAttempt(t *testing.T) {
+	now := time.Now()
+	first := answer{status: 201, reservationID: "1.k", expiresAt: now.Add(10 * time.Second)}
+	for _, tc := range []struct {
+		name   string
+		again  answer
+		broken bool
+	}{
+		{"replayed", answer{status: 200, reservationID: "1.k", sentAt: now}, false},
+		{"another id", answer{status: 200, reservationID: "2.k", sentAt: now}, true},
+		{"201 while held", answer{status: 201, reservationID: "1.k", sentAt: now}, true},
+		{"limit while held", answer{status: 409, code: "LIMIT_EXCEEDED", sentAt: now}, true},
+		{"expired while held", answer{status: 410, code: "EXPIRED", sentAt: now}, true},
+		{"expired, sent after the expiry", answer{status: 410, code: "EXPIRED", sentAt: now.Add(11 * time.Second)}, false},
+		{"busy", answer{status: 503, code: "UNAVAILABLE", sentAt: now}, false},
+		{"ended", answer{status: 410, code: "ENDED", sentAt: now}, false},
+		{"rate limited", answer{status: 429, code: "RATE_LIMITED", sentAt: now}, false},
+	} {
+		if got := replayViolation(first, tc.again) != ""; got != tc.broken {
+			t.Errorf("%s: violation %v, want %v", tc.name, got, tc.broken)
+		}
+	}
+	if v := replayViolation(answer{status: 503}, answer{status: 201, reservationID: "1.k", sentAt: now}); v != "" {
+		t.Errorf("a retry of an unacknowledged request may reserve: %s", v)
+	}
+}
