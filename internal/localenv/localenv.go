@@ -139,8 +139,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if os.Geteuid() == 0 && !traversable(dir) {
 		// Below a private directory such as /root, PostgreSQL's user could
 		// not reach its data: that goes below the system's temporary
-		// directory instead, removed by Close.
-		if tmp, err = os.MkdirTemp(os.TempDir(), "flashsale-demo-"); err != nil {
+		// directory instead, removed by Close, or by a later run's sweep
+		// when this process was killed (the name carries its pid).
+		if tmp, err = testharness.RunDir("localenv"); err != nil {
 			return nil, err
 		}
 		e.outsideTmp = tmp

@@ -295,9 +295,15 @@ func reservedRange() (int, int) {
 	return portRangeLow, high
 }
 
-// portLockDir is shared by every user of the machine (sticky, like /tmp).
+// portLockDir is shared by every process and user of the machine (sticky,
+// like /tmp). It does not follow $TMPDIR, which a process may change (the
+// local environment points it at its own directory) or set per user.
 func portLockDir() (string, error) {
-	dir := filepath.Join(os.TempDir(), "flashsale-testharness-ports")
+	base := "/tmp"
+	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
+		base = os.TempDir()
+	}
+	dir := filepath.Join(base, "flashsale-testharness-ports")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		return "", err
 	}
