@@ -43,7 +43,10 @@ const (
 	// PhaseFailClosed: Redis lost or disagrees with the sale's state; every
 	// shard refuses reservations until the stock is rebuilt from the ledger.
 	PhaseFailClosed FlashSalePhase = "FailClosed"
-	// PhaseRebuilding: the stock is being rebuilt from the ledger.
+	// PhaseRebuilding: a rebuild of the stock from the ledger failed for a
+	// reason other than the ledger and is being retried; every shard still
+	// refuses. A rebuild that succeeds goes from FailClosed straight to the
+	// sale's phase.
 	PhaseRebuilding FlashSalePhase = "Rebuilding"
 )
 
@@ -52,8 +55,9 @@ const (
 	// ConditionReady is True when the sale's children are running and its
 	// state in Redis and PostgreSQL is consistent.
 	ConditionReady = "Ready"
-	// ConditionSeeded is True once the ledger row exists and every Redis
-	// shard holds its stock and meta key for the current epoch.
+	// ConditionSeeded is True once the ledger row exists and the Redis shards
+	// were seeded (it stays True after a loss: RedisHealthy says whether
+	// Redis still holds them).
 	ConditionSeeded = "Seeded"
 	// ConditionAdmitting is True while the sale accepts new reservations.
 	ConditionAdmitting = "Admitting"
@@ -423,7 +427,9 @@ type RebuildStatus struct {
 	// +required
 	Time metav1.Time `json:"time"`
 
-	// reason says why the stock was rebuilt, e.g. "shard 3 meta key missing".
+	// reason says why the stock was rebuilt, e.g. "redis lost campaign state:
+	// rebuild from the ledger required: 2 of 10 shards missing ..." or
+	// "resumed after the sale failed closed".
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024

@@ -104,8 +104,8 @@ DELETE /api/v1/flash-sale/reservations/{id}, GET /api/v1/flash-sale/items/{sku}/
 /healthz, /readyz and /metrics for one FlashSale (see docs/api.md).
 
 Every flag defaults to its environment variable. Secrets come only from the
-environment or files: FLASHSALE_POSTGRES_DSN, FLASHSALE_ADMISSION_KEY and
-FLASHSALE_REDIS_PASSWORD, each also as <NAME>_FILE. The campaign must exist in the
+environment or files: FLASHSALE_POSTGRES_DSN, FLASHSALE_ADMISSION_KEY,
+FLASHSALE_ID_KEY and FLASHSALE_REDIS_PASSWORD, each also as <NAME>_FILE. The campaign must exist in the
 ledger (the controller creates it); until then /readyz answers 503.
 On SIGTERM or SIGINT in-flight requests finish, then the process exits 0.`,
 		Args:         cobra.NoArgs,

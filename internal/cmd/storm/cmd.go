@@ -72,9 +72,10 @@ The report gives outcomes by status and code, throughput and latency
 percentiles, then the audit read from Redis and the ledger: available +
 reserved + sold = allocation, nothing oversold, every acknowledged reservation
 in the ledger. --settle waits for the sweeper to release what expired first.
-The command exits non-zero when an invariant fails, when a retry of an
-acknowledged request did not replay it, when no request reached the sale (a
-wrong URL, SKU or key), or when it was interrupted. Redirects are not followed.
+The command exits non-zero when an invariant fails, when --settle was given
+and the campaign did not settle in time, when a retry of an acknowledged
+request did not replay it, when no request reached the sale (a wrong URL, SKU
+or key), or when it was interrupted. Redirects are not followed.
 
 The audit needs the campaign's Redis and PostgreSQL settings, as flags or the
 same FLASHSALE_* variables as the reserve pods; --audit=false skips it.`,
