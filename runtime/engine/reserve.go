@@ -223,6 +223,9 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 			return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		if e.now().After(deadline) {
+			if out, done, err := e.abandonStuck(ctx, res, shard, key, user); done || err != nil {
+				return out, err
+			}
 			res.Outcome = OutcomeBusy
 			return res, nil
 		}
@@ -232,6 +235,44 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 		case <-time.After(replayPoll):
 		}
 	}
+}
+
+// stuckAfter: a reservation still without its ledger row this long after it
+// was made has no request left that could write one (a request's deadline and
+// a ledger batch's timeout are far shorter): its process died, or lost the
+// script's answer (a Redis stall, a retried call). Its key and the buyer's
+// quota would otherwise be held until the sweeper's turn, after TTL and grace.
+const stuckAfter = 30 * time.Second
+
+// abandonStuck settles a replayed reservation that has no ledger row and is
+// older than stuckAfter, as the sweeper would after its expiry: ABANDONED in
+// the ledger first (a late write of the original row then finds it and its
+// caller answers EXPIRED; if that row won, it is the answer), then the unit
+// and the quota come back. done is false when the reservation is not stuck.
+func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int, key, user string) (_ ReserveResult, done bool, _ error) {
+	r, found, err := e.store.GetReservation(ctx, shard, key)
+	if err != nil {
+		return res, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	// Made at its expiry less the TTL (by the Redis clock, like the expiry).
+	if !found || r.Status != stock.ResReserved || r.User != user ||
+		e.now().Sub(time.UnixMilli(r.ExpiryMs).Add(-e.cfg.TTL)) < stuckAfter {
+		return res, false, nil
+	}
+	id := stock.FormatID(shard, key)
+	got, err := e.ledger.RecordAbandoned(ctx, []ledger.Order{{
+		ReservationID: id, CampaignID: e.cfg.CampaignID, SKU: e.cfg.SKU, UserID: r.User,
+		Shard: shard, Quantity: r.Quantity, Status: ledger.StatusAbandoned, Epoch: r.Epoch,
+		ExpiresAt: time.UnixMilli(r.ExpiryMs),
+	}})
+	if err != nil {
+		return res, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if got[id] == ledger.StatusAbandoned {
+		e.release(ctx, shard, key)
+	}
+	out, err := e.fromLedger(ctx, res, id, user)
+	return out, true, err
 }
 
 func (e *Engine) fromLedger(ctx context.Context, res ReserveResult, id, user string) (ReserveResult, error) {

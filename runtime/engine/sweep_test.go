@@ -185,6 +185,55 @@ func TestAPIDiedBetweenRedisAndSQL(t *testing.T) {
 	})
 }
 
+// A reservation whose request lost the script's answer (a Redis stall, a
+// retried call) or died before its ledger row: a retry of the same request
+// answers busy while the original could still write the row, and once that
+// cannot be any more (stuckAfter) it settles it as the sweeper would, without
+// waiting for the TTL: ABANDONED, the unit and the buyer's quota back at once.
+func TestReplayOfAStuckReservationSettlesIt(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(10), withTTL(time.Hour, 0))
+		ctx := context.Background()
+		place := func(user string, age time.Duration) string {
+			key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+			home := stock.HomeShard(user, f.cfg.Shards)
+			// Expiry = made + TTL: a shorter TTL here makes it look made age ago.
+			r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{
+				Shard: home, Home: home, Mode: stock.ModeClaim, User: user, Key: key, Quantity: 1,
+				MaxPerUser: 1, TTL: f.cfg.TTL - age,
+			})
+			if err != nil || r.Code != stock.Reserved {
+				t.Fatalf("%+v %v", r, err)
+			}
+			return stock.FormatID(home, key)
+		}
+		young := place("yuri", 0)
+		if r := f.reserve("yuri", "r", 1); r.Outcome != engine.OutcomeBusy {
+			t.Fatalf("retry of a young reservation without its row: %s, want BUSY", r.Outcome)
+		}
+		if _, err := f.l.GetOrder(ctx, young); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("the young one was settled: %v", err)
+		}
+
+		stuck := place("sven", 31*time.Second)
+		if r := f.reserve("sven", "r", 1); r.Outcome != engine.OutcomeExpired {
+			t.Fatalf("retry of a stuck reservation: %s, want EXPIRED", r.Outcome)
+		}
+		if s := orderStatus(t, f, stuck); s != ledger.StatusAbandoned {
+			t.Fatalf("status %s, want ABANDONED", s)
+		}
+		if c := f.counts(); c.Available != 9 || c.Reserved != 1 {
+			t.Fatalf("the stuck unit did not come back: %+v", c)
+		}
+		if r := f.reserve("sven", "r2", 1); r.Outcome != engine.OutcomeReserved {
+			t.Fatalf("a new request of the same buyer: %s, want RESERVED (the quota is back)", r.Outcome)
+		}
+		if c := f.counts(); c.Available != 8 || c.Reserved != 2 || c.Pending != 1 || !c.Conserved() {
+			t.Fatalf("counts %+v (the young reservation still waits for its row or the sweeper)", c)
+		}
+	})
+}
+
 // Failure matrix: a sweeper died between its SQL cancel and the Redis release. The
 // next pass finds CANCELLED_BY_SWEEPER and still releases.
 func TestSweeperDiedBetweenSQLAndRedis(t *testing.T) {
