@@ -195,7 +195,9 @@ func DeriveIDSecret(admissionKey []byte) []byte {
 }
 
 // Secret reads a secret from the environment variable env, or from the file named
-// by env_FILE. Setting both is an error; neither gives "".
+// by env_FILE. Setting both is an error; neither gives "". Trailing CR and LF are
+// not part of a secret, from either: a Secret made from a file ending in a
+// newline gives pods (as a variable) and tools (as a file) the same key.
 func Secret(env string) (string, error) {
 	v, file := os.Getenv(env), os.Getenv(env+FileSuffix)
 	switch {
@@ -208,7 +210,7 @@ func Secret(env string) (string, error) {
 		}
 		return strings.TrimRight(string(b), "\r\n"), nil
 	}
-	return v, nil
+	return strings.TrimRight(v, "\r\n"), nil
 }
 
 func envString(name, def string) string {

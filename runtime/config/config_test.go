@@ -121,6 +121,20 @@ func TestSecretFromFile(t *testing.T) {
 	}
 }
 
+// A key with a trailing newline (a Secret made from a file) is the same key
+// from the variable, as the pods get it, and from the file, as tools read it.
+func TestSecretFromVariableAndFileAgree(t *testing.T) {
+	env := validEnv()
+	env[EnvAdmissionKey] = "from-a-file-0123456789\r\n"
+	fromVar, err := parse(t, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(fromVar.AdmissionKey) != "from-a-file-0123456789" {
+		t.Fatalf("from the variable: %q", fromVar.AdmissionKey)
+	}
+}
+
 func TestBadConfigurationIsNamed(t *testing.T) {
 	for _, tc := range []struct {
 		name, env, value, want string
