@@ -98,7 +98,9 @@ func readReferences(ctx context.Context, c client.Reader, fs *flashsalev1alpha1.
 	}
 	out.redis.Mode = s.redisMode
 	out.redis.Username = string(rs.Data[SecretKeyRedisUsername])
-	out.redis.Password = string(rs.Data[SecretKeyRedisPassword])
+	// Trailing CR and LF are stripped as the pods strip them (config.Secret),
+	// so the operator and the pods log in alike.
+	out.redis.Password = strings.TrimRight(string(rs.Data[SecretKeyRedisPassword]), "\r\n")
 
 	ps, err := get("ledger", fs.Spec.Postgres.SecretRef.Name)
 	if err != nil {
@@ -107,6 +109,7 @@ func readReferences(ctx context.Context, c client.Reader, fs *flashsalev1alpha1.
 	if out.postgresDSN, err = key("ledger", ps, s.postgresKey); err != nil {
 		return out, err
 	}
+	out.postgresDSN = strings.TrimRight(out.postgresDSN, "\r\n")
 	as, err := get("admission", fs.Spec.Admission.SecretRef.Name)
 	if err != nil {
 		return out, err
@@ -118,6 +121,8 @@ func readReferences(ctx context.Context, c client.Reader, fs *flashsalev1alpha1.
 	if len(k) < 16 {
 		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey)}
 	}
+	// Kept as stored: reserve pods from before they had an id key derived it
+	// from these bytes as they got them (see idsecret.go).
 	out.admissionKey = []byte(k)
 	return out, nil
 }
