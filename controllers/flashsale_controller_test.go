@@ -1068,3 +1068,21 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 		t.Fatalf("the other database got the campaign: %v", err)
 	}
 }
+
+// Secrets made from files that end in a newline work: the operator strips
+// trailing CR and LF from the DSN and the Redis password as the pods do.
+func TestSecretsWithATrailingNewline(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	ctx := context.Background()
+	var secret corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "shop-ledger"}, &secret); err != nil {
+		t.Fatal(err)
+	}
+	secret.Data["dsn"] = []byte(e.dsn + "\n")
+	if err := k8s.Update(ctx, &secret); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+	e.apply(e.sale("newline", 10))
+	e.waitFor("newline", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+}
