@@ -200,8 +200,18 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
 	}
-	return deployment(fs, ComponentReserve, image, s.replicas, c)
+	// A pod being stopped keeps serving until the Service has stopped routing
+	// to it (endpoint removal is asynchronous): without the pause, a rollout
+	// refuses the connections still sent its way.
+	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: reservePreStopSeconds}}}
+	d := deployment(fs, ComponentReserve, image, s.replicas, c)
+	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](reservePreStopSeconds + 30)
+	return d
 }
+
+// reservePreStopSeconds is the pause before a reserve pod gets SIGTERM; then
+// it drains for up to its 25 s shutdown timeout, inside the grace period.
+const reservePreStopSeconds = 5
 
 // ReserveService fronts the reserve replicas.
 func ReserveService(fs *flashsalev1alpha1.FlashSale) *corev1.Service {

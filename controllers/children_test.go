@@ -100,6 +100,12 @@ func TestReserveDeployment(t *testing.T) {
 			if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.Ports[0].ContainerPort != 8080 {
 				t.Fatal("probes or port")
 			}
+			// Stopped pods wait for the Service to stop routing to them, then
+			// drain (25 s) inside the grace period.
+			if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil ||
+				c.Lifecycle.PreStop.Sleep.Seconds != 5 || *pod.TerminationGracePeriodSeconds != 35 {
+				t.Fatalf("preStop %+v, grace %v", c.Lifecycle, pod.TerminationGracePeriodSeconds)
+			}
 			env := envOf(c)
 			for k, v := range tc.env {
 				if env[k].Value != v || env[k].ValueFrom != nil {
