@@ -245,5 +245,9 @@ func SweeperDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 			corev1.ResourceCPU: mustQuantity("50m"), corev1.ResourceMemory: mustQuantity("64Mi"),
 		}},
 	}
-	return deployment(fs, ComponentSweeper, image, sweeperReplicas, c)
+	d := deployment(fs, ComponentSweeper, image, sweeperReplicas, c)
+	// On SIGTERM a pass in progress finishes (up to 25 s), then the lock is
+	// given up (up to 5 s) and the probes' server stops (up to 5 s).
+	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](40)
+	return d
 }

@@ -149,6 +149,9 @@ func TestServiceAndSweeper(t *testing.T) {
 	if *d.Spec.Replicas != 2 || d.Spec.Selector.MatchLabels[LabelComponent] != ComponentSweeper {
 		t.Fatalf("sweeper replicas/selector")
 	}
+	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != 40 {
+		t.Fatalf("sweeper grace period %v, want 40 s (a pass, the lock, the probes)", g)
+	}
 	// Least privilege: the sweeper never checks a token, so its pods do not get
 	// the admission key; they do get what sweeping needs.
 	if _, ok := env[config.EnvAdmissionKey]; ok {

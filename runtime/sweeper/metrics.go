@@ -22,7 +22,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_sweeper_passes_total",
-			Help: "Sweep passes run by this replica, by result (ok, error).",
+			Help: "Sweep passes run by this replica, by result (ok; cut: stopped at its time limit with work left, the next starts at once; error).",
 		}, []string{"result"}),
 		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_sweeper_reservations_total",
@@ -63,12 +63,15 @@ func (m *Metrics) setLeader(leading bool) {
 	}
 }
 
-func (m *Metrics) observePass(st engine.SweepStats, d time.Duration, err error) {
+func (m *Metrics) observePass(st engine.SweepStats, d time.Duration, err error, cut bool) {
 	if m == nil {
 		return
 	}
 	result := "ok"
-	if err != nil {
+	switch {
+	case cut:
+		result = "cut"
+	case err != nil:
 		result = "error"
 	}
 	m.passes.WithLabelValues(result).Inc()

@@ -3,6 +3,7 @@ package sweeper
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,5 +215,29 @@ func TestMetricsExposition(t *testing.T) {
 		if !strings.Contains(strings.Join(got, " "), w) {
 			t.Errorf("metric %s missing (have %v)", w, got)
 		}
+	}
+}
+
+// A pass that reaches its time limit after doing work left a backlog: it is
+// counted as cut, not as an error, and the next pass starts at once instead of
+// an interval later.
+func TestRunnerGoesOnAfterACutPass(t *testing.T) {
+	var passes atomic.Int64
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	r := &Runner{
+		Pass: func(ctx context.Context) (engine.SweepStats, error) {
+			if passes.Add(1) > 3 {
+				return engine.SweepStats{}, nil
+			}
+			<-ctx.Done()
+			return engine.SweepStats{Released: 5}, fmt.Errorf("sweep shard 0: %w", ctx.Err())
+		},
+		Elector: newFakeElector(true), Interval: time.Hour, PassTimeout: 20 * time.Millisecond, Metrics: m,
+	}
+	run(t, r)
+	waitFor(t, "passes after the cut ones", func() bool { return passes.Load() >= 4 })
+	if cut, failed := testutil.ToFloat64(m.passes.WithLabelValues("cut")), testutil.ToFloat64(m.passes.WithLabelValues("error")); cut != 3 || failed != 0 {
+		t.Fatalf("cut %v, error %v", cut, failed)
 	}
 }

@@ -90,14 +90,17 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 		}
 		r.Metrics.setLeader(leading)
-		if leading {
-			r.pass(ctx, log)
+		next := r.Interval
+		if leading && r.pass(ctx, log) {
+			next = 0 // a backlog: go on at once
 		}
-		timer.Reset(r.Interval)
+		timer.Reset(next)
 	}
 }
 
-func (r *Runner) pass(ctx context.Context, log *slog.Logger) {
+// pass runs one pass; cut reports that it stopped at its time limit with
+// work done, a backlog the next pass goes on with.
+func (r *Runner) pass(ctx context.Context, log *slog.Logger) (cut bool) {
 	timeout := r.PassTimeout
 	if timeout <= 0 {
 		timeout = DefaultPassTimeout
@@ -110,8 +113,13 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) {
 	start := time.Now()
 	st, err := r.Pass(pctx)
 	d := time.Since(start)
-	r.Metrics.observePass(st, d, err)
+	cut = err != nil && errors.Is(err, context.DeadlineExceeded) && pctx.Err() != nil &&
+		st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0
+	r.Metrics.observePass(st, d, err, cut)
 	switch {
+	case cut:
+		log.Info("sweep pass reached its time limit; the next goes on at once", "duration", d, "released", st.Released,
+			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
 	case err != nil:
 		log.Error("sweep pass failed", "err", err, "duration", d, "released", st.Released,
 			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
@@ -121,6 +129,7 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) {
 	default:
 		log.Debug("sweep pass", "duration", d, "skipped", st.Skipped)
 	}
+	return cut
 }
 
 func (r *Runner) release(log *slog.Logger, leading bool) error {
