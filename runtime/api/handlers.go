@@ -219,7 +219,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	cfg := s.engine.Config()
-	if err := s.engine.Store().Client().Ping(ctx).Err(); err != nil {
+	if err := s.engine.Store().Ping(ctx); err != nil {
 		s.log.Warn("not ready: redis", "err", err)
 		return unavailable("redis does not answer").write(w)
 	}

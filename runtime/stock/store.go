@@ -597,6 +597,29 @@ func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
 	return nil
 }
 
+// Ping checks that every server holding the campaign's shards answers (in a
+// cluster, the masters of their slots, not just any node). A keyless PING
+// through a cluster client goes to a master of its cached slot map, which a
+// reload during a whole-cluster restart can leave empty until its next
+// refresh; this goes by key, which finds the servers either way.
+func (s *Store) Ping(ctx context.Context) error {
+	seen := map[string]bool{}
+	for _, k := range s.shards {
+		node, err := s.node(ctx, k.Meta())
+		if err != nil {
+			return err
+		}
+		if addr := node.Options().Addr; !seen[addr] {
+			seen[addr] = true
+			if err := node.Ping(ctx).Err(); err != nil {
+				s.redirected(ctx, err)
+				return fmt.Errorf("%s: %w", addr, err)
+			}
+		}
+	}
+	return nil
+}
+
 // RunIDs returns the run_id of every Redis server holding shards of the
 // campaign, keyed by address: in a cluster, the masters that own the slots of
 // the shards (by the client's slot map), not every master, so that a restart

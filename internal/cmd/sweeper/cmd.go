@@ -135,7 +135,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	ready := func(ctx context.Context) error {
-		return errors.Join(rdb.Ping(ctx).Err(), l.Ping(ctx))
+		return errors.Join(eng.Store().Ping(ctx), l.Ping(ctx))
 	}
 	// The probe server outlives ctx until the last pass is over, so a
 	// terminating pod still reports while it finishes.
