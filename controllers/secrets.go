@@ -118,7 +118,7 @@ func readReferences(ctx context.Context, c client.Reader, fs *flashsalev1alpha1.
 	if err != nil {
 		return out, err
 	}
-	if len(k) < 16 {
+	if len(strings.TrimRight(k, "\r\n")) < 16 { // as the pods count it
 		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey)}
 	}
 	// Kept as stored: reserve pods from before they had an id key derived it

@@ -250,6 +250,9 @@ func (s *Server) admit(r *http.Request) (admission.Claims, *apiError) {
 	}
 	now := s.cfg.Now()
 	c, err := admission.Parse(s.cfg.AdmissionKey, strings.TrimSpace(token), now)
+	if errors.Is(err, admission.ErrBadSignature) && len(s.cfg.AdmissionKeyAlt) > 0 {
+		c, err = admission.Parse(s.cfg.AdmissionKeyAlt, strings.TrimSpace(token), now)
+	}
 	switch {
 	case errors.Is(err, admission.ErrExpired):
 		return c, unauthorized("the admission token has expired: get a new one from the waiting room")

@@ -42,8 +42,11 @@ const readyTimeout = 2 * time.Second
 type Config struct {
 	Engine       *engine.Engine // required; the server closes it when Serve returns
 	AdmissionKey []byte         // required: the HMAC key of admission tokens
-	Metrics      *Metrics       // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
-	Logger       *slog.Logger   // nil: discard
+	// AdmissionKeyAlt, when set, is taken too: the key with the trailing
+	// newline a Secret made from a file keeps (config.AdmissionKeyAsSet).
+	AdmissionKeyAlt []byte
+	Metrics         *Metrics     // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
+	Logger          *slog.Logger // nil: discard
 
 	Addr string // for Start; default ":8080"
 

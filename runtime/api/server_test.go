@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -522,5 +523,29 @@ func TestSlowLedgerAnswerNotCutOff(t *testing.T) {
 	r.decode(t, &res)
 	if o, err := f.l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending {
 		t.Fatalf("ledger row %+v %v", o, err)
+	}
+}
+
+// An admission key that ends in a newline (a Secret made from a file) is taken
+// both ways: tokens signed with the key as stored and with the key stripped, as
+// tools that read it from a file sign them. Other keys are still refused.
+func TestAdmissionKeyWithAndWithoutItsNewline(t *testing.T) {
+	stored := append(append([]byte{}, testKey...), '\n')
+	f := newFixture(t, func(c *fixtureConfig) { c.api.AdmissionKeyAlt = stored })
+	for name, key := range map[string][]byte{"stripped": testKey, "as stored": stored} {
+		tok, err := admission.Mint(key, testSKU, "nadia-"+name, time.Minute, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := f.call(http.MethodPost, reservePath, tok, reserveBody("nadia-"+name, "k", 1)); r.status != http.StatusCreated {
+			t.Fatalf("%s key: %d %s", name, r.status, r.body)
+		}
+	}
+	tok, err := admission.Mint([]byte("another-key-0123456789"), testSKU, "nadia", time.Minute, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f.call(http.MethodPost, reservePath, tok, reserveBody("nadia", "k2", 1)); r.status != http.StatusUnauthorized {
+		t.Fatalf("another key: %d %s", r.status, r.body)
 	}
 }

@@ -88,7 +88,12 @@ type Campaign struct {
 	Redis                    Redis
 	PostgresDSN              string
 	AdmissionKey             []byte
-	IDKey                    []byte // the reservation ids' key; none: derived from AdmissionKey
+	// AdmissionKeyAsSet is the admission key as the variable held it, when
+	// that ended in CR or LF (which AdmissionKey drops): processes before
+	// the stripping used it so, so tokens signed with it are still taken and
+	// ids derived from it stay the same.
+	AdmissionKeyAsSet []byte
+	IDKey             []byte // the reservation ids' key; none: derived from the admission key
 
 	// WithoutAdmissionKey is set by roles that neither check admission tokens nor
 	// make reservations (the sweeper): Complete does not read the key, so their
@@ -148,6 +153,9 @@ func (c *Campaign) Complete() error {
 		key, err := Secret(EnvAdmissionKey)
 		errs = append(errs, err)
 		c.AdmissionKey = []byte(key)
+		if raw := os.Getenv(EnvAdmissionKey); raw != key && raw != "" {
+			c.AdmissionKeyAsSet = []byte(raw)
+		}
 		if len(c.AdmissionKey) < 16 {
 			errs = append(errs, fmt.Errorf("the admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKey, EnvAdmissionKey, FileSuffix))
 		}
@@ -173,6 +181,8 @@ func (c *Campaign) EngineConfig() engine.Config {
 	switch {
 	case len(c.IDKey) > 0:
 		idSecret = c.IDKey
+	case len(c.AdmissionKeyAsSet) > 0:
+		idSecret = DeriveIDSecret(c.AdmissionKeyAsSet)
 	case len(c.AdmissionKey) > 0:
 		idSecret = DeriveIDSecret(c.AdmissionKey)
 	}

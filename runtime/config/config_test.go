@@ -133,6 +133,14 @@ func TestSecretFromVariableAndFileAgree(t *testing.T) {
 	if string(fromVar.AdmissionKey) != "from-a-file-0123456789" {
 		t.Fatalf("from the variable: %q", fromVar.AdmissionKey)
 	}
+	// The key as the variable holds it is kept too: tokens signed with it are
+	// still taken, and ids derived from it (no id key) stay what they were.
+	if string(fromVar.AdmissionKeyAsSet) != "from-a-file-0123456789\r\n" {
+		t.Fatalf("as set: %q", fromVar.AdmissionKeyAsSet)
+	}
+	if got := fromVar.EngineConfig().IDSecret; string(got) != string(DeriveIDSecret([]byte("from-a-file-0123456789\r\n"))) {
+		t.Fatal("the derived id key changed with the stripping")
+	}
 }
 
 func TestBadConfigurationIsNamed(t *testing.T) {
