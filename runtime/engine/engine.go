@@ -38,10 +38,17 @@ type Config struct {
 	// it is TTL + Grace + ClaimSlack old, when any reservation placed under it
 	// has expired. ClaimSlack covers the placing itself; default one minute.
 	ClaimSlack time.Duration
+	// SettleStuckAfter: a request replayed while its reservation has no ledger
+	// row, seen so by this engine for this long, is settled (see Reserve);
+	// default 30 s, far above a request's deadline and a ledger batch's timeout.
+	SettleStuckAfter time.Duration
 }
 
 // DefaultClaimSlack is Config.ClaimSlack's default.
 const DefaultClaimSlack = time.Minute
+
+// DefaultSettleStuckAfter is Config.SettleStuckAfter's default.
+const DefaultSettleStuckAfter = 30 * time.Second
 
 // Validate reports the first problem with a Config.
 func (c Config) Validate() error {
@@ -58,6 +65,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("grace period must not be negative, got %s", c.Grace)
 	case c.ClaimSlack < 0:
 		return fmt.Errorf("claim slack must not be negative, got %s", c.ClaimSlack)
+	case c.SettleStuckAfter < 0:
+		return fmt.Errorf("the stuck-replay delay must not be negative, got %s", c.SettleStuckAfter)
 	case c.StealProbes < 0 || c.StealProbes > 2:
 		return fmt.Errorf("stealProbes must be 0..2, got %d", c.StealProbes)
 	case len(c.IDSecret) > 0 && len(c.IDSecret) < 16:
@@ -78,6 +87,7 @@ type Engine struct {
 	mat      *ledger.Materializer
 	soldOut  []atomic.Int64 // unix nanos until which a shard is taken as sold out
 	minEpoch atomic.Int64   // highest epoch seen: shards with an older meta are stale
+	stuck    stuckReplays   // replays found without a ledger row, and since when
 	now      func() time.Time
 }
 
@@ -88,6 +98,9 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	}
 	if cfg.ClaimSlack == 0 {
 		cfg.ClaimSlack = DefaultClaimSlack
+	}
+	if cfg.SettleStuckAfter == 0 {
+		cfg.SettleStuckAfter = DefaultSettleStuckAfter
 	}
 	return &Engine{
 		cfg:     cfg,

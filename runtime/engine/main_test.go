@@ -97,6 +97,9 @@ func withTTL(ttl, grace time.Duration) option {
 	return func(c *fixtureConfig) { c.TTL, c.Grace = ttl, grace }
 }
 func withSteal(n int) option { return func(c *fixtureConfig) { c.StealProbes = n } }
+func withSettleStuckAfter(d time.Duration) option {
+	return func(c *fixtureConfig) { c.SettleStuckAfter = d }
+}
 func withClaimSlack(d time.Duration) option {
 	return func(c *fixtureConfig) { c.ClaimSlack = d }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -217,6 +218,7 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 	for {
 		o, err := e.ledger.GetOrder(ctx, id)
 		if err == nil {
+			e.stuck.forget(id)
 			return e.answerFromOrder(res, o, user), nil
 		}
 		if !errors.Is(err, ledger.ErrNotFound) {
@@ -237,29 +239,32 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 	}
 }
 
-// stuckAfter: a reservation still without its ledger row this long after it
-// was made has no request left that could write one (a request's deadline and
-// a ledger batch's timeout are far shorter): its process died, or lost the
-// script's answer (a Redis stall, a retried call). Its key and the buyer's
-// quota would otherwise be held until the sweeper's turn, after TTL and grace.
-const stuckAfter = 30 * time.Second
-
-// abandonStuck settles a replayed reservation that has no ledger row and is
-// older than stuckAfter, as the sweeper would after its expiry: ABANDONED in
-// the ledger first (a late write of the original row then finds it and its
-// caller answers EXPIRED; if that row won, it is the answer), then the unit
-// and the quota come back. done is false when the reservation is not stuck.
+// abandonStuck settles a replayed reservation that this engine has seen
+// without a ledger row for Config.SettleStuckAfter: no request is left that
+// could write the row (a request's deadline and a ledger batch's timeout are
+// far shorter). Its process died, or lost the script's answer (a Redis stall,
+// a retried call); its key and the buyer's quota would otherwise be held until
+// the sweeper's turn, after TTL and grace. It is settled as the sweeper would:
+// ABANDONED in the ledger first (a late write of the original row then finds
+// it and its caller answers EXPIRED; if that row won, it is the answer), then
+// the unit and the quota come back. done is false when it is not settled now.
+//
+// The time is this process's own, from its first sight of the stuck replay:
+// neither the Redis clock nor the TTL (which may have changed since the
+// reservation was made) can make a young reservation look old.
 func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int, key, user string) (_ ReserveResult, done bool, _ error) {
+	id := stock.FormatID(shard, key)
+	if e.stuck.since(id, e.now(), e.cfg.SettleStuckAfter) < e.cfg.SettleStuckAfter {
+		return res, false, nil
+	}
 	r, found, err := e.store.GetReservation(ctx, shard, key)
 	if err != nil {
 		return res, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	// Made at its expiry less the TTL (by the Redis clock, like the expiry).
-	if !found || r.Status != stock.ResReserved || r.User != user ||
-		e.now().Sub(time.UnixMilli(r.ExpiryMs).Add(-e.cfg.TTL)) < stuckAfter {
+	if !found || r.Status != stock.ResReserved || r.User != user {
+		e.stuck.forget(id)
 		return res, false, nil
 	}
-	id := stock.FormatID(shard, key)
 	got, err := e.ledger.RecordAbandoned(ctx, []ledger.Order{{
 		ReservationID: id, CampaignID: e.cfg.CampaignID, SKU: e.cfg.SKU, UserID: r.User,
 		Shard: shard, Quantity: r.Quantity, Status: ledger.StatusAbandoned, Epoch: r.Epoch,
@@ -271,8 +276,48 @@ func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int,
 	if got[id] == ledger.StatusAbandoned {
 		e.release(ctx, shard, key)
 	}
+	e.stuck.forget(id)
 	out, err := e.fromLedger(ctx, res, id, user)
 	return out, true, err
+}
+
+// stuckReplays remembers when each replay without a ledger row was first
+// seen. It holds at most maxStuckReplays entries; older ones are dropped.
+type stuckReplays struct {
+	mu    sync.Mutex
+	first map[string]time.Time
+}
+
+const maxStuckReplays = 10_000
+
+// since returns how long id has been seen stuck (0 the first time).
+func (s *stuckReplays) since(id string, now time.Time, after time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.first[id]; ok {
+		return now.Sub(t)
+	}
+	if s.first == nil {
+		s.first = map[string]time.Time{}
+	}
+	if len(s.first) >= maxStuckReplays {
+		for k, t := range s.first {
+			if now.Sub(t) > 4*after {
+				delete(s.first, k)
+			}
+		}
+		if len(s.first) >= maxStuckReplays {
+			return 0 // full of recent ones: this one waits for the sweeper
+		}
+	}
+	s.first[id] = now
+	return 0
+}
+
+func (s *stuckReplays) forget(id string) {
+	s.mu.Lock()
+	delete(s.first, id)
+	s.mu.Unlock()
 }
 
 func (e *Engine) fromLedger(ctx context.Context, res ReserveResult, id, user string) (ReserveResult, error) {

@@ -187,35 +187,38 @@ func TestAPIDiedBetweenRedisAndSQL(t *testing.T) {
 
 // A reservation whose request lost the script's answer (a Redis stall, a
 // retried call) or died before its ledger row: a retry of the same request
-// answers busy while the original could still write the row, and once that
-// cannot be any more (stuckAfter) it settles it as the sweeper would, without
-// waiting for the TTL: ABANDONED, the unit and the buyer's quota back at once.
+// answers busy while the original could still write the row, and once the
+// engine has seen it stuck for SettleStuckAfter it settles it as the sweeper
+// would, without waiting for the TTL: ABANDONED, the unit and the buyer's
+// quota back at once.
 func TestReplayOfAStuckReservationSettlesIt(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		f := newFixture(t, rdb, withAllocation(10), withTTL(time.Hour, 0))
+		const after = 1500 * time.Millisecond
+		f := newFixture(t, rdb, withAllocation(10), withTTL(time.Hour, 0), withSettleStuckAfter(after))
 		ctx := context.Background()
-		place := func(user string, age time.Duration) string {
+		place := func(user string) string {
 			key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
 			home := stock.HomeShard(user, f.cfg.Shards)
-			// Expiry = made + TTL: a shorter TTL here makes it look made age ago.
 			r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{
 				Shard: home, Home: home, Mode: stock.ModeClaim, User: user, Key: key, Quantity: 1,
-				MaxPerUser: 1, TTL: f.cfg.TTL - age,
+				MaxPerUser: 1, TTL: f.cfg.TTL,
 			})
 			if err != nil || r.Code != stock.Reserved {
 				t.Fatalf("%+v %v", r, err)
 			}
 			return stock.FormatID(home, key)
 		}
-		young := place("yuri", 0)
-		if r := f.reserve("yuri", "r", 1); r.Outcome != engine.OutcomeBusy {
-			t.Fatalf("retry of a young reservation without its row: %s, want BUSY", r.Outcome)
+		young := place("yuri")
+		stuck := place("sven")
+		for _, user := range []string{"yuri", "sven"} {
+			if r := f.reserve(user, "r", 1); r.Outcome != engine.OutcomeBusy {
+				t.Fatalf("first retry of %s's reservation without its row: %s, want BUSY", user, r.Outcome)
+			}
 		}
+		time.Sleep(after)
 		if _, err := f.l.GetOrder(ctx, young); !errors.Is(err, ledger.ErrNotFound) {
 			t.Fatalf("the young one was settled: %v", err)
 		}
-
-		stuck := place("sven", 31*time.Second)
 		if r := f.reserve("sven", "r", 1); r.Outcome != engine.OutcomeExpired {
 			t.Fatalf("retry of a stuck reservation: %s, want EXPIRED", r.Outcome)
 		}
