@@ -598,10 +598,11 @@ func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
 }
 
 // Ping checks that every server holding the campaign's shards answers (in a
-// cluster, the masters of their slots, not just any node). A keyless PING
-// through a cluster client goes to a master of its cached slot map, which a
-// reload during a whole-cluster restart can leave empty until its next
-// refresh; this goes by key, which finds the servers either way.
+// cluster, the masters of their slots by the client's slot map). A keyless
+// PING through a cluster client goes to a master of that map, which a reload
+// during a whole-cluster restart can leave empty until its next refresh, and
+// then fails; going by key, an empty map sends each ping to a known node
+// instead, and the first command that meets a moved slot reloads the map.
 func (s *Store) Ping(ctx context.Context) error {
 	seen := map[string]bool{}
 	for _, k := range s.shards {
