@@ -158,6 +158,9 @@ func probe(path string, period int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString("http")}},
 		PeriodSeconds: period, TimeoutSeconds: 2, FailureThreshold: 3,
+		// Spelled out although it is the API server's default: apply compares
+		// the numbers it sets with the live object's.
+		SuccessThreshold: 1,
 	}
 }
 

@@ -530,6 +530,10 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		return fmt.Errorf("it exists and is not owned by FlashSale %s", owner.Name)
 	}
 	var same bool
+	// Labels and annotations others keep on the object (the Deployment
+	// controller's revision, a team's labels) stay; ours win.
+	desired.SetLabels(mergeStrings(live.GetLabels(), desired.GetLabels()))
+	desired.SetAnnotations(mergeStrings(live.GetAnnotations(), desired.GetAnnotations()))
 	switch d := desired.(type) {
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
@@ -552,6 +556,19 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	}
 	desired.SetResourceVersion(live.GetResourceVersion())
 	return r.Update(ctx, desired)
+}
+
+// mergeStrings is live's entries overlaid with ours (nil when both are empty).
+func mergeStrings(live, ours map[string]string) map[string]string {
+	if len(live) == 0 && len(ours) == 0 {
+		return nil
+	}
+	out := maps.Clone(live)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, ours)
+	return out
 }
 
 // observe reads the counts into status and sums the sale up in its phase and

@@ -1086,3 +1086,58 @@ func TestSecretsWithATrailingNewline(t *testing.T) {
 	e.apply(e.sale("newline", 10))
 	e.waitFor("newline", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 }
+
+// An unchanged child is never rewritten (a rewrite on every reconcile also
+// fought the Deployment controller over its revision annotation), and when
+// one is, labels and annotations others keep on it stay.
+func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("quiet", 10))
+	e.waitFor("quiet", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	get := func(name string) *appsv1.Deployment {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return &d
+	}
+	time.Sleep(time.Second)
+	// The Deployment controller's revision annotation (no such controller runs
+	// here): a rewrite that dropped it would change the object every time.
+	for _, name := range []string{"quiet-reserve", "quiet-sweeper"} {
+		d := get(name)
+		d.Annotations = map[string]string{"deployment.kubernetes.io/revision": "1"}
+		if err := k8s.Update(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	updates := e.deploymentUpdates.Load()
+	before := map[string]string{}
+	for _, name := range []string{"quiet-reserve", "quiet-sweeper"} {
+		before[name] = get(name).ResourceVersion
+	}
+	time.Sleep(3500 * time.Millisecond) // several status refreshes
+	for name, rv := range before {
+		if got := get(name).ResourceVersion; got != rv {
+			t.Fatalf("%s rewritten while nothing changed: resourceVersion %s → %s", name, rv, got)
+		}
+	}
+	if n := e.deploymentUpdates.Load() - updates; n != 0 {
+		t.Fatalf("%d Deployment updates sent while nothing changed", n)
+	}
+
+	d := get("quiet-reserve")
+	d.Annotations = map[string]string{"deployment.kubernetes.io/revision": "7"}
+	d.Labels["team"] = "checkout"
+	if err := k8s.Update(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	updateSpec(t, e.ns, "quiet", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Reservation.Replicas = ptr.To[int32](3) })
+	testharness.Eventually(t, settle, "the reserve Deployment scaled", func() bool { return *get("quiet-reserve").Spec.Replicas == 3 })
+	d = get("quiet-reserve")
+	if d.Annotations["deployment.kubernetes.io/revision"] != "7" || d.Labels["team"] != "checkout" {
+		t.Fatalf("others' metadata lost: annotations %v, labels %v", d.Annotations, d.Labels)
+	}
+}

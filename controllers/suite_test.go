@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,6 +63,21 @@ type env struct {
 	ns        string
 	redisAddr string
 	dsn       string
+	// deploymentUpdates counts the controller's Updates of Deployments.
+	deploymentUpdates atomic.Int64
+}
+
+// countingClient counts the Updates of Deployments that go through it.
+type countingClient struct {
+	client.Client
+	deploymentUpdates *atomic.Int64
+}
+
+func (c countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if _, ok := obj.(*appsv1.Deployment); ok {
+		c.deploymentUpdates.Add(1)
+	}
+	return c.Client.Update(ctx, obj, opts...)
 }
 
 func randomSuffix() string {
@@ -111,7 +128,7 @@ func (e *env) startController() (stop func()) {
 		e.t.Fatal(err)
 	}
 	r := &controllers.FlashSaleReconciler{
-		Client:        mgr.GetClient(),
+		Client:        countingClient{mgr.GetClient(), &e.deploymentUpdates},
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         "flashsale-operator:test",
 		StatusRefresh: time.Second,
