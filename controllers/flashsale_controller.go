@@ -89,11 +89,6 @@ func (s *scope) event(kind, reason, format string, args ...any) {
 }
 
 func (s *scope) condition(typ string, status metav1.ConditionStatus, reason, message string) {
-	if typ == flashsalev1alpha1.ConditionReady && s.notReady != nil && status == metav1.ConditionTrue {
-		// A problem found earlier in this reconcile decides Ready at its end:
-		// setting True in between would move lastTransitionTime every time.
-		return
-	}
 	meta.SetStatusCondition(&s.fs.Status.Conditions, metav1.Condition{
 		Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: s.fs.Generation,
 	})
