@@ -46,20 +46,20 @@ func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
 // before: then a ledger without its campaign is ErrLedgerMismatch, as it is
 // whenever Redis holds shards of a campaign the ledger does not know.
 func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (SeedResult, error) {
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("redis: %w", err)
+	}
+	present := 0
+	for _, s := range states {
+		if s.Present {
+			present++
+		}
+	}
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	created := false
 	switch {
 	case errors.Is(err, ledger.ErrCampaignNotFound):
-		states, err := e.store.State(ctx)
-		if err != nil {
-			return SeedResult{}, fmt.Errorf("redis: %w", err)
-		}
-		present := 0
-		for _, s := range states {
-			if s.Present {
-				present++
-			}
-		}
 		if present > 0 || seededBefore {
 			return SeedResult{}, fmt.Errorf("%w, though it was seeded before (Redis holds %d of its %d shards): the ledger DSN points at another database, or the ledger lost data; nothing is seeded or rebuilt",
 				ErrLedgerMismatch, present, len(states))
@@ -78,17 +78,9 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 		return SeedResult{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
 	}
 	e.seeEpoch(c.Epoch)
-	states, err := e.store.State(ctx)
-	if err != nil {
-		return SeedResult{}, fmt.Errorf("redis: %w", err)
-	}
-	present := 0
 	for _, s := range states {
-		if s.Present {
-			present++
-			if s.Epoch != c.Epoch {
-				return SeedResult{Campaign: c}, fmt.Errorf("%w: shard %d has epoch %d, the ledger %d", ErrNeedsRebuild, s.Index, s.Epoch, c.Epoch)
-			}
+		if s.Present && s.Epoch != c.Epoch {
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: shard %d has epoch %d, the ledger %d", ErrNeedsRebuild, s.Index, s.Epoch, c.Epoch)
 		}
 	}
 	if present == len(states) {
