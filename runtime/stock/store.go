@@ -44,12 +44,17 @@ const DefaultBackstop = 24 * time.Hour
 // hash that expired before the sweeper's turn would take its unit with it:
 // the release would find nothing to give back.
 func BackstopFor(lifetime time.Duration) time.Duration {
-	return min(DefaultBackstop+min(max(lifetime, 0), maxBackstop), maxBackstop)
+	return addCapped(DefaultBackstop, max(lifetime, 0))
 }
 
 // maxBackstop bounds the hash TTL: Redis refuses EXPIRE times that overflow,
 // and a duration sum could.
 const maxBackstop = 10 * 365 * 24 * time.Hour
+
+// addCapped is a + b (both at least 0), at most maxBackstop, without overflow.
+func addCapped(a, b time.Duration) time.Duration {
+	return min(a+min(b, maxBackstop), maxBackstop)
+}
 
 // Code is the outcome of one reserve script call on one shard.
 type Code int
@@ -597,25 +602,39 @@ func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
 	return nil
 }
 
-// Ping checks that every server holding the campaign's shards answers (in a
-// cluster, the masters of their slots by the client's slot map). A keyless
-// PING through a cluster client goes to a master of that map, which a reload
-// during a whole-cluster restart can leave empty until its next refresh, and
-// then fails; going by key, an empty map sends each ping to a known node
-// instead, and the first command that meets a moved slot reloads the map.
-func (s *Store) Ping(ctx context.Context) error {
+// shardServers returns the servers holding the campaign's shards, each once: in a
+// cluster, the masters of their slots by the client's slot map.
+func (s *Store) shardServers(ctx context.Context) ([]*redis.Client, error) {
+	var out []*redis.Client
 	seen := map[string]bool{}
 	for _, k := range s.shards {
 		node, err := s.node(ctx, k.Meta())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if addr := node.Options().Addr; !seen[addr] {
 			seen[addr] = true
-			if err := node.Ping(ctx).Err(); err != nil {
-				s.redirected(ctx, err)
-				return fmt.Errorf("%s: %w", addr, err)
-			}
+			out = append(out, node)
+		}
+	}
+	return out, nil
+}
+
+// Ping checks that every server holding the campaign's shards answers. A
+// keyless PING through a cluster client goes to a master of its slot map,
+// which a reload during a whole-cluster restart can leave empty until its next
+// refresh, and then fails; going by key, an empty map sends each ping to a
+// known node instead, and the first command that meets a moved slot reloads
+// the map.
+func (s *Store) Ping(ctx context.Context) error {
+	nodes, err := s.shardServers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, node := range nodes {
+		if err := node.Ping(ctx).Err(); err != nil {
+			s.redirected(ctx, err)
+			return fmt.Errorf("%s: %w", node.Options().Addr, err)
 		}
 	}
 	return nil
@@ -623,10 +642,10 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // RunIDs returns the run_id of every Redis server holding shards of the
 // campaign, keyed by address: in a cluster, the masters that own the slots of
-// the shards (by the client's slot map), not every master, so that a restart
-// or a new master elsewhere in a shared cluster does not read as this sale's
-// data loss. A changed run_id means the server restarted and may have lost its
-// data; a shard whose slot moves to another server shows up as a new address.
+// the shards, not every master, so that a restart or a new master elsewhere in
+// a shared cluster does not read as this sale's data loss. A changed run_id
+// means the server restarted and may have lost its data; a shard whose slot
+// moves to another server shows up as a new address.
 func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
 	if c, ok := s.rdb.(*redis.ClusterClient); ok {
 		// ForEachMaster reloads the slot map first (MasterForKey alone uses
@@ -635,21 +654,17 @@ func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
 			return nil, err
 		}
 	}
-	out := map[string]string{}
-	for _, k := range s.shards {
-		node, err := s.node(ctx, k.Meta())
-		if err != nil {
-			return out, err
-		}
-		addr := node.Options().Addr
-		if _, ok := out[addr]; ok {
-			continue
-		}
+	nodes, err := s.shardServers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(nodes))
+	for _, node := range nodes {
 		id, err := runID(ctx, node)
 		if err != nil {
 			return out, err
 		}
-		out[addr] = id
+		out[node.Options().Addr] = id
 	}
 	return out, nil
 }
@@ -745,7 +760,7 @@ func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Res
 	now := time.Now().UnixMilli()
 	for _, r := range rs {
 		if left := time.Duration(r.ExpiryMs-now) * time.Millisecond; left > 0 {
-			backstop = max(backstop, min(s.backstop+min(left, maxBackstop), maxBackstop))
+			backstop = max(backstop, addCapped(s.backstop, left))
 		}
 	}
 	keys := []string{k.Meta(), k.Index()}
