@@ -534,10 +534,7 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.apply(e.sale("orphan", 10).redisSecret("nowhere"))
-	fs := e.waitFor("orphan", settle, "SecretNotFound", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonSecretNotFound
-	})
+	fs := e.waitFor("orphan", settle, "SecretNotFound", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonSecretNotFound))
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, `"nowhere"`) {
 		t.Fatalf("message does not name the Secret: %s", c.Message)
 	}
@@ -549,10 +546,7 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	}
 	// The Secret appears, but without the key.
 	e.create(e.secret("nowhere", map[string]string{"adresses": sharedRedis.Addr()}))
-	fs = e.waitFor("orphan", settle, "SecretKeyMissing", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonSecretKeyMissing
-	})
+	fs = e.waitFor("orphan", settle, "SecretKeyMissing", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonSecretKeyMissing))
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, `"addresses"`) {
 		t.Fatalf("message does not name the key: %s", c.Message)
 	}
@@ -584,10 +578,7 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	if err := k8s.Delete(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	e.waitFor("rotated", settle, "SecretNotFound", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonSecretNotFound
-	})
+	e.waitFor("rotated", settle, "SecretNotFound", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonSecretNotFound))
 	updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
 	fs = e.waitFor("rotated", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
 	if fs.Status.ObservedGeneration == fs.Generation {
@@ -623,10 +614,7 @@ func TestReadyDoesNotFlapWhileNotReady(t *testing.T) {
 	if err := k8s.Delete(context.Background(), secret); err != nil {
 		t.Fatal(err)
 	}
-	fs := e.waitFor("steady", settle, "SecretNotFound", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonSecretNotFound
-	})
+	fs := e.waitFor("steady", settle, "SecretNotFound", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonSecretNotFound))
 	since := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady).LastTransitionTime
 	time.Sleep(3500 * time.Millisecond) // three status refreshes, in other seconds
 	c := meta.FindStatusCondition(e.get("steady").Status.Conditions, flashsalev1alpha1.ConditionReady)
@@ -656,20 +644,14 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	// so about 5 s, 10 s, 20 s after the start) would miss the end by seconds.
 	end := time.Now().Add(11 * time.Second)
 	e.apply(e.sale("clash", 10).schedule(time.Time{}, end))
-	fs := e.waitFor("clash", settle, "ChildrenFailed", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonChildrenFailed
-	})
+	fs := e.waitFor("clash", settle, "ChildrenFailed", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonChildrenFailed))
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "Deployment clash-reserve") {
 		t.Fatalf("Ready does not name the child: %s", c.Message)
 	}
 	if fs.Status.ObservedGeneration != 0 {
 		t.Fatalf("observedGeneration %d while a child cannot be written", fs.Status.ObservedGeneration)
 	}
-	e.waitFor("clash", time.Until(end)+5*time.Second, "Admitting False, Ended", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionAdmitting)
-		return c != nil && c.Reason == controllers.ReasonEnded
-	})
+	e.waitFor("clash", time.Until(end)+5*time.Second, "Admitting False, Ended", reasonIs(flashsalev1alpha1.ConditionAdmitting, controllers.ReasonEnded))
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	ctx := context.Background()
 	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StateEnded {
@@ -721,25 +703,14 @@ func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
 			t.Fatal("a fingerprint shows a Secret value")
 		}
 	}
-	update := func(name, key, value string) {
-		var s corev1.Secret
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &s); err != nil {
-			t.Fatal(err)
-		}
-		s.Data[key] = []byte(value)
-		if err := k8s.Update(ctx, &s); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	update("waiting-room", "hmac-key", "a-rotated-admission-key-0123456789")
+	e.setSecret("waiting-room", "hmac-key", "a-rotated-admission-key-0123456789")
 	var r1, s1 string
 	testharness.Eventually(t, settle, "the reserve pods rolled", func() bool { r1, s1 = fingerprints(); return r1 != r0 })
 	if s1 != s0 {
 		t.Fatal("a rotated admission key rolled the sweeper, which does not read it")
 	}
 
-	update("shop-ledger", "dsn", e.dsn+"&application_name=flashsale-rolled")
+	e.setSecret("shop-ledger", "dsn", e.dsn+"&application_name=flashsale-rolled")
 	testharness.Eventually(t, settle, "both rolled", func() bool {
 		r2, s2 := fingerprints()
 		return r2 != r1 && s2 != s1
@@ -772,14 +743,7 @@ func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {
 		t.Fatalf("RedisHealthy %+v", c)
 	}
 
-	var s corev1.Secret
-	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "acl-redis"}, &s); err != nil {
-		t.Fatal(err)
-	}
-	s.Data["password"] = []byte("s3cret")
-	if err := k8s.Update(ctx, &s); err != nil {
-		t.Fatal(err)
-	}
+	e.setSecret("acl-redis", "password", "s3cret")
 	e.waitFor("acl", settle, "RedisForbidden (NOPERM info)", forbidden("info"))
 	if n, err := admin.DBSize(ctx).Result(); err != nil || n != 0 {
 		t.Fatalf("seeded without the permissions it needs: %d keys, %v", n, err)
@@ -804,10 +768,7 @@ func TestLedgerCredentialsAreNamed(t *testing.T) {
 	e.create(e.secret("stranger-ledger", map[string]string{"dsn": u.String()}))
 	e.startController()
 	e.apply(e.sale("stranger", 10).ledgerSecret("stranger-ledger"))
-	fs := e.waitFor("stranger", settle, "LedgerForbidden", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonLedgerForbidden
-	})
+	fs := e.waitFor("stranger", settle, "LedgerForbidden", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerForbidden))
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy); c == nil || c.Reason != controllers.ReasonForbidden || !strings.Contains(c.Message, `"nobody"`) {
 		t.Fatalf("LedgerHealthy %+v", c)
 	}
@@ -1036,18 +997,8 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var secret corev1.Secret
-	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "shop-ledger"}, &secret); err != nil {
-		t.Fatal(err)
-	}
-	secret.Data["dsn"] = []byte(otherDSN)
-	if err := k8s.Update(ctx, &secret); err != nil {
-		t.Fatal(err)
-	}
-	fs = e.waitFor("forked", settle, "LedgerMismatch", func(fs *flashsalev1alpha1.FlashSale) bool {
-		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason == controllers.ReasonLedgerMismatch
-	})
+	e.setSecret("shop-ledger", "dsn", otherDSN)
+	fs = e.waitFor("forked", settle, "LedgerMismatch", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerMismatch))
 	if fs.Status.Sold != 3 {
 		t.Fatalf("status forgot what was sold: %+v", fs.Status)
 	}
@@ -1073,15 +1024,7 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 // trailing CR and LF from the DSN and the Redis password as the pods do.
 func TestSecretsWithATrailingNewline(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	ctx := context.Background()
-	var secret corev1.Secret
-	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "shop-ledger"}, &secret); err != nil {
-		t.Fatal(err)
-	}
-	secret.Data["dsn"] = []byte(e.dsn + "\n")
-	if err := k8s.Update(ctx, &secret); err != nil {
-		t.Fatal(err)
-	}
+	e.setSecret("shop-ledger", "dsn", e.dsn+"\n")
 	e.startController()
 	e.apply(e.sale("newline", 10))
 	e.waitFor("newline", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))

@@ -231,6 +231,28 @@ func phaseIs(p flashsalev1alpha1.FlashSalePhase) func(*flashsalev1alpha1.FlashSa
 	return func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Phase == p }
 }
 
+// reasonIs holds when condition typ has the given reason.
+func reasonIs(typ, reason string) func(*flashsalev1alpha1.FlashSale) bool {
+	return func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, typ)
+		return c != nil && c.Reason == reason
+	}
+}
+
+// setSecret sets one key of one of the test's Secrets.
+func (e *env) setSecret(name, key, value string) {
+	e.t.Helper()
+	ctx := context.Background()
+	var s corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &s); err != nil {
+		e.t.Fatal(err)
+	}
+	s.Data[key] = []byte(value)
+	if err := k8s.Update(ctx, &s); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // engineFor opens an engine on the sale's Redis and ledger, as a reserve pod would.
 func (e *env) engineFor(fs *flashsalev1alpha1.FlashSale, redisAddr string) *engine.Engine {
 	e.t.Helper()

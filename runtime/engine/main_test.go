@@ -149,6 +149,18 @@ func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postg
 	return f
 }
 
+// openEngine is another engine on a campaign's Redis and ledger (another
+// process, or the same one after a configuration change), closed at the end.
+func openEngine(t testing.TB, cfg engine.Config, rdb redis.UniversalClient, l *ledger.Ledger) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
 func (f *fixture) counts() engine.Counts {
 	f.t.Helper()
 	c, err := f.e.Counts(context.Background())

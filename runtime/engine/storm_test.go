@@ -717,11 +717,7 @@ func TestBackstopOutlivesLongReservations(t *testing.T) {
 	// outlives the reservation's own expiry, 30 h away, not the new TTL's.
 	cfg := f.cfg
 	cfg.TTL = 10 * time.Minute
-	e, err := engine.New(cfg, rdb, f.l, ledger.MaterializerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	e := openEngine(t, cfg, rdb, f.l)
 	if _, err := e.Rebuild(context.Background(), stock.StateOpen); err != nil {
 		t.Fatal(err)
 	}
@@ -895,11 +891,7 @@ func TestDeleteOfACampaignNeverCreated(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()))
 	cfg := f.cfg
 	cfg.CampaignID = "c-" + randomID()
-	e, err := engine.New(cfg, f.rdb, f.l, ledger.MaterializerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	e := openEngine(t, cfg, f.rdb, f.l)
 	if err := e.Delete(context.Background()); err != nil {
 		t.Fatalf("delete of a campaign the ledger never had: %v", err)
 	}
@@ -1108,12 +1100,7 @@ func TestSeedRefusesALedgerThatDoesNotKnowTheSale(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(l.Close)
-		e, err := engine.New(f.cfg, rdb, l, ledger.MaterializerConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.Close)
-		return e, l
+		return openEngine(t, f.cfg, rdb, l), l
 	}
 	e, l := other()
 	if _, err := e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrLedgerMismatch) {
@@ -1129,11 +1116,7 @@ func TestSeedRefusesALedgerThatDoesNotKnowTheSale(t *testing.T) {
 	empty := testharness.RedisT(t)
 	f.cfg.CampaignID = "c-" + randomID()
 	e, _ = other()
-	e2, err := engine.New(f.cfg, standaloneClient(t, empty.Addr()), l, ledger.MaterializerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e2.Close)
+	e2 := openEngine(t, f.cfg, standaloneClient(t, empty.Addr()), l)
 	if _, err := e2.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrLedgerMismatch) {
 		t.Fatalf("seed of a sale seeded before, on an empty Redis and ledger: %v", err)
 	}
@@ -1263,11 +1246,7 @@ func TestPartialRebuildAdmitsNothing(t *testing.T) {
 	}
 	partial := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "partial", Password: "pw"})
 	t.Cleanup(func() { _ = partial.Close() })
-	e, err := engine.New(f.cfg, partial, f.l, ledger.MaterializerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	e := openEngine(t, f.cfg, partial, f.l)
 	// As the controller does before it rebuilds: every shard refuses.
 	if _, err := f.e.Store().SetGate(ctx, stock.StateFailClosed, 0); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/jackc/pgx/v5"
 )
 
 // testPG is the package's one PostgreSQL server; every test gets its own database.
@@ -97,6 +98,29 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9::bigint * interval '1 microse
 	sqlTestNoSeqScan     = `SET enable_seqscan = off`
 	sqlTestExplain       = `EXPLAIN `
 )
+
+// Row locks the tests hold, as a rebuild (the campaign row) or a checkout or
+// cancel (an order row) would.
+const (
+	sqlTestLockCampaign = `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`
+	sqlTestLockOrder    = `SELECT 1 FROM flashsale_orders WHERE reservation_id = $1 FOR UPDATE`
+)
+
+// holdLock opens a transaction that takes a row lock (lockSQL with id) and
+// keeps it until the caller commits or rolls back, or the test ends.
+func holdLock(t testing.TB, l *Ledger, lockSQL, id string) pgx.Tx {
+	t.Helper()
+	ctx := testCtx(t)
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, lockSQL, id); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
 
 // insertOrder writes o directly with expires_at = DB now() + expiresIn.
 func insertOrder(t testing.TB, l *Ledger, o Order, expiresIn time.Duration) Order {

@@ -484,14 +484,7 @@ func TestMaterializerSecondBatchOnlyWhenAFullOneWaits(t *testing.T) {
 	m := l.NewMaterializer(MaterializerConfig{MaxBatch: 8, Concurrency: 3, OnBatch: stats.hook})
 	defer m.Close()
 
-	lock, err := l.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(ctx) }()
-	if _, err := lock.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, c.ID); err != nil {
-		t.Fatal(err)
-	}
+	lock := holdLock(t, l, sqlTestLockCampaign, c.ID)
 	inFlight := func() int { // batch statements of this database waiting for the lock
 		var n int
 		if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
@@ -566,14 +559,7 @@ func TestMaterializerQueuedRowLeavesWithItsCaller(t *testing.T) {
 	c := newCampaign(t, l, 1000, 1)
 	m := l.NewMaterializer(MaterializerConfig{Concurrency: 1, Timeout: time.Minute})
 	defer m.Close()
-	lock, err := l.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(ctx) }()
-	if _, err := lock.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, c.ID); err != nil {
-		t.Fatal(err)
-	}
+	lock := holdLock(t, l, sqlTestLockCampaign, c.ID)
 	stuck := make(chan error, 1)
 	go func() { stuck <- m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour)) }()
 	testharness.Eventually(t, 10*time.Second, "the first batch in flight", func() bool {
@@ -585,7 +571,7 @@ func TestMaterializerQueuedRowLeavesWithItsCaller(t *testing.T) {
 	qctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = m.Submit(qctx, queued)
+	err := m.Submit(qctx, queued)
 	if d := time.Since(start); d > 5*time.Second || err == nil || errors.Is(err, ErrAmbiguous) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("after %s: %v, want a definite failure at the deadline", d, err)
 	}

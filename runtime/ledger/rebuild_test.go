@@ -119,14 +119,7 @@ func TestRebuildAndSweeperCancelInOneLockOrder(t *testing.T) {
 	insertOrder(t, l, b, -time.Minute)
 	insertOrder(t, l, a, -time.Minute)
 
-	blocker, err := l.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = blocker.Rollback(ctx) }()
-	if _, err := blocker.Exec(ctx, `SELECT 1 FROM flashsale_orders WHERE reservation_id = $1 FOR UPDATE`, a.ReservationID); err != nil {
-		t.Fatal(err)
-	}
+	blocker := holdLock(t, l, sqlTestLockOrder, a.ReservationID)
 	sweep := make(chan error, 1)
 	go func() {
 		_, err := sweeper.CancelExpired(ctx, c.ID, []string{b.ReservationID, a.ReservationID}, 0)
