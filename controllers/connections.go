@@ -28,6 +28,8 @@ type campaignConn struct {
 	ledger *ledger.Ledger
 	engine *engine.Engine
 	runIDs map[string]string // Redis run ids seen at the last healthy check
+	// rebuiltEpoch is the epoch of the last rebuild this connection made.
+	rebuiltEpoch int64
 }
 
 func (c *campaignConn) close() {

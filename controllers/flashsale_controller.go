@@ -281,6 +281,13 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		why, lost = s.conn.runIDsChanged(s.fs.Status.RedisServers, ids)
 	}
 	phase := s.fs.Status.Phase
+	if !lost && s.conn.rebuiltEpoch == res.Campaign.Epoch && s.conn.rebuiltEpoch > 0 &&
+		(phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding) {
+		// This connection rebuilt the shards at the ledger's epoch and nothing
+		// is lost since: the phase read is older than that rebuild's status
+		// write (a cache that has not caught up), not a reason to rebuild again.
+		phase = ""
+	}
 	needsRebuild := lost || phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding
 	if needsRebuild && phase != flashsalev1alpha1.PhaseFailClosed && phase != flashsalev1alpha1.PhaseRebuilding {
 		// Close every shard at once (shards without meta already refuse), say so, and
@@ -313,6 +320,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 			return true, nil
 		}
 		s.epoch = rep.Epoch
+		s.conn.rebuiltEpoch = rep.Epoch
 		s.fs.Status.LastRebuild = &flashsalev1alpha1.RebuildStatus{
 			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
 			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold,

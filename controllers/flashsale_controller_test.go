@@ -478,6 +478,17 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 	if !hasEvent(t, e.ns, "snapshot", controllers.ReasonRedisDataLost) {
 		t.Fatal("no RedisDataLost event")
 	}
+	// A reconcile that reads the status from before the rebuild was written
+	// (a cache that has not caught up) does not rebuild a second time.
+	before := fs.DeepCopy()
+	fs.Status.Phase = flashsalev1alpha1.PhaseFailClosed
+	if err := k8s.Status().Patch(context.Background(), fs, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	fs = e.waitFor("snapshot", settle, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
+	if fs.Status.Epoch != 2 {
+		t.Fatalf("rebuilt again on a stale phase: epoch %d", fs.Status.Epoch)
+	}
 }
 
 func TestLedgerDownStaysClosed(t *testing.T) {
