@@ -54,6 +54,10 @@ type FlashSaleReconciler struct {
 	StatusRefresh time.Duration // while a sale is live
 
 	conns connections
+	// apiReader reads past the cache: objects the cache does not hold (a
+	// child that lost its labels, one that is not ours).
+	apiReader client.Reader
+	secrets   *secretReader
 }
 
 // scope is what the phases of one reconcile share.
@@ -180,7 +184,7 @@ func (r *FlashSaleReconciler) now() time.Time {
 // during the sale (a rotation by delete and recreate, a GitOps prune) must not
 // stop the pause switch and the schedule's end from closing it.
 func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, error) {
-	refs, err := readReferences(ctx, r.Client, s.fs)
+	refs, err := readReferences(ctx, r.secrets, s.fs)
 	var refErr *referenceError
 	if errors.As(err, &refErr) {
 		s.requeueAfter(waitForReferences)
@@ -524,7 +528,13 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	live := desired.DeepCopyObject().(client.Object)
 	err := r.Get(ctx, client.ObjectKeyFromObject(desired), live)
 	if apierrors.IsNotFound(err) {
-		return r.Create(ctx, desired)
+		err = r.Create(ctx, desired)
+		if !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		// The cache holds only objects with our labels: this one lost them,
+		// or is not ours. Read it from the API server and go on.
+		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), live)
 	}
 	if err != nil {
 		return err
@@ -682,7 +692,7 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		return nil
 	}
 	name := types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name}
-	refs, err := readReferences(ctx, r.Client, fs)
+	refs, err := readReferences(ctx, r.secrets, fs)
 	var refErr *referenceError
 	switch {
 	case errors.As(err, &refErr):
@@ -705,14 +715,15 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	}
 	// Owner references remove the children on a real cluster; deleting them here
 	// also covers API servers without a garbage collector and stops the pods first.
-	// An object of the same name that is not the sale's is left alone.
+	// An object of the same name that is not the sale's is left alone. Read
+	// from the API server: the cache misses a child that lost its labels.
 	for _, obj := range []client.Object{
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)}},
 	} {
-		err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 		if err == nil && metav1.IsControlledBy(obj, fs) {
 			err = r.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID())})
 		}
@@ -721,6 +732,11 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		}
 	}
 	r.conns.drop(name)
+	r.secrets.forget(
+		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Redis.SecretRef.Name},
+		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Postgres.SecretRef.Name},
+		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Admission.SecretRef.Name},
+		types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)})
 	return r.setFinalizer(ctx, fs, false)
 }
 
@@ -743,12 +759,15 @@ func (r *FlashSaleReconciler) setFinalizer(ctx context.Context, fs *flashsalev1a
 
 // SetupWithManager registers the controller: FlashSales, their children, and the
 // Secrets they reference (a Secret created after its FlashSale unblocks it).
+// The manager should be made with CacheOptions and ClientOptions.
 func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.apiReader = mgr.GetAPIReader()
+	r.secrets = newSecretReader(mgr.GetCache(), mgr.GetAPIReader())
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&flashsalev1alpha1.FlashSale{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
 		Named("flashsale").
 		Complete(r)
 }

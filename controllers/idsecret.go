@@ -36,7 +36,7 @@ const idKeyBytes = 32
 func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) ([]byte, error) {
 	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentIDs)}
 	var live corev1.Secret
-	err := r.Get(ctx, name, &live)
+	err := r.secrets.Get(ctx, name, &live)
 	switch {
 	case err == nil:
 		if !metav1.IsControlledBy(&live, s.fs) {

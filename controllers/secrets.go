@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
@@ -62,7 +61,7 @@ func (e *referenceError) Error() string { return e.message }
 
 // readReferences reads the three Secrets. A missing Secret or key is a
 // referenceError; other errors are API failures.
-func readReferences(ctx context.Context, c client.Reader, fs *flashsalev1alpha1.FlashSale) (references, error) {
+func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale) (references, error) {
 	s := resolve(fs)
 	get := func(what, name string) (*corev1.Secret, error) {
 		var sec corev1.Secret

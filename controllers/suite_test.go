@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -65,6 +64,8 @@ type env struct {
 	dsn       string
 	// deploymentUpdates counts the controller's Updates of Deployments.
 	deploymentUpdates atomic.Int64
+	// mgr is the running controller's manager (startController).
+	mgr ctrl.Manager
 }
 
 // countingClient counts the Updates of Deployments that go through it.
@@ -121,7 +122,8 @@ func (e *env) startController() (stop func()) {
 		Scheme:                 manager.NewScheme(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}},
+		Cache:                  controllers.CacheOptions([]string{e.ns}),
+		Client:                 controllers.ClientOptions(),
 		Controller:             ctrlConfig(),
 	})
 	if err != nil {
@@ -136,6 +138,7 @@ func (e *env) startController() (stop func()) {
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatal(err)
 	}
+	e.mgr = mgr
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

@@ -32,7 +32,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -138,14 +137,6 @@ func NewCmd() *cobra.Command {
 func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("manager")
 
-	cacheOpts := cache.Options{}
-	if ns := watchedNamespaces(opts.Namespaces); len(ns) > 0 {
-		cacheOpts.DefaultNamespaces = make(map[string]cache.Config, len(ns))
-		for _, n := range ns {
-			cacheOpts.DefaultNamespaces[n] = cache.Config{}
-		}
-	}
-
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsBindAddress},
@@ -154,7 +145,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         cacheOpts,
+		Cache:                         controllers.CacheOptions(watchedNamespaces(opts.Namespaces)),
+		Client:                        controllers.ClientOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

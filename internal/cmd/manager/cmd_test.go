@@ -19,36 +19,36 @@ package manager
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testharness.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", p)
 }
 
-// TestRunServesProbesAndStopsOnCancel starts the manager without an API
-// server (it has no controllers yet, so it needs none), waits for its probes
-// and metrics, then cancels its context as SIGTERM does and expects a clean
-// return.
+// TestRunServesProbesAndStopsOnCancel starts the manager against a real API
+// server, waits for its probes and metrics, then cancels its context as
+// SIGTERM does and expects a clean return.
 func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
+	kube := testharness.KubeT(t)
 	opts := DefaultOptions()
 	opts.HealthProbeBindAddress = freeAddr(t)
 	opts.MetricsBindAddress = freeAddr(t)
 	opts.Namespaces = []string{"shop", " ", "outlet"}
-	cfg := &rest.Config{Host: "http://127.0.0.1:1"} // nothing listens there
+	cfg := kube.Config
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -127,5 +127,21 @@ func TestNamespacesFlag(t *testing.T) {
 		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", name, got, want)
 		}
+	}
+}
+
+// An API server that cannot be reached stops the start with an error that
+// says so (the pod restarts with back-off), instead of a manager that looks
+// alive and reconciles nothing.
+func TestRunFailsWithoutAnAPIServer(t *testing.T) {
+	opts := DefaultOptions()
+	opts.HealthProbeBindAddress = freeAddr(t)
+	opts.MetricsBindAddress = "0"
+	cfg := &rest.Config{Host: "http://" + freeAddr(t)} // nothing listens there
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := Run(ctx, cfg, opts)
+	if err == nil || !strings.Contains(err.Error(), "creating the manager") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Run = %v, want an error creating the manager: connection refused", err)
 	}
 }

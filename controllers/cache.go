@@ -1,0 +1,121 @@
+package controllers
+
+import (
+	"context"
+	"sync"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// CacheOptions is what the manager keeps in memory, cluster-wide or in the
+// given namespaces. The operator must not grow with the cluster:
+//   - Deployments and Services: only the sales' own (ours carry the
+//     managed-by label);
+//   - Secrets: metadata only, for the watch that tells when a referenced one
+//     changes; their data is read from the API server (secretReader), so the
+//     cluster's other Secrets (Helm releases, certificates) are never held;
+//   - managed fields of nothing.
+//
+// Reads of a kind without an informer fail instead of silently starting a
+// cluster-wide one.
+func CacheOptions(namespaces []string) cache.Options {
+	ours := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy})
+	opts := cache.Options{
+		DefaultTransform:            cache.TransformStripManagedFields(),
+		ReaderFailOnMissingInformer: true,
+		ByObject: map[client.Object]cache.ByObject{
+			&appsv1.Deployment{}: {Label: ours},
+			&corev1.Service{}:    {Label: ours},
+			&corev1.Secret{}:     {Transform: secretMetadataOnly},
+		},
+	}
+	if len(namespaces) > 0 {
+		opts.DefaultNamespaces = make(map[string]cache.Config, len(namespaces))
+		for _, n := range namespaces {
+			opts.DefaultNamespaces[n] = cache.Config{}
+		}
+	}
+	return opts
+}
+
+// ClientOptions makes the manager's client read Secrets from the API server:
+// the cache holds their metadata only.
+func ClientOptions() client.Options {
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}}
+}
+
+// secretMetadataOnly keeps what the Secret watch and secretReader use (name,
+// namespace, resourceVersion) and drops the rest: a Secret applied with kubectl
+// carries its whole data again in an annotation.
+func secretMetadataOnly(o any) (any, error) {
+	if m, ok := o.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+		m.SetAnnotations(nil)
+		m.SetLabels(nil)
+	}
+	return o, nil
+}
+
+// secretReader reads Secrets through the metadata cache: a Secret's data is
+// fetched from the API server only when its resourceVersion is new to it, so a
+// refresh every few seconds costs no request while nothing changes.
+type secretReader struct {
+	meta client.Reader // the manager's cache (metadata informer for Secrets)
+	api  client.Reader // the API server
+
+	mu   sync.Mutex
+	seen map[types.NamespacedName]*corev1.Secret
+}
+
+func newSecretReader(meta, api client.Reader) *secretReader {
+	return &secretReader{meta: meta, api: api, seen: map[types.NamespacedName]*corev1.Secret{}}
+}
+
+// Get reads the Secret as the cache knows it: NotFound while the cache does not
+// show it (the watch reconciles the sale when it appears), else its data at
+// that version or a later one.
+func (r *secretReader) Get(ctx context.Context, key types.NamespacedName, out *corev1.Secret) error {
+	var m metav1.PartialObjectMetadata
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	if err := r.meta.Get(ctx, key, &m); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(key)
+		}
+		return err
+	}
+	r.mu.Lock()
+	s, ok := r.seen[key]
+	r.mu.Unlock()
+	if ok && s.ResourceVersion == m.ResourceVersion {
+		s.DeepCopyInto(out)
+		return nil
+	}
+	var fresh corev1.Secret
+	if err := r.api.Get(ctx, key, &fresh); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(key)
+		}
+		return err
+	}
+	r.mu.Lock()
+	r.seen[key] = fresh.DeepCopy()
+	r.mu.Unlock()
+	fresh.DeepCopyInto(out)
+	return nil
+}
+
+// forget drops what is held for these Secrets (a sale deleted, a Secret gone).
+func (r *secretReader) forget(keys ...types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		delete(r.seen, k)
+	}
+}

@@ -1,0 +1,150 @@
+package controllers_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+)
+
+// The manager keeps in memory only what is the sales' own: not the
+// namespace's other Deployments, and of Secrets their names and versions
+// only (no data, no annotations).
+func TestCacheHoldsOnlyTheSalesOwn(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	labels := map[string]string{"app": "storefront"}
+	e.create(&appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "storefront", Namespace: e.ns},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "storefront:1"}}},
+			},
+		},
+	})
+	big := e.secret("tls-cert", map[string]string{"tls.key": "not for the operator"})
+	big.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"stringData":{"tls.key":"not for the operator"}}`}
+	e.create(big)
+	e.startController()
+	e.apply(e.sale("own", 10))
+	e.waitFor("own", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	c := e.mgr.GetCache()
+
+	var ds appsv1.DeploymentList
+	if err := c.List(ctx, &ds, client.InNamespace(e.ns)); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range ds.Items {
+		names = append(names, d.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"own-reserve", "own-sweeper"}) {
+		t.Fatalf("cached Deployments %v, want only the sale's", names)
+	}
+
+	var notCached *cache.ErrResourceNotCached
+	if err := c.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "tls-cert"}, &corev1.Secret{}); !errors.As(err, &notCached) {
+		t.Fatalf("a Secret's data read from the cache: %v (want ErrResourceNotCached)", err)
+	}
+	var m metav1.PartialObjectMetadata
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	if err := c.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "tls-cert"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Annotations) != 0 || len(m.ManagedFields) != 0 || m.ResourceVersion == "" {
+		t.Fatalf("cached Secret metadata keeps annotations %v, %d managed fields (resourceVersion %q)",
+			m.Annotations, len(m.ManagedFields), m.ResourceVersion)
+	}
+}
+
+// A child whose labels someone removed drops out of the cache; the
+// controller still finds it, and puts the labels back.
+func TestChildThatLostItsLabelsIsTakenBack(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("strip", 10))
+	e.waitFor("strip", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	key := types.NamespacedName{Namespace: e.ns, Name: "strip-reserve"}
+	var d appsv1.Deployment
+	if err := k8s.Get(ctx, key, &d); err != nil {
+		t.Fatal(err)
+	}
+	delete(d.Labels, controllers.LabelManagedBy)
+	if err := k8s.Update(ctx, &d); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, settle, "the managed-by label back", func() bool {
+		var d appsv1.Deployment
+		return k8s.Get(ctx, key, &d) == nil && d.Labels[controllers.LabelManagedBy] == controllers.ManagedBy
+	})
+	// No pods run here: Ready waits for the reserve replicas, not for a child.
+	e.waitFor("strip", settle, "Ready waiting for replicas only",
+		reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonChildrenNotReady))
+}
+
+// countingReader counts the reads that reach the API server.
+type countingReader struct {
+	client.Reader
+	gets atomic.Int64
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.gets.Add(1)
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+// A Secret's data is fetched once per version: refreshes every few seconds cost
+// the API server nothing while the Secret does not change.
+func TestSecretDataIsReadOncePerVersion(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	ctx := context.Background()
+	api := &countingReader{Reader: k8s}
+	r := controllers.NewSecretReader(k8s, api) // metadata straight from the API server
+	key := types.NamespacedName{Namespace: e.ns, Name: "shop-redis"}
+	read := func() string {
+		t.Helper()
+		var s corev1.Secret
+		if err := r.Get(ctx, key, &s); err != nil {
+			t.Fatal(err)
+		}
+		return string(s.Data["addresses"])
+	}
+	for range 3 {
+		if got := read(); got != e.redisAddr {
+			t.Fatalf("addresses %q, want %q", got, e.redisAddr)
+		}
+	}
+	if n := api.gets.Load(); n != 1 {
+		t.Fatalf("%d reads of an unchanged Secret, want 1", n)
+	}
+	e.setSecret("shop-redis", "addresses", "127.0.0.1:1")
+	if got := read(); got != "127.0.0.1:1" {
+		t.Fatalf("after an update: addresses %q", got)
+	}
+	if n := api.gets.Load(); n != 2 {
+		t.Fatalf("%d reads after one update, want 2", n)
+	}
+	if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "shop-redis"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Get(ctx, key, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a deleted Secret read as %v", err)
+	}
+}
