@@ -39,8 +39,12 @@ const (
 	ManagedBy      = "flashsale-operator"
 )
 
-// EnvListen is the address a data-plane container listens on.
-const EnvListen = "FLASHSALE_LISTEN"
+// EnvListen is the address a data-plane container listens on, and
+// EnvMetricsListen where the reserve container serves /metrics.
+const (
+	EnvListen        = "FLASHSALE_LISTEN"
+	EnvMetricsListen = "FLASHSALE_METRICS_LISTEN"
+)
 
 // EnvSweepInterval and EnvLeaderLock configure the sweeper container.
 const (
@@ -48,8 +52,13 @@ const (
 	EnvLeaderLock    = "FLASHSALE_LEADER_LOCK"
 )
 
-// containerPort is where reserve and sweeper serve HTTP (API, health, metrics).
-const containerPort = 8080
+// containerPort is where reserve and sweeper serve HTTP (API, health; the
+// sweeper's metrics). The reserve pods serve their metrics on metricsPort,
+// which the Service does not expose: buyers reach the API only.
+const (
+	containerPort = 8080
+	metricsPort   = 9090
+)
 
 // settings are a FlashSale's spec with the CRD defaults applied, so builders also
 // work on objects that never went through the API server (unit tests).
@@ -199,7 +208,8 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 // ReserveDeployment runs the reservation API of a FlashSale.
 func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
 	s := resolve(fs)
-	c := corev1.Container{Args: []string{"reserve"}, Env: campaignEnv(fs, s, true)}
+	env := append(campaignEnv(fs, s, true), corev1.EnvVar{Name: EnvMetricsListen, Value: ":" + strconv.Itoa(metricsPort)})
+	c := corev1.Container{Args: []string{"reserve"}, Env: env}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
 	}
@@ -208,6 +218,8 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	// refuses the connections still sent its way.
 	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: reservePreStopSeconds}}}
 	d := deployment(fs, ComponentReserve, image, s.replicas, c)
+	cs := &d.Spec.Template.Spec.Containers[0]
+	cs.Ports = append(cs.Ports, corev1.ContainerPort{Name: "metrics", ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP})
 	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](reservePreStopSeconds + 30)
 	return d
 }

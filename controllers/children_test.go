@@ -52,7 +52,7 @@ func TestReserveDeployment(t *testing.T) {
 				config.EnvCampaignID: "6f1c1f4e-0000-4000-8000-000000000001", config.EnvSKU: "itm-ps5-pro",
 				config.EnvShards: "10", config.EnvMaxPerUser: "1", config.EnvStealProbes: "2", config.EnvTTL: "10m0s",
 				config.EnvGracePeriod: "30s", config.EnvRedisMode: "standalone", config.EnvNamespace: "shop", config.EnvName: "ps5-drop",
-				EnvListen: ":8080",
+				EnvListen: ":8080", EnvMetricsListen: ":9090",
 			},
 			secrets: map[string][2]string{
 				config.EnvRedisAddresses: {"shop-redis", "addresses"}, config.EnvPostgresDSN: {"shop-ledger", "dsn"},
@@ -97,8 +97,9 @@ func TestReserveDeployment(t *testing.T) {
 			if *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || sc.Capabilities.Drop[0] != "ALL" || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 				t.Fatalf("security context %+v", sc)
 			}
-			if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.Ports[0].ContainerPort != 8080 {
-				t.Fatal("probes or port")
+			if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" || len(c.Ports) != 2 ||
+				c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 || c.Ports[1].Name != "metrics" || c.Ports[1].ContainerPort != 9090 {
+				t.Fatalf("probes or ports %+v", c.Ports)
 			}
 			// Stopped pods wait for the Service to stop routing to them, then
 			// drain (25 s) inside the grace period.
@@ -137,8 +138,9 @@ func TestServiceAndSweeper(t *testing.T) {
 		fs.Spec.Sweeper.Interval = &metav1.Duration{Duration: 5 * time.Second}
 	})
 	svc := ReserveService(fs)
-	if svc.Name != "ps5-drop-reserve" || svc.Spec.Selector[LabelComponent] != ComponentReserve || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
-		t.Fatalf("service %+v", svc.Spec)
+	if svc.Name != "ps5-drop-reserve" || svc.Spec.Selector[LabelComponent] != ComponentReserve || len(svc.Spec.Ports) != 1 ||
+		svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
+		t.Fatalf("service %+v: want the API port only, not the metrics", svc.Spec)
 	}
 	d := SweeperDeployment(fs, "img")
 	c := d.Spec.Template.Spec.Containers[0]

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,6 +185,17 @@ func (rp *replica) start(ctx context.Context) (*process, int, error) {
 	// namespace, so each listens on its own loopback port instead of the
 	// container port.
 	env = setEnv(env, cfg.ListenEnv, net.JoinHostPort(podIP, strconv.Itoa(port)))
+	var aside []string
+	for _, name := range cfg.AsideListenEnvs {
+		if i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == name && e.Value != "" }); i >= 0 {
+			p, err := freePort()
+			if err != nil {
+				return nil, 0, err
+			}
+			env[i].Value = net.JoinHostPort(podIP, strconv.Itoa(p))
+			aside = append(aside, name+"="+env[i].Value)
+		}
+	}
 	argv, err := commandLine(cfg.Binary, cfg.Entrypoint, c, env)
 	if err != nil {
 		return nil, 0, err
@@ -196,8 +208,9 @@ func (rp *replica) start(ctx context.Context) (*process, int, error) {
 	rp.mu.Lock()
 	n := rp.starts + 1
 	rp.mu.Unlock()
-	header := fmt.Sprintf("==> %s podrunner: start #%d of %s/%s on %s:%d: %s\n",
-		time.Now().UTC().Format(time.RFC3339Nano), n, rp.namespace, rp.name, podIP, port, strings.Join(argv[1:], " "))
+	header := fmt.Sprintf("==> %s podrunner: start #%d of %s/%s on %s:%d%s: %s\n",
+		time.Now().UTC().Format(time.RFC3339Nano), n, rp.namespace, rp.name, podIP, port,
+		strings.Join(append([]string{""}, aside...), " "), strings.Join(argv[1:], " "))
 	if err := appendFile(rp.logPath, header); err != nil {
 		return nil, 0, err
 	}

@@ -14,7 +14,9 @@
 //   - Replicas share the host's network namespace, so each one listens on its
 //     own 127.0.0.1 port: the runner overrides the listen address variable
 //     (FLASHSALE_LISTEN) and maps the container port onto that port for probes
-//     and Services. This is the one change made to a replica's environment.
+//     and Services. A further listen address the container sets (its
+//     FLASHSALE_METRICS_LISTEN) gets a port of its own too, not mapped. These
+//     are the only changes made to a replica's environment.
 //   - There is no in-cluster API endpoint: no KUBERNETES_SERVICE_* variables and
 //     no service account token are given to replicas (the operator's pods do not
 //     mount one anyway).
@@ -68,6 +70,7 @@ const (
 	DefaultEntrypoint = "/flashsale"
 	// DefaultListenEnv is the variable that holds a data-plane process's listen address.
 	DefaultListenEnv      = "FLASHSALE_LISTEN"
+	DefaultAsideListenEnv = "FLASHSALE_METRICS_LISTEN"
 	DefaultMaxGrace       = 30 * time.Second
 	DefaultBackoffInitial = time.Second
 	DefaultBackoffMax     = 30 * time.Second
@@ -93,6 +96,10 @@ type Config struct {
 	Selector string
 	// ListenEnv is the variable set to each replica's own 127.0.0.1 address.
 	ListenEnv string
+	// AsideListenEnvs are further listen address variables: each one a
+	// container sets gets its own 127.0.0.1 port, so replicas do not collide
+	// (default: DefaultAsideListenEnv).
+	AsideListenEnvs []string
 	// Env is the environment the image would give every process, before the
 	// container's own (default: PATH only).
 	Env []string
@@ -129,6 +136,9 @@ func (c *Config) defaults() {
 	}
 	if c.ListenEnv == "" {
 		c.ListenEnv = DefaultListenEnv
+	}
+	if c.AsideListenEnvs == nil {
+		c.AsideListenEnvs = []string{DefaultAsideListenEnv}
 	}
 	if c.Env == nil {
 		c.Env = []string{"PATH=" + os.Getenv("PATH")}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -50,6 +51,7 @@ func TestReplicasRunWithTheResolvedEnvironment(t *testing.T) {
 			}}},
 			corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 			corev1.EnvVar{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+			corev1.EnvVar{Name: DefaultAsideListenEnv, Value: ":9090"},
 		)))
 
 	got := waitStatus(t, ns, "api", 2)
@@ -85,6 +87,12 @@ func TestReplicasRunWithTheResolvedEnvironment(t *testing.T) {
 				t.Errorf("%s: %s=%q, want %q", p.Name, k, e.Env[k], v)
 			}
 		}
+		// The further listen address: a loopback port of its own.
+		aside := e.Env[DefaultAsideListenEnv]
+		if host, port, err := net.SplitHostPort(aside); err != nil || host != "127.0.0.1" || port == "9090" || aside == p.Address {
+			t.Errorf("%s: %s=%q, want a 127.0.0.1 port of its own", p.Name, DefaultAsideListenEnv, aside)
+		}
+		addrs[aside] = true
 		for _, k := range []string{"OPTIONAL_NO_SECRET", "OPTIONAL_NO_KEY", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} {
 			if v, ok := e.Env[k]; ok {
 				t.Errorf("%s: %s=%q is set, want it absent", p.Name, k, v)
@@ -97,7 +105,7 @@ func TestReplicasRunWithTheResolvedEnvironment(t *testing.T) {
 			t.Errorf("%s: working directory %s, want %s", p.Name, e.WD, want)
 		}
 	}
-	if len(addrs) != 2 {
+	if len(addrs) != 4 {
 		t.Errorf("replicas share an address: %v", addrs)
 	}
 }

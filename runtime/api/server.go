@@ -49,6 +49,9 @@ type Config struct {
 	Logger          *slog.Logger // nil: discard
 
 	Addr string // for Start; default ":8080"
+	// MetricsElsewhere leaves /metrics off the API's routes: the caller serves
+	// MetricsHandler on a listener of its own, away from the buyers.
+	MetricsElsewhere bool
 
 	// RateLimit is each user's sustained requests per second on the buyer routes
 	// and RateBurst the bucket size; a RateLimit of 0 disables the limit.
@@ -156,7 +159,9 @@ func New(cfg Config) (*Server, error) {
 		{"availability", http.MethodGet, "/api/v1/flash-sale/items/{item_id}/availability", s.availability},
 		{"healthz", http.MethodGet, "/healthz", s.healthz},
 		{"readyz", http.MethodGet, "/readyz", s.readyz},
-		{"metrics", http.MethodGet, "/metrics", s.metricsHandler()},
+	}
+	if !cfg.MetricsElsewhere {
+		s.routes = append(s.routes, Route{"metrics", http.MethodGet, "/metrics", s.metricsHandler()})
 	}
 	s.metrics.reg.MustRegister(stockCollector{s})
 	s.mux = http.NewServeMux()
@@ -215,6 +220,11 @@ func (s *Server) metricsHandler() func(http.ResponseWriter, *http.Request) strin
 		h.ServeHTTP(w, r)
 		return "OK"
 	}
+}
+
+// MetricsHandler serves the Prometheus metrics (for Config.MetricsElsewhere).
+func (s *Server) MetricsHandler() http.Handler {
+	return s.instrument("metrics", s.metricsHandler())
 }
 
 // Start listens on Config.Addr and serves until ctx is cancelled (see Serve).

@@ -549,3 +549,23 @@ func TestAdmissionKeyWithAndWithoutItsNewline(t *testing.T) {
 		t.Fatalf("another key: %d %s", r.status, r.body)
 	}
 }
+
+// With MetricsElsewhere the API's listener has no /metrics: the process
+// serves MetricsHandler on an address buyers cannot reach.
+func TestMetricsElsewhere(t *testing.T) {
+	f := newFixture(t, withAllocation(10), func(c *fixtureConfig) { c.api.MetricsElsewhere = true })
+	f.reserve("m", "k", 1)
+	if r := f.call(http.MethodGet, "/metrics", "", nil); r.status != http.StatusNotFound {
+		t.Fatalf("/metrics on the API listener: %d, want 404", r.status)
+	}
+	for _, rt := range f.srv.Routes() {
+		if rt.Name == "metrics" {
+			t.Fatalf("the metrics route is registered: %+v", rt)
+		}
+	}
+	rec := httptest.NewRecorder()
+	f.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
+		t.Fatalf("MetricsHandler: %d %.300s", rec.Code, rec.Body.String())
+	}
+}

@@ -65,6 +65,7 @@ const (
 	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
 	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
 	EnvDebugListen       = "FLASHSALE_DEBUG_LISTEN"
+	EnvMetricsListen     = "FLASHSALE_METRICS_LISTEN"
 )
 
 // Defaults of the rate limit: generous for a person, tight for a retry loop.
@@ -89,6 +90,9 @@ type Options struct {
 	GCPercent int
 	// DebugListen, when set, serves net/http/pprof there (keep it on loopback).
 	DebugListen string
+	// MetricsListen, when set, is where /metrics is served instead of the
+	// API's listener.
+	MetricsListen string
 
 	envErrs []error
 }
@@ -101,7 +105,8 @@ func NewCmd() *cobra.Command {
 		Short: "Serve the reservation API of one FlashSale",
 		Long: `Serves POST /api/v1/flash-sale/reserve, POST /api/v1/flash-sale/checkout,
 DELETE /api/v1/flash-sale/reservations/{id}, GET /api/v1/flash-sale/items/{sku}/availability,
-/healthz, /readyz and /metrics for one FlashSale (see docs/api.md).
+/healthz, /readyz and /metrics for one FlashSale (see docs/api.md);
+/metrics on its own address with --metrics-listen.
 
 Every flag defaults to its environment variable. Secrets come only from the
 environment or files: FLASHSALE_POSTGRES_DSN, FLASHSALE_ADMISSION_KEY,
@@ -156,6 +161,8 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		"most ledger transactions in flight at once; one at a time while it keeps up (batches grow with load), another only when a full batch of 256 rows waits (env "+EnvLedgerWriters+")")
 	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.envDuration(EnvLedgerLinger, 0),
 		"how long a ledger writer waits for more rows before writing a batch; 0 writes what is queued at once (env "+EnvLedgerLinger+")")
+	f.StringVar(&o.MetricsListen, "metrics-listen", envString(EnvMetricsListen, ""),
+		"serve /metrics on this address instead of the API's, e.g. :9090, so buyers cannot reach it (env "+EnvMetricsListen+")")
 	f.StringVar(&o.DebugListen, "debug-listen", envString(EnvDebugListen, ""),
 		"serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty; never expose it (env "+EnvDebugListen+")")
 	f.IntVar(&o.GCPercent, "gc-percent", o.envInt(EnvGCPercent, DefaultGCPercent),
@@ -229,7 +236,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	log.Info("starting", "version", version.Version, "commit", version.GitCommit,
 		"namespace", c.Namespace, "name", c.Name, "sku", c.SKU, "shards", c.Shards,
 		"maxPerUser", c.MaxPerUser, "stealProbes", c.StealProbes, "ttl", c.TTL.String(),
-		"redisMode", c.Redis.Mode, "redisAddresses", c.Redis.Addresses, "listen", opts.Listen,
+		"redisMode", c.Redis.Mode, "redisAddresses", c.Redis.Addresses, "listen", opts.Listen, "metricsListen", opts.MetricsListen,
 		"rateLimit", opts.Server.RateLimit, "rateBurst", opts.Server.RateBurst)
 
 	metrics := api.NewMetrics()
@@ -262,10 +269,20 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	cfg := opts.Server
 	cfg.Engine, cfg.AdmissionKey, cfg.Metrics, cfg.Logger, cfg.Addr = eng, c.AdmissionKey, metrics, log, opts.Listen
 	cfg.AdmissionKeyAlt = c.AdmissionKeyAsSet
+	cfg.MetricsElsewhere = opts.MetricsListen != ""
 	srv, err := api.New(cfg)
 	if err != nil {
 		eng.Close()
 		return err
+	}
+	if opts.MetricsListen != "" {
+		// Served until the API has drained: the last scrape sees the shutdown.
+		_, stop, err := serveAside("metrics-listen", opts.MetricsListen, srv.MetricsHandler(), log)
+		if err != nil {
+			eng.Close()
+			return err
+		}
+		defer stop()
 	}
 	if opts.DebugListen != "" {
 		_, stop, err := serveDebug(opts.DebugListen, log)
@@ -363,18 +380,24 @@ func (o *Options) envDuration(name string, def time.Duration) time.Duration {
 // serveDebug serves the Go profiles on their own listener, apart from the API,
 // so they are never reachable through the sale's Service.
 func serveDebug(addr string, log *slog.Logger) (bound string, stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", nil, fmt.Errorf("--debug-listen: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return serveAside("debug-listen", addr, mux, log)
+}
+
+// serveAside serves h on a listener of its own (flag names the flag that set
+// addr); stop closes it.
+func serveAside(flag, addr string, h http.Handler, log *slog.Logger) (bound string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	log.Info("serving Go profiles", "addr", ln.Addr().String())
+	log.Info("serving", "flag", flag, "addr", ln.Addr().String())
 	return ln.Addr().String(), func() { _ = srv.Close() }, nil
 }

@@ -245,13 +245,18 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
+	metricsPort, err := testharness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(metricsPort)
 	env := childEnv(
 		config.EnvCampaignID+"="+campaignID, config.EnvNamespace+"=shop", config.EnvName+"=binary",
 		config.EnvSKU+"="+sku, config.EnvShards+"=3", config.EnvMaxPerUser+"=1", config.EnvTTL+"=1m",
 		config.EnvRedisAddresses+"="+sharedRedis.Addr(),
 		config.EnvPostgresDSN+config.FileSuffix+"="+dsnFile,
 		config.EnvAdmissionKey+config.FileSuffix+"="+keyFile,
-		EnvListen+"="+addr,
+		EnvListen+"="+addr, EnvMetricsListen+"="+metricsAddr,
 	)
 
 	var logs testharness.SyncBuffer
@@ -349,6 +354,20 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 	}
 	if o, err := l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "u-bin" {
 		t.Fatalf("ledger row %+v, %v", o, err)
+	}
+
+	// The metrics on their own address, not on the buyers'.
+	if code := get("/metrics"); code != http.StatusNotFound {
+		t.Fatalf("/metrics on the API address: %d, want 404", code)
+	}
+	mresp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mbody, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if mresp.StatusCode != http.StatusOK || !strings.Contains(string(mbody), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
+		t.Fatalf("/metrics on %s: %d %.300s", metricsAddr, mresp.StatusCode, mbody)
 	}
 
 	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
