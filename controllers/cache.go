@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -69,34 +70,47 @@ func secretMetadataOnly(o any) (any, error) {
 type secretReader struct {
 	meta client.Reader // the manager's cache (metadata informer for Secrets)
 	api  client.Reader // the API server
+	now  func() time.Time
 
-	mu   sync.Mutex
-	seen map[types.NamespacedName]*corev1.Secret
+	mu     sync.Mutex
+	seen   map[types.NamespacedName]*seenSecret
+	pruned time.Time
 }
+
+type seenSecret struct {
+	secret *corev1.Secret
+	used   time.Time
+}
+
+// secretUnusedFor is how long a Secret no reconcile reads stays held (a sale
+// deleted, a secretRef renamed): longer than an idle sale's refresh.
+const secretUnusedFor = 3 * idleRefresh
 
 func newSecretReader(meta, api client.Reader) *secretReader {
-	return &secretReader{meta: meta, api: api, seen: map[types.NamespacedName]*corev1.Secret{}}
+	return &secretReader{meta: meta, api: api, now: time.Now, seen: map[types.NamespacedName]*seenSecret{}}
 }
 
-// Get reads the Secret as the cache knows it: NotFound while the cache does not
-// show it (the watch reconciles the sale when it appears), else its data at
-// that version or a later one.
+// Get reads the Secret at the version the cache shows, or a later one. What the
+// cache does not show is asked of the API server: a Secret just created (the
+// sale's own id key), or a cache behind; NotFound is the API server's answer.
 func (r *secretReader) Get(ctx context.Context, key types.NamespacedName, out *corev1.Secret) error {
 	var m metav1.PartialObjectMetadata
 	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
-	if err := r.meta.Get(ctx, key, &m); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.forget(key)
-		}
+	err := r.meta.Get(ctx, key, &m)
+	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
+	now := r.now()
 	r.mu.Lock()
+	r.prune(now)
 	s, ok := r.seen[key]
-	r.mu.Unlock()
-	if ok && s.ResourceVersion == m.ResourceVersion {
-		s.DeepCopyInto(out)
+	if ok && err == nil && s.secret.ResourceVersion == m.ResourceVersion {
+		s.used = now
+		s.secret.DeepCopyInto(out)
+		r.mu.Unlock()
 		return nil
 	}
+	r.mu.Unlock()
 	var fresh corev1.Secret
 	if err := r.api.Get(ctx, key, &fresh); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -105,10 +119,24 @@ func (r *secretReader) Get(ctx context.Context, key types.NamespacedName, out *c
 		return err
 	}
 	r.mu.Lock()
-	r.seen[key] = fresh.DeepCopy()
+	r.seen[key] = &seenSecret{secret: fresh.DeepCopy(), used: now}
 	r.mu.Unlock()
 	fresh.DeepCopyInto(out)
 	return nil
+}
+
+// prune drops the Secrets no reconcile has read for secretUnusedFor; at most
+// once a minute. Called with mu held.
+func (r *secretReader) prune(now time.Time) {
+	if now.Sub(r.pruned) < time.Minute {
+		return
+	}
+	r.pruned = now
+	for k, s := range r.seen {
+		if now.Sub(s.used) > secretUnusedFor {
+			delete(r.seen, k)
+		}
+	}
 }
 
 // forget drops what is held for these Secrets (a sale deleted, a Secret gone).
@@ -118,4 +146,11 @@ func (r *secretReader) forget(keys ...types.NamespacedName) {
 	for _, k := range keys {
 		delete(r.seen, k)
 	}
+}
+
+// held reports how many Secrets' data is held (for tests).
+func (r *secretReader) held() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
 }

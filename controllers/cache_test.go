@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -45,16 +46,21 @@ func TestCacheHoldsOnlyTheSalesOwn(t *testing.T) {
 	ctx := context.Background()
 	c := e.mgr.GetCache()
 
-	var ds appsv1.DeploymentList
-	if err := c.List(ctx, &ds, client.InNamespace(e.ns)); err != nil {
-		t.Fatal(err)
+	cached := func() []string {
+		var ds appsv1.DeploymentList
+		if err := c.List(ctx, &ds, client.InNamespace(e.ns)); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, d := range ds.Items {
+			names = append(names, d.Name)
+		}
+		slices.Sort(names)
+		return names
 	}
-	var names []string
-	for _, d := range ds.Items {
-		names = append(names, d.Name)
-	}
-	slices.Sort(names)
-	if !slices.Equal(names, []string{"own-reserve", "own-sweeper"}) {
+	testharness.Eventually(t, settle, "the sale's Deployments cached", func() bool { return len(cached()) >= 2 })
+	time.Sleep(time.Second) // someone else's Deployment, if cached, shows by now too
+	if names := cached(); !slices.Equal(names, []string{"own-reserve", "own-sweeper"}) {
 		t.Fatalf("cached Deployments %v, want only the sale's", names)
 	}
 
@@ -146,5 +152,49 @@ func TestSecretDataIsReadOncePerVersion(t *testing.T) {
 	}
 	if err := r.Get(ctx, key, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("a deleted Secret read as %v", err)
+	}
+	if n := r.Held(); n != 0 {
+		t.Fatalf("%d Secrets held after the only one was deleted", n)
+	}
+
+	// A Secret nobody reads any more (its sale deleted, a secretRef renamed)
+	// is let go.
+	now := time.Now()
+	r.SetClock(func() time.Time { return now })
+	ledgerKey := types.NamespacedName{Namespace: e.ns, Name: "shop-ledger"}
+	if err := r.Get(ctx, ledgerKey, &corev1.Secret{}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(controllers.SecretUnusedFor + 2*time.Minute)
+	if err := r.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "waiting-room"}, &corev1.Secret{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.Held(); n != 1 {
+		t.Fatalf("%d Secrets held, want only the one read last", n)
+	}
+}
+
+// notYetCached answers NotFound for everything, as a cache that has not seen
+// an object yet.
+type notYetCached struct{}
+
+func (notYetCached) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	return apierrors.NewNotFound(corev1.Resource("secrets"), key.Name)
+}
+
+func (notYetCached) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// A Secret the cache does not show yet (just created, the cache behind) is
+// asked of the API server: a NotFound that is only the cache's must not
+// skip a deleted sale's cleanup or look like a deleted id key.
+func TestSecretTheCacheHasNotSeenIsReadFromTheAPIServer(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	r := controllers.NewSecretReader(notYetCached{}, k8s)
+	var s corev1.Secret
+	if err := r.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "shop-redis"}, &s); err != nil || string(s.Data["addresses"]) != e.redisAddr {
+		t.Fatalf("read %q, %v", s.Data["addresses"], err)
+	}
+	if err := r.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "absent"}, &s); !apierrors.IsNotFound(err) {
+		t.Fatalf("a Secret that does not exist read as %v", err)
 	}
 }

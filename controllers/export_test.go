@@ -1,8 +1,21 @@
 package controllers
 
-import "sigs.k8s.io/controller-runtime/pkg/client"
+import (
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
 
 // SecretReader is secretReader, for the tests outside the package.
 type SecretReader = secretReader
 
 func NewSecretReader(meta, api client.Reader) *SecretReader { return newSecretReader(meta, api) }
+
+// Held is how many Secrets' data the reader holds.
+func (r *SecretReader) Held() int { return r.held() }
+
+// SetClock replaces the reader's clock.
+func (r *SecretReader) SetClock(now func() time.Time) { r.now = now }
+
+// SecretUnusedFor is how long a Secret nobody reads stays held.
+const SecretUnusedFor = secretUnusedFor

@@ -528,13 +528,12 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	live := desired.DeepCopyObject().(client.Object)
 	err := r.Get(ctx, client.ObjectKeyFromObject(desired), live)
 	if apierrors.IsNotFound(err) {
-		err = r.Create(ctx, desired)
-		if !apierrors.IsAlreadyExists(err) {
-			return err
-		}
-		// The cache holds only objects with our labels: this one lost them,
-		// or is not ours. Read it from the API server and go on.
+		// The cache holds only objects with our labels: one that lost them,
+		// or is not ours, is known to the API server only.
 		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), live)
+		if apierrors.IsNotFound(err) {
+			return r.Create(ctx, desired)
+		}
 	}
 	if err != nil {
 		return err

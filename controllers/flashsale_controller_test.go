@@ -904,10 +904,21 @@ func TestReservationIDKeySecret(t *testing.T) {
 		t.Fatal("rotating the admission key changed the id key")
 	}
 
-	// Deleted while the reserve pods read it: not replaced by another key.
+	// Deleted while the reserve pods read it: not replaced by another key,
+	// even when their Deployment lost its labels (and with them its place in
+	// the controller's cache) at the same time.
+	stop()
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "keyed-reserve"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	delete(d.Labels, controllers.LabelManagedBy)
+	if err := k8s.Update(ctx, &d); err != nil {
+		t.Fatal(err)
+	}
 	if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name.Name, Namespace: e.ns}}); err != nil {
 		t.Fatal(err)
 	}
+	stop = e.startController()
 	e.waitFor("keyed", settle, "ChildrenFailed", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
 		return c != nil && c.Reason == controllers.ReasonChildrenFailed && strings.Contains(c.Message, "deleted while the reserve pods read it")

@@ -75,7 +75,9 @@ func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) ([]b
 
 func (r *FlashSaleReconciler) newIDKey(ctx context.Context, s *scope) ([]byte, error) {
 	var d appsv1.Deployment
-	err := r.Get(ctx, types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentReserve)}, &d)
+	// From the API server: the cache misses a Deployment that lost its
+	// labels, and minting a key for pods that hold another would split the ids.
+	err := r.apiReader.Get(ctx, types.NamespacedName{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentReserve)}, &d)
 	switch {
 	case apierrors.IsNotFound(err):
 		key := make([]byte, idKeyBytes)
