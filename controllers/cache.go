@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -17,8 +18,8 @@ import (
 
 // CacheOptions is what the manager keeps in memory, cluster-wide or in the
 // given namespaces. The operator must not grow with the cluster:
-//   - Deployments and Services: only the sales' own (ours carry the
-//     managed-by label);
+//   - Deployments, Services and PodDisruptionBudgets: only the sales' own
+//     (ours carry the managed-by label);
 //   - Secrets: metadata only, for the watch that tells when a referenced one
 //     changes; their data is read from the API server (secretReader), so the
 //     cluster's other Secrets (Helm releases, certificates) are never held;
@@ -32,9 +33,10 @@ func CacheOptions(namespaces []string) cache.Options {
 		DefaultTransform:            cache.TransformStripManagedFields(),
 		ReaderFailOnMissingInformer: true,
 		ByObject: map[client.Object]cache.ByObject{
-			&appsv1.Deployment{}: {Label: ours},
-			&corev1.Service{}:    {Label: ours},
-			&corev1.Secret{}:     {Transform: secretMetadataOnly},
+			&appsv1.Deployment{}:            {Label: ours},
+			&corev1.Service{}:               {Label: ours},
+			&policyv1.PodDisruptionBudget{}: {Label: ours},
+			&corev1.Secret{}:                {Transform: secretMetadataOnly},
 		},
 	}
 	if len(namespaces) > 0 {

@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -190,6 +191,13 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
 					Containers: []corev1.Container{c},
+					// Replicas on different nodes where the cluster allows it,
+					// so that losing a node does not take the whole component.
+					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+						MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+						LabelSelector:  &metav1.LabelSelector{MatchLabels: labels},
+						MatchLabelKeys: []string{"pod-template-hash"},
+					}},
 					// The data plane never talks to the Kubernetes API.
 					AutomountServiceAccountToken:  ptr.To(false),
 					TerminationGracePeriodSeconds: ptr.To[int64](30),
@@ -222,6 +230,22 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	cs.Ports = append(cs.Ports, corev1.ContainerPort{Name: "metrics", ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP})
 	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](reservePreStopSeconds + 30)
 	return d
+}
+
+// DisruptionBudget lets voluntary disruptions (a node drain, a cluster
+// upgrade) take one replica of the component at a time, so a drain during the
+// sale never empties the reservation API. Unhealthy pods may always be
+// evicted: a crashing replica must not block a drain.
+func DisruptionBudget(fs *flashsalev1alpha1.FlashSale, component string) *policyv1.PodDisruptionBudget {
+	labels := childLabels(fs, component)
+	return &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: ChildName(fs, component), Namespace: fs.Namespace, Labels: labels},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable:             ptr.To(intstr.FromInt32(1)),
+			Selector:                   &metav1.LabelSelector{MatchLabels: labels},
+			UnhealthyPodEvictionPolicy: ptr.To(policyv1.AlwaysAllow),
+		},
+	}
 }
 
 // reservePreStopSeconds is the pause before a reserve pod gets SIGTERM; then

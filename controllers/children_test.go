@@ -1,12 +1,16 @@
 package controllers
 
 import (
+	"maps"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -161,5 +165,33 @@ func TestServiceAndSweeper(t *testing.T) {
 	}
 	if env[config.EnvPostgresDSN].ValueFrom == nil || env[config.EnvRedisAddresses].ValueFrom == nil || env[config.EnvCampaignID].Value != string(fs.UID) {
 		t.Fatalf("sweeper env %v", env)
+	}
+}
+
+func TestDisruptionBudgetsAndSpread(t *testing.T) {
+	fs := testSale()
+	for _, tc := range []struct {
+		component string
+		d         *appsv1.Deployment
+	}{
+		{ComponentReserve, ReserveDeployment(fs, "img")},
+		{ComponentSweeper, SweeperDeployment(fs, "img")},
+	} {
+		pdb := DisruptionBudget(fs, tc.component)
+		if pdb.Name != tc.d.Name || pdb.Namespace != "shop" || pdb.Spec.MaxUnavailable.IntValue() != 1 ||
+			*pdb.Spec.UnhealthyPodEvictionPolicy != policyv1.AlwaysAllow {
+			t.Fatalf("%s: PodDisruptionBudget %+v", tc.component, pdb)
+		}
+		// It selects exactly the Deployment's pods.
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		if err != nil || !sel.Matches(labels.Set(tc.d.Spec.Template.Labels)) ||
+			!maps.Equal(pdb.Spec.Selector.MatchLabels, tc.d.Spec.Selector.MatchLabels) {
+			t.Fatalf("%s: selector %v, pods %v", tc.component, pdb.Spec.Selector, tc.d.Spec.Template.Labels)
+		}
+		spread := tc.d.Spec.Template.Spec.TopologySpreadConstraints
+		if len(spread) != 1 || spread[0].TopologyKey != "kubernetes.io/hostname" || spread[0].WhenUnsatisfiable != corev1.ScheduleAnyway ||
+			!maps.Equal(spread[0].LabelSelector.MatchLabels, tc.d.Spec.Selector.MatchLabels) {
+			t.Fatalf("%s: topology spread %+v", tc.component, spread)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -479,7 +480,8 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		s.incomplete = true
 	}
 	sweeper := SweeperDeployment(s.fs, r.Image)
-	children := []client.Object{ReserveService(s.fs), sweeper}
+	children := []client.Object{ReserveService(s.fs), sweeper,
+		DisruptionBudget(s.fs, ComponentReserve), DisruptionBudget(s.fs, ComponentSweeper)}
 	idKey, err := r.ensureIDSecret(ctx, s)
 	if err != nil {
 		// The reserve pods need it: their Deployment is left as it is, so that
@@ -514,6 +516,8 @@ func kindOf(o client.Object) string {
 		return "Deployment"
 	case *corev1.Service:
 		return "Service"
+	case *policyv1.PodDisruptionBudget:
+		return "PodDisruptionBudget"
 	}
 	return fmt.Sprintf("%T", o)
 }
@@ -562,6 +566,9 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		l := live.(*corev1.Service)
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
 		d.Spec.ClusterIP, d.Spec.ClusterIPs = l.Spec.ClusterIP, l.Spec.ClusterIPs
+	case *policyv1.PodDisruptionBudget:
+		l := live.(*policyv1.PodDisruptionBudget)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
 	}
 	if same {
 		return nil
@@ -720,6 +727,8 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)}},
 	} {
 		err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
@@ -766,6 +775,7 @@ func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&flashsalev1alpha1.FlashSale{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
 		Named("flashsale").
 		Complete(r)

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,6 +83,15 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 	var svc corev1.Service
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "ps5-drop-reserve"}, &svc); err != nil {
 		t.Fatal(err)
+	}
+	for _, name := range []string{"ps5-drop-reserve", "ps5-drop-sweeper"} {
+		var pdb policyv1.PodDisruptionBudget
+		testharness.Eventually(t, settle, "PodDisruptionBudget "+name, func() bool {
+			return k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &pdb) == nil
+		})
+		if !metav1.IsControlledBy(&pdb, fs) || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+			t.Fatalf("PodDisruptionBudget %s: owners %v, spec %+v", name, pdb.OwnerReferences, pdb.Spec)
+		}
 	}
 	// Every count is in status from the start, zeros included (printer columns).
 	raw := kubectl(t, "get", "fs", "ps5-drop", "-n", e.ns, "-o", "jsonpath={.status.reserved},{.status.sold},{.status.available}")
@@ -837,6 +847,10 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 	var d appsv1.Deployment
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-reserve"}, &d); !apierrors.IsNotFound(err) && d.DeletionTimestamp.IsZero() {
 		t.Fatalf("reserve Deployment still there: %v", err)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-reserve"}, &pdb); !apierrors.IsNotFound(err) && pdb.DeletionTimestamp.IsZero() {
+		t.Fatalf("reserve PodDisruptionBudget still there: %v", err)
 	}
 	var idSecret corev1.Secret
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-ids"}, &idSecret); !apierrors.IsNotFound(err) && idSecret.DeletionTimestamp.IsZero() {
