@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -49,6 +50,10 @@ const LeaderElectionID = "flashsale-manager.flashsale.dev"
 type Options struct {
 	// MetricsBindAddress serves Prometheus metrics; "0" disables them.
 	MetricsBindAddress string
+	// MetricsSecure serves them over HTTPS to clients the API server
+	// authenticates (TokenReview) and allows to get /metrics
+	// (SubjectAccessReview); false serves plain HTTP to anyone.
+	MetricsSecure bool
 	// HealthProbeBindAddress serves /healthz and /readyz.
 	HealthProbeBindAddress string
 	// LeaderElect makes the manager wait for the Lease before reconciling.
@@ -72,7 +77,8 @@ const EnvImage = "FLASHSALE_IMAGE"
 // DefaultOptions are the flag defaults.
 func DefaultOptions() Options {
 	return Options{
-		MetricsBindAddress:     ":8080",
+		MetricsBindAddress:     ":8443",
+		MetricsSecure:          true,
 		HealthProbeBindAddress: ":8081",
 		Image:                  envOr(EnvImage, "flashsale-operator:latest"),
 		StatusRefresh:          controllers.DefaultStatusRefresh,
@@ -109,6 +115,8 @@ func NewCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", opts.MetricsBindAddress,
 		`address the metrics endpoint binds to; "0" disables it`)
+	f.BoolVar(&opts.MetricsSecure, "metrics-secure", opts.MetricsSecure,
+		"serve metrics over HTTPS (a self-signed certificate) to callers the API server authenticates and authorizes for GET /metrics; false: plain HTTP to anyone")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", opts.HealthProbeBindAddress,
 		"address the /healthz and /readyz probes bind to")
 	f.BoolVar(&opts.LeaderElect, "leader-elect", opts.LeaderElect,
@@ -139,7 +147,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),
-		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsBindAddress},
+		Metrics:                       metricsOptions(opts),
 		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
 		LeaderElection:                opts.LeaderElect,
 		LeaderElectionID:              LeaderElectionID,
@@ -192,4 +200,16 @@ func watchedNamespaces(in []string) []string {
 		}
 	}
 	return out
+}
+
+// metricsOptions: the manager's metrics tell about every sale in the cluster,
+// so by default only callers the API server allows to get /metrics (Prometheus
+// with the metrics-reader ClusterRole) read them.
+func metricsOptions(opts Options) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: opts.MetricsBindAddress}
+	if opts.MetricsSecure {
+		o.SecureServing = true
+		o.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return o
 }

@@ -18,13 +18,24 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
@@ -40,28 +51,91 @@ func freeAddr(t *testing.T) string {
 }
 
 // TestRunServesProbesAndStopsOnCancel starts the manager against a real API
-// server, waits for its probes and metrics, then cancels its context as
-// SIGTERM does and expects a clean return.
+// server as a user holding only the ClusterRole `make manifests` generates,
+// waits for its probes, checks that its metrics answer only callers the API
+// server allows to get /metrics (the shipped metrics-reader ClusterRole), then
+// cancels its context as SIGTERM does and expects a clean return.
 func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 	kube := testharness.KubeT(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, err := kubernetes.NewForConfig(kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindClusterRole := func(file string, subject rbacv1.Subject) {
+		t.Helper()
+		var role rbacv1.ClusterRole
+		readManifest(t, file, &role)
+		if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: role.Name + "-" + subject.Name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+			Subjects:   []rbacv1.Subject{subject},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	user, err := kube.Env.AddUser(envtest.User{Name: "flashsale-manager"}, kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindClusterRole("config/rbac/role.yaml", rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "flashsale-manager"})
+
 	opts := DefaultOptions()
 	opts.HealthProbeBindAddress = freeAddr(t)
 	opts.MetricsBindAddress = freeAddr(t)
 	opts.Namespaces = []string{"shop", " ", "outlet"}
-	cfg := kube.Config
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, opts) }()
+	go func() { done <- Run(ctx, user.Config(), opts) }()
 
 	for _, url := range []string{
 		"http://" + opts.HealthProbeBindAddress + "/healthz",
 		"http://" + opts.HealthProbeBindAddress + "/readyz",
-		"http://" + opts.MetricsBindAddress + "/metrics",
 	} {
-		if err := waitOK(url, done); err != nil {
+		if err := waitStatus(url, "", http.StatusOK, done); err != nil {
 			t.Fatal(err)
+		}
+	}
+
+	// The metrics: no token, a token of an account without the role, a token
+	// of an account with it.
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "monitoring"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	token := func(account string) string {
+		t.Helper()
+		if _, err := admin.CoreV1().ServiceAccounts("monitoring").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: account}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := admin.CoreV1().ServiceAccounts("monitoring").CreateToken(ctx, account, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	stranger, scraper := token("stranger"), token("prometheus")
+	bindClusterRole("config/rbac/metrics_reader_role.yaml", rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: "monitoring", Name: "prometheus"})
+	metrics := "https://" + opts.MetricsBindAddress + "/metrics"
+	for _, c := range []struct {
+		who, token string
+		want       int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"an account without the role", stranger, http.StatusForbidden},
+		{"the scraper", scraper, http.StatusOK},
+	} {
+		if err := waitStatus(metrics, c.token, c.want, done); err != nil {
+			t.Fatalf("%s: %v", c.who, err)
+		}
+	}
+	// Plain HTTP gets the TLS listener's 400, not the metrics.
+	if resp, err := http.Get("http://" + opts.MetricsBindAddress + "/metrics"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("metrics served over plain HTTP")
 		}
 	}
 
@@ -79,24 +153,50 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 	}
 }
 
-func waitOK(url string, done <-chan error) error {
+// readManifest reads one object of the repository's config/ into obj.
+func readManifest(t *testing.T, file string, obj any) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, obj); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+}
+
+// waitStatus waits until url answers want (with the bearer token, if any).
+func waitStatus(url, token string, want int, done <-chan error) error {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		// The metrics server's certificate is self-signed.
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a test against 127.0.0.1
+	}}
+	defer client.CloseIdleConnections()
 	deadline := time.Now().Add(20 * time.Second)
+	last := "no answer"
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-done:
 			return fmt.Errorf("Run returned early: %v", err)
 		default:
 		}
-		resp, err := http.Get(url)
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == want {
 				return nil
 			}
+			last = resp.Status
+		} else {
+			last = err.Error()
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s did not answer 200 within 20s", url)
+	return fmt.Errorf("%s did not answer %d within 20s (last: %s)", url, want, last)
 }
 
 func TestSchemeKnowsFlashSale(t *testing.T) {
@@ -120,7 +220,8 @@ func TestNamespacesFlag(t *testing.T) {
 		t.Errorf("namespaces %q, want [shop outlet]", got)
 	}
 	for name, want := range map[string]string{
-		"metrics-bind-address":      ":8080",
+		"metrics-bind-address":      ":8443",
+		"metrics-secure":            "true",
 		"health-probe-bind-address": ":8081",
 		"leader-elect":              "true",
 	} {
