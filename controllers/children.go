@@ -233,9 +233,10 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 }
 
 // DisruptionBudget lets voluntary disruptions (a node drain, a cluster
-// upgrade) take one replica of the component at a time, so a drain during the
-// sale never empties the reservation API. Unhealthy pods may always be
-// evicted: a crashing replica must not block a drain.
+// upgrade) take one replica of the component at a time, so with two replicas
+// or more a drain during the sale never takes the whole reservation API at
+// once. Unhealthy pods may always be evicted: a crashing replica must not
+// block a drain.
 func DisruptionBudget(fs *flashsalev1alpha1.FlashSale, component string) *policyv1.PodDisruptionBudget {
 	labels := childLabels(fs, component)
 	return &policyv1.PodDisruptionBudget{

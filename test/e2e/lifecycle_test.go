@@ -140,7 +140,7 @@ func TestDeletedSaleStopsItsProcessesAndKeepsTheLedger(t *testing.T) {
 	}
 
 	kubectl(t, nil, "delete", "flashsale", s.name, "-n", ns, "--timeout=60s")
-	if left := kubectl(t, nil, "get", "deployments,services", "-n", ns, "-o", "name"); strings.TrimSpace(left) != "" {
+	if left := kubectl(t, nil, "get", "deployments,services,poddisruptionbudgets", "-n", ns, "-o", "name"); strings.TrimSpace(left) != "" {
 		t.Errorf("children left after the deletion: %s", left)
 	}
 	eventually(t, 30*time.Second, 100*time.Millisecond, func() string {
