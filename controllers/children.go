@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -182,7 +184,7 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 	c.SecurityContext = restrictedContainer()
 	c.LivenessProbe = probe("/healthz", 10)
 	c.ReadinessProbe = probe("/readyz", 2)
-	return &appsv1.Deployment{
+	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: ChildName(fs, component), Namespace: fs.Namespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To(replicas),
@@ -211,6 +213,14 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 			},
 		},
 	}
+	if p := fs.Spec.Pods; p != nil {
+		spec := &d.Spec.Template.Spec
+		spec.ImagePullSecrets = slices.Clone(p.ImagePullSecrets)
+		spec.NodeSelector = maps.Clone(p.NodeSelector)
+		spec.Tolerations = slices.Clone(p.Tolerations)
+		spec.PriorityClassName = p.PriorityClassName
+	}
+	return d
 }
 
 // ReserveDeployment runs the reservation API of a FlashSale.

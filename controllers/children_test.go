@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -193,5 +194,30 @@ func TestDisruptionBudgetsAndSpread(t *testing.T) {
 			!maps.Equal(spread[0].LabelSelector.MatchLabels, tc.d.Spec.Selector.MatchLabels) {
 			t.Fatalf("%s: topology spread %+v", tc.component, spread)
 		}
+	}
+}
+
+func TestPodsPlacement(t *testing.T) {
+	if d := ReserveDeployment(testSale(), "img"); d.Spec.Template.Spec.NodeSelector != nil || d.Spec.Template.Spec.PriorityClassName != "" {
+		t.Fatalf("placement without spec.pods: %+v", d.Spec.Template.Spec)
+	}
+	pods := &flashsalev1alpha1.PodsSpec{
+		ImagePullSecrets:  []corev1.LocalObjectReference{{Name: "registry"}},
+		NodeSelector:      map[string]string{"pool": "drop"},
+		Tolerations:       []corev1.Toleration{{Key: "drop", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		PriorityClassName: "flash-sale",
+	}
+	fs := testSale(func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Pods = pods })
+	for _, d := range []*appsv1.Deployment{ReserveDeployment(fs, "img"), SweeperDeployment(fs, "img")} {
+		spec := d.Spec.Template.Spec
+		if !equality.Semantic.DeepEqual(spec.ImagePullSecrets, pods.ImagePullSecrets) || !maps.Equal(spec.NodeSelector, pods.NodeSelector) ||
+			!equality.Semantic.DeepEqual(spec.Tolerations, pods.Tolerations) || spec.PriorityClassName != "flash-sale" {
+			t.Fatalf("%s: placement %+v", d.Name, spec)
+		}
+	}
+	// The Deployments hold copies: changing one does not change the spec.
+	ReserveDeployment(fs, "img").Spec.Template.Spec.NodeSelector["pool"] = "other"
+	if pods.NodeSelector["pool"] != "drop" {
+		t.Fatal("the Deployment shares the spec's map")
 	}
 }

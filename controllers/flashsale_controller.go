@@ -555,7 +555,8 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	switch d := desired.(type) {
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
-		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels) &&
+			sameRemovableFields(&d.Spec.Template.Spec, &l.Spec.Template.Spec)
 		// Keep the pod annotations others set (kubectl rollout restart's);
 		// ours (the secrets fingerprint) win.
 		ann := maps.Clone(l.Spec.Template.Annotations)
@@ -577,6 +578,24 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	}
 	desired.SetResourceVersion(live.GetResourceVersion())
 	return r.Update(ctx, desired)
+}
+
+// sameRemovableFields compares the pod fields the spec may drop (placement,
+// resources): DeepDerivative takes a field the desired object leaves empty
+// as "anything", so removing one from the spec would never reach the pods.
+// The API server defaults none of them in a Deployment's template.
+func sameRemovableFields(d, l *corev1.PodSpec) bool {
+	if !equality.Semantic.DeepEqual(d.NodeSelector, l.NodeSelector) || !equality.Semantic.DeepEqual(d.Tolerations, l.Tolerations) ||
+		!equality.Semantic.DeepEqual(d.ImagePullSecrets, l.ImagePullSecrets) || d.PriorityClassName != l.PriorityClassName ||
+		len(d.Containers) != len(l.Containers) {
+		return false
+	}
+	for i := range d.Containers {
+		if !equality.Semantic.DeepEqual(d.Containers[i].Resources, l.Containers[i].Resources) {
+			return false
+		}
+	}
+	return true
 }
 
 // mergeStrings is live's entries overlaid with ours (nil when both are empty).

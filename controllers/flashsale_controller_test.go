@@ -19,6 +19,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -1118,5 +1119,56 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	d = get("quiet-reserve")
 	if d.Annotations["deployment.kubernetes.io/revision"] != "7" || d.Labels["team"] != "checkout" {
 		t.Fatalf("others' metadata lost: annotations %v, labels %v", d.Annotations, d.Labels)
+	}
+}
+
+// spec.pods reaches the pods, and so does its removal (and that of
+// reservation.resources): a field the spec drops is dropped from the
+// Deployment, which is then left alone.
+func TestPodPlacementFollowsTheSpec(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	s := e.sale("placed", 10)
+	s.fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{
+		ImagePullSecrets:  []corev1.LocalObjectReference{{Name: "registry"}},
+		NodeSelector:      map[string]string{"pool": "drop"},
+		Tolerations:       []corev1.Toleration{{Key: "drop", Operator: corev1.TolerationOpEqual, Value: "yes", Effect: corev1.TaintEffectNoSchedule}},
+		PriorityClassName: "flash-sale",
+	}
+	s.fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}
+	e.apply(s)
+	e.waitFor("placed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	get := func(name string) *appsv1.Deployment {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return &d
+	}
+	for _, name := range []string{"placed-reserve", "placed-sweeper"} {
+		spec := get(name).Spec.Template.Spec
+		if spec.NodeSelector["pool"] != "drop" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "drop" ||
+			len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "registry" || spec.PriorityClassName != "flash-sale" {
+			t.Fatalf("%s: placement %+v", name, spec)
+		}
+	}
+	if cpu := get("placed-reserve").Spec.Template.Spec.Containers[0].Resources.Requests.Cpu(); cpu.String() != "500m" {
+		t.Fatalf("reserve cpu request %s", cpu)
+	}
+
+	updateSpec(t, e.ns, "placed", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Pods = nil
+		fs.Spec.Reservation.Resources = nil
+	})
+	testharness.Eventually(t, settle, "placement and resources removed", func() bool {
+		r, w := get("placed-reserve").Spec.Template.Spec, get("placed-sweeper").Spec.Template.Spec
+		return r.NodeSelector == nil && r.Tolerations == nil && r.ImagePullSecrets == nil && r.PriorityClassName == "" &&
+			r.Containers[0].Resources.Requests == nil && w.NodeSelector == nil && w.PriorityClassName == ""
+	})
+	before := get("placed-reserve").ResourceVersion
+	time.Sleep(3 * time.Second) // several status refreshes
+	if got := get("placed-reserve").ResourceVersion; got != before {
+		t.Fatalf("the reserve Deployment rewritten while nothing changed: %s → %s", before, got)
 	}
 }

@@ -152,6 +152,11 @@ type FlashSaleSpec struct {
 	// +kubebuilder:default={}
 	Sweeper SweeperSpec `json:"sweeper,omitempty"`
 
+	// pods places the sale's reserve and sweeper pods: the Secrets that pull
+	// the operator's image, the nodes they may run on, and their priority.
+	// +optional
+	Pods *PodsSpec `json:"pods,omitempty"`
+
 	// redis says where the stock shards live.
 	// +required
 	Redis RedisSpec `json:"redis"`
@@ -234,6 +239,35 @@ type SweeperSpec struct {
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="sweeper.interval must be at least 1s"
 	Interval *metav1.Duration `json:"interval,omitempty"`
+}
+
+// PodsSpec places the reserve and sweeper pods.
+type PodsSpec struct {
+	// imagePullSecrets name Secrets in the FlashSale's namespace that pull
+	// the operator's image (the pods run it), for a private registry.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+
+	// nodeSelector keeps the pods on nodes with these labels (nodes set aside
+	// for the drop).
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// tolerations let the pods run on tainted nodes (nodes set aside for
+	// the drop).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// priorityClassName is the PriorityClass of the pods, so that other
+	// workloads are preempted before them during the sale.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
 // RedisSpec says where the stock shards live.
