@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -640,7 +641,7 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(s.window.Gate), gateMessage(s.window.Gate))
 	}
 
-	ready, msg, err := r.childrenReady(ctx, s.fs)
+	ready, msg, err := r.childrenReady(ctx, s)
 	if err != nil {
 		return true, err
 	}
@@ -668,14 +669,19 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 
 // childrenReady: the reserve Deployment has its replicas ready (at least one, when
 // any are asked for).
-func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (bool, string, error) {
+// It also reports the pods for the scale subresource.
+func (r *FlashSaleReconciler) childrenReady(ctx context.Context, s *scope) (bool, string, error) {
+	fs := s.fs
+	fs.Status.ReservationSelector = labels.SelectorFromSet(childLabels(fs, ComponentReserve)).String()
 	var d appsv1.Deployment
 	if err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); err != nil {
 		if apierrors.IsNotFound(err) {
+			fs.Status.ReservationReplicas = 0
 			return false, "the reserve Deployment does not exist yet", nil
 		}
 		return false, "", err
 	}
+	fs.Status.ReservationReplicas = d.Status.Replicas
 	want := resolve(fs).replicas
 	if want == 0 {
 		return true, "", nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -1170,5 +1172,36 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	time.Sleep(3 * time.Second) // several status refreshes
 	if got := get("placed-reserve").ResourceVersion; got != before {
 		t.Fatalf("the reserve Deployment rewritten while nothing changed: %s → %s", before, got)
+	}
+}
+
+// The scale subresource: kubectl scale (or a HorizontalPodAutoscaler) sets
+// spec.reservation.replicas, the reserve Deployment follows, and the scale's
+// status reports the pods and their selector.
+func TestScaleSubresource(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("scaled", 10))
+	e.waitFor("scaled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=4")
+	ctx := context.Background()
+	testharness.Eventually(t, settle, "the reserve Deployment at 4 replicas", func() bool {
+		var d appsv1.Deployment
+		return k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "scaled-reserve"}, &d) == nil && *d.Spec.Replicas == 4
+	})
+	markReserveReady(t, e.ns, "scaled")
+	fs := e.waitFor("scaled", settle, "4 reservation replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.ReservationReplicas == 4
+	})
+	var scale autoscalingv1.Scale
+	if err := k8s.SubResource("scale").Get(ctx, fs, &scale); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := labels.Parse(scale.Status.Selector)
+	if err != nil || scale.Spec.Replicas != 4 || scale.Status.Replicas != 4 ||
+		!sel.Matches(labels.Set{controllers.LabelInstance: "scaled", controllers.LabelComponent: controllers.ComponentReserve,
+			controllers.LabelName: "flashsale", controllers.LabelManagedBy: controllers.ManagedBy, controllers.LabelFlashSale: "scaled"}) ||
+		sel.Matches(labels.Set{controllers.LabelFlashSale: "scaled", controllers.LabelComponent: controllers.ComponentSweeper}) {
+		t.Fatalf("scale %+v (selector %v)", scale, err)
 	}
 }

@@ -413,6 +413,20 @@ type FlashSaleStatus struct {
 	// +kubebuilder:validation:MaxItems=1024
 	RedisServers []RedisServerStatus `json:"redisServers,omitempty"`
 
+	// reservationReplicas is the number of reservation API pods (the reserve
+	// Deployment's status.replicas): the current count of the scale
+	// subresource, which kubectl scale and a HorizontalPodAutoscaler use to
+	// set spec.reservation.replicas.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ReservationReplicas int32 `json:"reservationReplicas,omitempty"`
+
+	// reservationSelector selects the reservation API pods (a label
+	// selector in its string form), for the scale subresource.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ReservationSelector string `json:"reservationSelector,omitempty"`
+
 	// observedGeneration is the metadata.generation the status was last
 	// computed from.
 	// +optional
@@ -498,6 +512,7 @@ type RebuildStatus struct {
 // label of at most 55 characters.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.reservation.replicas,statuspath=.status.reservationReplicas,selectorpath=.status.reservationSelector
 // +kubebuilder:resource:shortName=fs
 // +kubebuilder:printcolumn:name="SKU",type=string,JSONPath=`.spec.sku`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
