@@ -1,6 +1,9 @@
 package controllers
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"maps"
 	"slices"
 	"strconv"
@@ -9,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -31,6 +35,12 @@ const SecretKeyIDKey = "id-key"
 // its pods read from their environment: when one changes, the template
 // changes and the Deployment rolls its pods onto the new values.
 const AnnotationSecrets = "flashsale.dev/secrets-fingerprint"
+
+// AnnotationPodFields on a child Deployment is a hash of the pod fields the
+// spec may set and drop (placement, resources) as last applied: a field the
+// spec drops changes it, so the removal is applied, while a field someone
+// else adds (a policy engine's toleration) is left alone.
+const AnnotationPodFields = "flashsale.dev/pod-fields"
 
 // Labels on every child. The local pod runner and kubectl selectors use them.
 const (
@@ -220,6 +230,7 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 		spec.Tolerations = slices.Clone(p.Tolerations)
 		spec.PriorityClassName = p.PriorityClassName
 	}
+	d.Annotations = map[string]string{AnnotationPodFields: podFieldsHash(&d.Spec.Template.Spec)}
 	return d
 }
 
@@ -230,6 +241,10 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	c := corev1.Container{Args: []string{"reserve"}, Env: env}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
+		// As the API server stores them (to the millis, rounded up), so the
+		// Deployment compares equal to what was sent.
+		roundUpToMillis(c.Resources.Requests)
+		roundUpToMillis(c.Resources.Limits)
 	}
 	// A pod being stopped keeps serving until the Service has stopped routing
 	// to it (endpoint removal is asynchronous): without the pause, a rollout
@@ -257,6 +272,30 @@ func DisruptionBudget(fs *flashsalev1alpha1.FlashSale, component string) *policy
 			UnhealthyPodEvictionPolicy: ptr.To(policyv1.AlwaysAllow),
 		},
 	}
+}
+
+func roundUpToMillis(l corev1.ResourceList) {
+	for k, q := range l {
+		q.RoundUp(resource.Milli)
+		l[k] = q
+	}
+}
+
+// podFieldsHash is AnnotationPodFields's value for a pod template.
+func podFieldsHash(p *corev1.PodSpec) string {
+	fields := struct {
+		ImagePullSecrets  []corev1.LocalObjectReference
+		NodeSelector      map[string]string
+		Tolerations       []corev1.Toleration
+		PriorityClassName string
+		Resources         []corev1.ResourceRequirements
+	}{p.ImagePullSecrets, p.NodeSelector, p.Tolerations, p.PriorityClassName, nil}
+	for _, c := range p.Containers {
+		fields.Resources = append(fields.Resources, c.Resources)
+	}
+	b, _ := json.Marshal(fields) // map keys sorted: stable
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
 }
 
 // reservePreStopSeconds is the pause before a reserve pod gets SIGTERM; then

@@ -221,3 +221,33 @@ func TestPodsPlacement(t *testing.T) {
 		t.Fatal("the Deployment shares the spec's map")
 	}
 }
+
+// Quantities are rounded up to the millis as the API server stores them, and
+// the pod fields the spec may drop are hashed into an annotation.
+func TestReserveResourcesAndPodFieldsHash(t *testing.T) {
+	fs := testSale(func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100u"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500u")},
+		}
+	})
+	d := ReserveDeployment(fs, "img")
+	r := d.Spec.Template.Spec.Containers[0].Resources
+	if r.Requests.Cpu().String() != "1m" || r.Limits.Cpu().String() != "2m" || r.Requests.Memory().String() != "64Mi" {
+		t.Fatalf("resources %+v", r)
+	}
+	if fs.Spec.Reservation.Resources.Requests.Cpu().String() != "100u" {
+		t.Fatal("rounding changed the spec")
+	}
+	h := d.Annotations[AnnotationPodFields]
+	if h == "" || h != ReserveDeployment(fs, "img").Annotations[AnnotationPodFields] {
+		t.Fatalf("pod fields hash %q is not stable", h)
+	}
+	placed := testSale(func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Reservation.Resources = d.Spec.Template.Spec.Containers[0].Resources.DeepCopy()
+		fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{NodeSelector: map[string]string{"pool": "drop"}}
+	})
+	if ReserveDeployment(placed, "img").Annotations[AnnotationPodFields] == h {
+		t.Fatal("a nodeSelector does not change the pod fields hash")
+	}
+}

@@ -130,6 +130,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	s := &scope{fs: fs, now: r.now()}
 	s.window = saleWindow(&fs.Spec, s.now)
 	completed, err := r.reconcilePhases(ctx, s)
+	if serr := r.reportReservePods(ctx, fs); serr != nil && err == nil {
+		err = serr
+	}
 	if p := s.notReady; p != nil {
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, p.Reason, p.Message)
 	}
@@ -557,7 +560,7 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels) &&
-			sameRemovableFields(&d.Spec.Template.Spec, &l.Spec.Template.Spec)
+			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields]
 		// Keep the pod annotations others set (kubectl rollout restart's);
 		// ours (the secrets fingerprint) win.
 		ann := maps.Clone(l.Spec.Template.Annotations)
@@ -579,24 +582,6 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	}
 	desired.SetResourceVersion(live.GetResourceVersion())
 	return r.Update(ctx, desired)
-}
-
-// sameRemovableFields compares the pod fields the spec may drop (placement,
-// resources): DeepDerivative takes a field the desired object leaves empty
-// as "anything", so removing one from the spec would never reach the pods.
-// The API server defaults none of them in a Deployment's template.
-func sameRemovableFields(d, l *corev1.PodSpec) bool {
-	if !equality.Semantic.DeepEqual(d.NodeSelector, l.NodeSelector) || !equality.Semantic.DeepEqual(d.Tolerations, l.Tolerations) ||
-		!equality.Semantic.DeepEqual(d.ImagePullSecrets, l.ImagePullSecrets) || d.PriorityClassName != l.PriorityClassName ||
-		len(d.Containers) != len(l.Containers) {
-		return false
-	}
-	for i := range d.Containers {
-		if !equality.Semantic.DeepEqual(d.Containers[i].Resources, l.Containers[i].Resources) {
-			return false
-		}
-	}
-	return true
 }
 
 // mergeStrings is live's entries overlaid with ours (nil when both are empty).
@@ -669,19 +654,15 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 
 // childrenReady: the reserve Deployment has its replicas ready (at least one, when
 // any are asked for).
-// It also reports the pods for the scale subresource.
 func (r *FlashSaleReconciler) childrenReady(ctx context.Context, s *scope) (bool, string, error) {
 	fs := s.fs
-	fs.Status.ReservationSelector = labels.SelectorFromSet(childLabels(fs, ComponentReserve)).String()
 	var d appsv1.Deployment
 	if err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); err != nil {
 		if apierrors.IsNotFound(err) {
-			fs.Status.ReservationReplicas = 0
 			return false, "the reserve Deployment does not exist yet", nil
 		}
 		return false, "", err
 	}
-	fs.Status.ReservationReplicas = d.Status.Replicas
 	want := resolve(fs).replicas
 	if want == 0 {
 		return true, "", nil
@@ -690,6 +671,23 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, s *scope) (bool
 		return false, fmt.Sprintf("reserve Deployment %s has 0 of %d replicas ready", d.Name, want), nil
 	}
 	return true, "", nil
+}
+
+// reportReservePods fills the scale subresource's status (the reserve pods and
+// their selector) whatever phase the reconcile stopped at: an autoscaler reads
+// it while Redis or the ledger is down too.
+func (r *FlashSaleReconciler) reportReservePods(ctx context.Context, fs *flashsalev1alpha1.FlashSale) error {
+	fs.Status.ReservationSelector = labels.SelectorFromSet(childLabels(fs, ComponentReserve)).String()
+	var d appsv1.Deployment
+	switch err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); {
+	case apierrors.IsNotFound(err):
+		fs.Status.ReservationReplicas = 0
+	case err != nil:
+		return err
+	default:
+		fs.Status.ReservationReplicas = d.Status.Replicas
+	}
+	return nil
 }
 
 // writeStatus patches the status once, only when it changed, then emits the events.

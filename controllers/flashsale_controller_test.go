@@ -1090,7 +1090,7 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	// here): a rewrite that dropped it would change the object every time.
 	for _, name := range []string{"quiet-reserve", "quiet-sweeper"} {
 		d := get(name)
-		d.Annotations = map[string]string{"deployment.kubernetes.io/revision": "1"}
+		d.Annotations["deployment.kubernetes.io/revision"] = "1"
 		if err := k8s.Update(ctx, d); err != nil {
 			t.Fatal(err)
 		}
@@ -1111,7 +1111,7 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	}
 
 	d := get("quiet-reserve")
-	d.Annotations = map[string]string{"deployment.kubernetes.io/revision": "7"}
+	d.Annotations["deployment.kubernetes.io/revision"] = "7"
 	d.Labels["team"] = "checkout"
 	if err := k8s.Update(ctx, d); err != nil {
 		t.Fatal(err)
@@ -1126,7 +1126,8 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 
 // spec.pods reaches the pods, and so does its removal (and that of
 // reservation.resources): a field the spec drops is dropped from the
-// Deployment, which is then left alone.
+// Deployment, which is then left alone; so is a field someone else adds (a
+// policy engine's toleration), and a quantity the API server rounds.
 func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
@@ -1137,7 +1138,8 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 		Tolerations:       []corev1.Toleration{{Key: "drop", Operator: corev1.TolerationOpEqual, Value: "yes", Effect: corev1.TaintEffectNoSchedule}},
 		PriorityClassName: "flash-sale",
 	}
-	s.fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}
+	// 100u is stored as 1m.
+	s.fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100u")}}
 	e.apply(s)
 	e.waitFor("placed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 	ctx := context.Background()
@@ -1155,9 +1157,22 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 			t.Fatalf("%s: placement %+v", name, spec)
 		}
 	}
-	if cpu := get("placed-reserve").Spec.Template.Spec.Containers[0].Resources.Requests.Cpu(); cpu.String() != "500m" {
+	if cpu := get("placed-reserve").Spec.Template.Spec.Containers[0].Resources.Requests.Cpu(); cpu.String() != "1m" {
 		t.Fatalf("reserve cpu request %s", cpu)
 	}
+	untouched := func(what string) {
+		t.Helper()
+		before, updates := get("placed-reserve").ResourceVersion, e.deploymentUpdates.Load()
+		time.Sleep(3 * time.Second) // several status refreshes
+		if got := get("placed-reserve").ResourceVersion; got != before {
+			t.Fatalf("%s: the reserve Deployment rewritten while nothing changed: %s → %s", what, before, got)
+		}
+		// An update that changes nothing stored leaves the resourceVersion.
+		if n := e.deploymentUpdates.Load() - updates; n != 0 {
+			t.Fatalf("%s: %d Deployment updates sent while nothing changed", what, n)
+		}
+	}
+	untouched("placed")
 
 	updateSpec(t, e.ns, "placed", func(fs *flashsalev1alpha1.FlashSale) {
 		fs.Spec.Pods = nil
@@ -1168,10 +1183,16 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 		return r.NodeSelector == nil && r.Tolerations == nil && r.ImagePullSecrets == nil && r.PriorityClassName == "" &&
 			r.Containers[0].Resources.Requests == nil && w.NodeSelector == nil && w.PriorityClassName == ""
 	})
-	before := get("placed-reserve").ResourceVersion
-	time.Sleep(3 * time.Second) // several status refreshes
-	if got := get("placed-reserve").ResourceVersion; got != before {
-		t.Fatalf("the reserve Deployment rewritten while nothing changed: %s → %s", before, got)
+	untouched("removed")
+
+	d := get("placed-reserve")
+	d.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "policy", Operator: corev1.TolerationOpExists}}
+	if err := k8s.Update(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	untouched("a toleration added by someone else")
+	if tol := get("placed-reserve").Spec.Template.Spec.Tolerations; len(tol) != 1 || tol[0].Key != "policy" {
+		t.Fatalf("someone else's toleration: %+v", tol)
 	}
 }
 
