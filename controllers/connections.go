@@ -94,14 +94,18 @@ type connections struct {
 func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs references, cfg engine.Config) (*campaignConn, error) {
 	key := refs.fingerprint() + "|" + cfgKey(cfg)
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
 	if c, ok := cs.byKey[name]; ok {
 		if c.key == key {
+			cs.mu.Unlock()
 			return c, nil
 		}
-		c.close()
+		c.close() // a Secret or the spec changed
 		delete(cs.byKey, name)
 	}
+	cs.mu.Unlock()
+	// Opened without the lock: a sale whose PostgreSQL does not answer must
+	// not hold up the others' reconciles. One sale is never reconciled twice
+	// at once, so nobody else opens this one meanwhile.
 	l, err := ledger.Open(ctx, refs.postgresDSN, ledger.WithMaxConns(controllerLedgerConns))
 	if err != nil {
 		return nil, &ledgerError{err}
@@ -114,6 +118,8 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 		return nil, err
 	}
 	c := &campaignConn{key: key, rdb: rdb, ledger: l, engine: e}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
 	if cs.byKey == nil {
 		cs.byKey = map[types.NamespacedName]*campaignConn{}
 	}

@@ -1226,3 +1226,26 @@ func TestScaleSubresource(t *testing.T) {
 		t.Fatalf("scale %+v (selector %v)", scale, err)
 	}
 }
+
+// A sale whose PostgreSQL hangs (connections accepted, never answered) does
+// not hold up the other sales: they are reconciled, seeded and opened while
+// its connection attempt is still waiting.
+func TestAStuckLedgerDoesNotHoldUpOtherSales(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	silent := testharness.StartSilentServer(t)
+	e.create(e.secret("stuck-ledger", map[string]string{"dsn": "postgres://u@" + silent.Addr() + "/db?sslmode=disable&connect_timeout=60"}))
+	e.startController()
+	e.apply(e.sale("stuck", 10).ledgerSecret("stuck-ledger"))
+	select {
+	case <-silent.Accepted:
+	case <-time.After(settle):
+		t.Fatal("the stuck sale never tried its ledger")
+	}
+	e.apply(e.sale("flowing", 10))
+	e.waitFor("flowing", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	select {
+	case <-silent.FirstClosed:
+		t.Fatal("the other sale waited for the stuck sale's connection attempt to end")
+	default:
+	}
+}

@@ -290,5 +290,5 @@ func (e *env) reserve(eng *engine.Engine, user string) engine.Reservation {
 // ctrlConfig lets several managers (controller restarts) register the same
 // controller name in one test process.
 func ctrlConfig() ctrlconfig.Controller {
-	return ctrlconfig.Controller{SkipNameValidation: ptr.To(true)}
+	return ctrlconfig.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: manager.DefaultOptions().MaxConcurrentReconciles}
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -52,6 +53,11 @@ var (
 // PostgreSQL's max_connections.
 const defaultMaxConns = 32
 
+// defaultConnectTimeout bounds one connection attempt when the DSN does not
+// set connect_timeout: without it, a PostgreSQL host that drops packets holds
+// the caller for the kernel's TCP timeout (minutes).
+const defaultConnectTimeout = 10 * time.Second
+
 // Ledger is a handle on the book of record. It is safe for concurrent use.
 type Ledger struct {
 	pool *pgxpool.Pool
@@ -80,6 +86,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 		for _, o := range opts {
 			o(cfg)
 		}
+	}
+	if !strings.Contains(dsn, "connect_timeout") {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "flashsale-ledger"

@@ -1,11 +1,13 @@
 package ledger
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -135,5 +137,22 @@ func TestOpenWithoutCreatePrivilege(t *testing.T) {
 	defer m.Close()
 	if err := m.Submit(ctx, pendingOrder(c, "u", 0, time.Hour)); err != nil {
 		t.Fatalf("write as %s: %v", role, err)
+	}
+}
+
+// A PostgreSQL host that accepts and never answers: Open gives up after its
+// default connect timeout when the DSN sets none.
+func TestOpenGivesUpOnASilentServer(t *testing.T) {
+	silent := testharness.StartSilentServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	l, err := Open(ctx, "postgres://u@"+silent.Addr()+"/db?sslmode=disable")
+	if err == nil {
+		l.Close()
+		t.Fatal("Open succeeded against a server that never answers")
+	}
+	if took := time.Since(start); took > defaultConnectTimeout+20*time.Second {
+		t.Fatalf("Open gave up after %s, want about %s", took, defaultConnectTimeout)
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -69,6 +70,12 @@ type Options struct {
 	// StatusRefresh is how often a live sale's status is refreshed and its Redis
 	// checked for data loss.
 	StatusRefresh time.Duration
+	// MaxConcurrentReconciles is how many sales are reconciled at once, so
+	// that one whose Redis or PostgreSQL hangs does not delay the others'
+	// gates and status.
+	MaxConcurrentReconciles int
+	// ReconcileTimeout bounds one reconcile of one sale.
+	ReconcileTimeout time.Duration
 }
 
 // EnvImage names the operator's own image; config/manager sets it.
@@ -77,11 +84,13 @@ const EnvImage = "FLASHSALE_IMAGE"
 // DefaultOptions are the flag defaults.
 func DefaultOptions() Options {
 	return Options{
-		MetricsBindAddress:     ":8443",
-		MetricsSecure:          true,
-		HealthProbeBindAddress: ":8081",
-		Image:                  envOr(EnvImage, "flashsale-operator:latest"),
-		StatusRefresh:          controllers.DefaultStatusRefresh,
+		MetricsBindAddress:      ":8443",
+		MetricsSecure:           true,
+		HealthProbeBindAddress:  ":8081",
+		Image:                   envOr(EnvImage, "flashsale-operator:latest"),
+		StatusRefresh:           controllers.DefaultStatusRefresh,
+		MaxConcurrentReconciles: 8,
+		ReconcileTimeout:        2 * time.Minute,
 	}
 }
 
@@ -129,6 +138,10 @@ func NewCmd() *cobra.Command {
 		"image of the reserve and sweeper pods (default: $"+EnvImage+", the operator's own image)")
 	f.DurationVar(&opts.StatusRefresh, "status-refresh", opts.StatusRefresh,
 		"how often a live sale's counts are refreshed and Redis is checked for data loss")
+	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles,
+		"sales reconciled at once: one whose Redis or PostgreSQL hangs does not hold up the others' gates and status")
+	f.DurationVar(&opts.ReconcileTimeout, "reconcile-timeout", opts.ReconcileTimeout,
+		"longest one reconcile of one sale may take before it is abandoned and retried")
 
 	// --kubeconfig and the zap logging flags are Go flags.
 	goflags := goflag.NewFlagSet("manager", goflag.ContinueOnError)
@@ -144,6 +157,10 @@ func NewCmd() *cobra.Command {
 // it.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	log := ctrl.Log.WithName("manager")
+	if opts.MaxConcurrentReconciles < 1 || opts.ReconcileTimeout < time.Second {
+		return fmt.Errorf("--max-concurrent-reconciles must be at least 1 (got %d) and --reconcile-timeout at least 1s (got %s)",
+			opts.MaxConcurrentReconciles, opts.ReconcileTimeout)
+	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),
@@ -154,7 +171,11 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         controllers.CacheOptions(watchedNamespaces(opts.Namespaces)),
-		Client:                        controllers.ClientOptions(),
+		Controller: ctrlconfig.Controller{
+			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+			ReconciliationTimeout:   opts.ReconcileTimeout,
+		},
+		Client: controllers.ClientOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

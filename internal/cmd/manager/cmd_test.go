@@ -246,3 +246,17 @@ func TestRunFailsWithoutAnAPIServer(t *testing.T) {
 		t.Fatalf("Run = %v, want an error creating the manager: connection refused", err)
 	}
 }
+
+func TestRunRefusesBadConcurrencySettings(t *testing.T) {
+	for _, mutate := range []func(*Options){
+		func(o *Options) { o.MaxConcurrentReconciles = 0 },
+		func(o *Options) { o.ReconcileTimeout = 0 },
+	} {
+		opts := DefaultOptions()
+		mutate(&opts)
+		err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts)
+		if err == nil || !strings.Contains(err.Error(), "--max-concurrent-reconciles must be at least 1") {
+			t.Fatalf("Run = %v", err)
+		}
+	}
+}
