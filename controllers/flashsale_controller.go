@@ -238,6 +238,9 @@ func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 	case errors.As(err, &le):
 		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerUnreachable, err.Error())
+	case errors.Is(err, stock.ErrEvictionPolicy):
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, err.Error())
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisEvictionPolicy, err.Error())
 	case errors.Is(err, stock.ErrRedisTooOld):
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnsupported, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnsupported, err.Error())
@@ -353,7 +356,21 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		r.unhealthy(s, err)
 		return true, nil
 	}
-	s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
+	// A server that may evict keys is reported, and the sale goes on being
+	// gated and observed: only seeding and rebuilding are refused on it.
+	switch err := eng.Store().CheckEviction(ctx); {
+	case errors.Is(err, stock.ErrEvictionPolicy):
+		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != ReasonEvictionPolicy {
+			s.event(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
+		}
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, err.Error())
+		s.setNotReady(ReasonRedisEvictionPolicy, err.Error())
+	case err != nil:
+		r.unhealthy(s, err)
+		return true, nil
+	default:
+		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
+	}
 	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))
 	return false, nil
 }

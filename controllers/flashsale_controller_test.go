@@ -1249,3 +1249,55 @@ func TestAStuckLedgerDoesNotHoldUpOtherSales(t *testing.T) {
 	default:
 	}
 }
+
+// A Redis that may evict keys: a new sale is not seeded on it, and a live
+// sale whose server starts evicting is reported (RedisHealthy False, Ready
+// False, one Warning) while it goes on being gated: pausing it still closes it.
+func TestRedisThatMayEvict(t *testing.T) {
+	srv, err := testharness.StartRedisArgs("--maxmemory", "100mb", "--maxmemory-policy", "noeviction")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	e := newEnv(t, srv.Addr(), sharedPG)
+	e.startController()
+	e.apply(e.sale("live", 10))
+	e.waitFor("live", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("live", settle, "RedisEvictionPolicy", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonRedisEvictionPolicy))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != controllers.ReasonEvictionPolicy ||
+		!strings.Contains(c.Message, "allkeys-lru") {
+		t.Fatalf("RedisHealthy %+v", c)
+	}
+	if fs.Status.Phase != flashsalev1alpha1.PhaseOpen {
+		t.Fatalf("phase %s: the live sale was closed", fs.Status.Phase)
+	}
+	updateSpec(t, e.ns, "live", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
+	e.waitFor("live", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
+
+	e.apply(e.sale("new", 10))
+	fs = e.waitFor("new", settle, "RedisEvictionPolicy", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonRedisEvictionPolicy))
+	if conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue) {
+		t.Fatal("a sale seeded on a Redis that may evict its keys")
+	}
+	time.Sleep(2 * time.Second)
+	var events corev1.EventList
+	if err := k8s.List(ctx, &events, client.InNamespace(e.ns)); err != nil {
+		t.Fatal(err)
+	}
+	warned := 0
+	for _, ev := range events.Items {
+		if ev.Reason == controllers.ReasonRedisEvictionPolicy && ev.InvolvedObject.Name == "live" {
+			warned += max(1, int(ev.Count))
+		}
+	}
+	if warned != 1 {
+		t.Fatalf("%d RedisEvictionPolicy warnings for the live sale, want 1", warned)
+	}
+}

@@ -15,6 +15,10 @@ const (
 	ReasonRedisUnreachable  = "RedisUnreachable"
 	ReasonUnsupported       = "Unsupported"
 	ReasonRedisUnsupported  = "RedisUnsupported"
+	// ReasonRedisEvictionPolicy: a server holding shards may evict keys.
+	ReasonRedisEvictionPolicy = "RedisEvictionPolicy"
+	// ReasonEvictionPolicy is RedisHealthy's reason for the same.
+	ReasonEvictionPolicy    = "EvictionPolicy"
 	ReasonForbidden         = "Forbidden"
 	ReasonRedisForbidden    = "RedisForbidden"
 	ReasonLedgerForbidden   = "LedgerForbidden"

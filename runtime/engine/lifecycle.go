@@ -56,6 +56,13 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 			present++
 		}
 	}
+	if present < len(states) {
+		// Nothing is written, not even the ledger's campaign, where the
+		// sale's keys may be evicted (stock.ErrEvictionPolicy).
+		if err := e.store.CheckEviction(ctx); err != nil {
+			return SeedResult{}, fmt.Errorf("redis: %w", err)
+		}
+	}
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	created := false
 	switch {
@@ -151,6 +158,11 @@ const rebuildBatch = 200
 // Reservations racing it were either counted or fenced.
 func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error) {
 	start := e.now()
+	// Before the epoch is bumped: stock rebuilt where it may be evicted again
+	// would not stay what the ledger says.
+	if err := e.store.CheckEviction(ctx); err != nil {
+		return RebuildReport{}, fmt.Errorf("redis: %w", err)
+	}
 	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
 	if err != nil {
 		return RebuildReport{}, ledgerFailure("rebuild snapshot", err)

@@ -1279,3 +1279,66 @@ func TestPartialRebuildAdmitsNothing(t *testing.T) {
 		t.Fatalf("reserve after the full rebuild: %s", r.Outcome)
 	}
 }
+
+// A Redis that may evict keys (maxmemory with a policy other than noeviction)
+// gets nothing seeded or rebuilt: not the shards, not the ledger campaign,
+// not a new epoch. Without maxmemory, no policy evicts.
+func TestRedisThatMayEvictIsRefused(t *testing.T) {
+	srv, err := testharness.StartRedisArgs("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	rdb := standaloneClient(t, srv.Addr())
+	ctx := context.Background()
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	cfg := engine.Config{
+		CampaignID: "c-" + randomID(), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",
+		Allocation: 100, Shards: 4, MaxPerUser: 1, TTL: time.Minute, StealProbes: 2,
+		IDSecret: []byte("0123456789abcdef0123456789abcdef"),
+	}
+	e := openEngine(t, cfg, rdb, l)
+	_, err = e.SeedSale(ctx, stock.StateOpen, false)
+	if !errors.Is(err, stock.ErrEvictionPolicy) || !strings.Contains(err.Error(), "allkeys-lru") || !strings.Contains(err.Error(), srv.Addr()) {
+		t.Fatalf("seed on an evicting Redis: %v", err)
+	}
+	if n, _ := rdb.DBSize(ctx).Result(); n != 0 {
+		t.Fatalf("%d keys written", n)
+	}
+	if _, err := l.GetCampaign(ctx, cfg.CampaignID); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("ledger campaign created: %v", err)
+	}
+
+	config := func(k, v string) {
+		t.Helper()
+		if err := rdb.ConfigSet(ctx, k, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config("maxmemory-policy", "noeviction")
+	if _, err := e.SeedSale(ctx, stock.StateOpen, false); err != nil {
+		t.Fatalf("seed with noeviction: %v", err)
+	}
+	config("maxmemory-policy", "volatile-lru")
+	if err := e.Store().CheckEviction(ctx); !errors.Is(err, stock.ErrEvictionPolicy) {
+		t.Fatalf("volatile-lru: %v", err)
+	}
+	if _, err := e.Rebuild(ctx, stock.StateOpen); !errors.Is(err, stock.ErrEvictionPolicy) {
+		t.Fatalf("rebuild on an evicting Redis: %v", err)
+	}
+	if c, err := l.GetCampaign(ctx, cfg.CampaignID); err != nil || c.Epoch != 1 {
+		t.Fatalf("campaign after a refused rebuild: %+v, %v", c, err)
+	}
+	config("maxmemory", "0")
+	if err := e.Store().CheckEviction(ctx); err != nil {
+		t.Fatalf("no maxmemory: %v", err)
+	}
+}

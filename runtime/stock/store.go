@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -667,6 +668,37 @@ func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
 		out[node.Options().Addr] = id
 	}
 	return out, nil
+}
+
+// ErrEvictionPolicy: a server holding shards may evict keys under memory
+// pressure (maxmemory set, maxmemory-policy other than noeviction). An evicted
+// reservation hash loses its unit, an evicted users hash lifts the per-user
+// limit, an evicted stock key shows a shard sold out.
+var ErrEvictionPolicy = errors.New("a Redis server holding shards may evict keys: set maxmemory-policy noeviction (or no maxmemory)")
+
+// CheckEviction refuses servers holding shards that may evict keys
+// (ErrEvictionPolicy, naming them and their policy).
+func (s *Store) CheckEviction(ctx context.Context) error {
+	nodes, err := s.shardServers(ctx)
+	if err != nil {
+		return err
+	}
+	var evicting []string
+	for _, node := range nodes {
+		info, err := node.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		policy, max := infoField(info, "maxmemory_policy"), infoField(info, "maxmemory")
+		if policy != "noeviction" && max != "0" {
+			evicting = append(evicting, fmt.Sprintf("%s (maxmemory %s, maxmemory-policy %s)", node.Options().Addr, max, policy))
+		}
+	}
+	if len(evicting) > 0 {
+		slices.Sort(evicting)
+		return fmt.Errorf("%w: %s", ErrEvictionPolicy, strings.Join(evicting, ", "))
+	}
+	return nil
 }
 
 // DeleteAll removes every key of the campaign (all shards), for a deleted FlashSale.
