@@ -1342,3 +1342,45 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 		t.Fatalf("no maxmemory: %v", err)
 	}
 }
+
+// Deleting a sale on a shared Redis removes all of its keys, page after page
+// of SCAN, and none of anyone else's: here another sale's and 5,000 keys of
+// other applications.
+func TestDeleteOnASharedRedis(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		f := newFixture(t, rdb, withAllocation(3000), withMaxPerUser(1))
+		other := newFixture(t, rdb, withAllocation(10))
+		reserveMany(t, other, "o", 3)
+		for i := range 2500 {
+			if r := f.reserve(fmt.Sprintf("u%d", i), "r", 1); r.Outcome != engine.OutcomeReserved {
+				t.Fatalf("reserve %d: %v", i, r.Outcome)
+			}
+		}
+		prefix := "app-" + randomID() + ":"
+		for i := 0; i < 5000; i += 500 {
+			pipe := rdb.Pipeline()
+			for j := i; j < i+500; j++ {
+				pipe.Set(ctx, fmt.Sprintf("%s%d", prefix, j), "x", time.Hour)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := f.e.Store().DeleteAll(ctx)
+		if err != nil || n < 2500 {
+			t.Fatalf("DeleteAll: %d keys, %v", n, err)
+		}
+		if n, _ := f.e.Store().DeleteAll(ctx); n != 0 {
+			t.Fatalf("%d keys left", n)
+		}
+		for i := 0; i < 5000; i += 997 {
+			if v, err := rdb.Get(ctx, fmt.Sprintf("%s%d", prefix, i)).Result(); err != nil || v != "x" {
+				t.Fatalf("another application's key %d: %q %v", i, v, err)
+			}
+		}
+		if c, err := other.e.Counts(ctx); err != nil || c.Reserved != 3 || c.Available != 7 {
+			t.Fatalf("the other sale: %+v %v", c, err)
+		}
+	})
+}

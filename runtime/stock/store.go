@@ -703,26 +703,42 @@ func (s *Store) CheckEviction(ctx context.Context) error {
 
 // DeleteAll removes every key of the campaign (all shards), for a deleted FlashSale.
 func (s *Store) DeleteAll(ctx context.Context) (int, error) {
-	deleted := 0
+	var (
+		mu      sync.Mutex // ForEachMaster calls in parallel
+		deleted int
+	)
+	// A page of SCAN at a time, its keys unlinked in one pipeline: the server
+	// may hold many other keys (a shared Redis), and the sale's committed
+	// reservation hashes, one per unit sold.
 	scan := func(ctx context.Context, c *redis.Client) error {
-		iter := c.Scan(ctx, 0, campaignPattern(s.campaign), 500).Iterator()
-		for iter.Next(ctx) {
-			// One key per call: keys of different shards live in different slots.
-			if err := c.Unlink(ctx, iter.Val()).Err(); err != nil {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, campaignPattern(s.campaign), 1000).Result()
+			if err != nil {
 				return err
 			}
-			deleted++
+			if len(keys) > 0 {
+				// One key per UNLINK: keys of different shards live in
+				// different slots (all on this server).
+				pipe := c.Pipeline()
+				for _, k := range keys {
+					pipe.Unlink(ctx, k)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					return err
+				}
+				mu.Lock()
+				deleted += len(keys)
+				mu.Unlock()
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
 		}
-		return iter.Err()
 	}
 	switch c := s.rdb.(type) {
 	case *redis.ClusterClient:
-		var mu sync.Mutex // ForEachMaster calls in parallel
-		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return scan(ctx, m)
-		})
+		err := c.ForEachMaster(ctx, scan)
 		return deleted, err
 	case *redis.Client:
 		return deleted, scan(ctx, c)
