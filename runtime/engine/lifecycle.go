@@ -56,13 +56,6 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 			present++
 		}
 	}
-	if present < len(states) {
-		// Nothing is written, not even the ledger's campaign, where the
-		// sale's keys may be evicted (stock.ErrEvictionPolicy).
-		if err := e.store.CheckEviction(ctx); err != nil {
-			return SeedResult{}, fmt.Errorf("redis: %w", err)
-		}
-	}
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	created := false
 	switch {
@@ -70,6 +63,12 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 		if present > 0 || seededBefore {
 			return SeedResult{}, fmt.Errorf("%w, though it was seeded before (Redis holds %d of its %d shards): the ledger DSN points at another database, or the ledger lost data; nothing is seeded or rebuilt",
 				ErrLedgerMismatch, present, len(states))
+		}
+		// A new sale: nothing is written, not even the ledger's campaign,
+		// where its keys may be evicted (stock.ErrEvictionPolicy). A live
+		// sale that lost shards goes on to fail closed; its rebuild checks.
+		if err := e.store.CheckEviction(ctx); err != nil {
+			return SeedResult{}, fmt.Errorf("redis: %w", err)
 		}
 		c, created, err = e.ledger.EnsureCampaign(ctx, ledger.Campaign{
 			ID: e.cfg.CampaignID, Namespace: e.cfg.Namespace, Name: e.cfg.Name, SKU: e.cfg.SKU,

@@ -1331,6 +1331,14 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 	if err := e.Store().CheckEviction(ctx); !errors.Is(err, stock.ErrEvictionPolicy) {
 		t.Fatalf("volatile-lru: %v", err)
 	}
+	// A live sale that lost a shard there (evicted, or a master restarted
+	// empty) must still fail closed, not stop at the policy.
+	if err := rdb.Del(ctx, e.Store().Keys(2).Meta()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
+		t.Fatalf("a live sale with a shard lost on an evicting Redis: %v, want ErrNeedsRebuild", err)
+	}
 	if _, err := e.Rebuild(ctx, stock.StateOpen); !errors.Is(err, stock.ErrEvictionPolicy) {
 		t.Fatalf("rebuild on an evicting Redis: %v", err)
 	}

@@ -87,7 +87,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 			o(cfg)
 		}
 	}
-	if !strings.Contains(dsn, "connect_timeout") {
+	if cfg.ConnConfig.ConnectTimeout == 0 { // not in the DSN nor PGCONNECT_TIMEOUT
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {

@@ -690,7 +690,10 @@ func (s *Store) CheckEviction(ctx context.Context) error {
 			return err
 		}
 		policy, max := infoField(info, "maxmemory_policy"), infoField(info, "maxmemory")
-		if policy != "noeviction" && max != "0" {
+		switch {
+		case policy == "" || max == "":
+			evicting = append(evicting, fmt.Sprintf("%s (INFO memory does not say its maxmemory and maxmemory-policy)", node.Options().Addr))
+		case policy != "noeviction" && max != "0":
 			evicting = append(evicting, fmt.Sprintf("%s (maxmemory %s, maxmemory-policy %s)", node.Options().Addr, max, policy))
 		}
 	}
