@@ -129,8 +129,13 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	before := fs.DeepCopy()
 	s := &scope{fs: fs, now: r.now()}
 	s.window = saleWindow(&fs.Spec, s.now)
-	completed, err := r.reconcilePhases(ctx, s)
-	if serr := r.reportReservePods(ctx, fs); serr != nil && err == nil {
+	// The phases stop short of the reconcile's deadline (--reconcile-timeout),
+	// and the status is written on a context of its own: a hung ledger query
+	// must end in a status that says so, not in a write that times out too.
+	pctx, cancel := phaseContext(ctx)
+	defer cancel()
+	completed, err := r.reconcilePhases(pctx, s)
+	if serr := r.reportReservePods(pctx, fs); serr != nil && err == nil {
 		err = serr
 	}
 	if p := s.notReady; p != nil {
@@ -141,10 +146,37 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		fs.Status.ObservedGeneration = fs.Generation
 	}
 	keepTransitionTimes(before.Status.Conditions, fs.Status.Conditions)
-	if werr := r.writeStatus(ctx, before, s); werr != nil {
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), statusWriteTime)
+	defer wcancel()
+	if werr := r.writeStatus(wctx, before, s); werr != nil {
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
 	return s.result, err
+}
+
+// statusWriteTime is what a reconcile keeps of its deadline for writing the
+// status, and longOperationTime bounds a rebuild or a deletion's Redis cleanup.
+const (
+	statusWriteTime   = 15 * time.Second
+	longOperationTime = 30 * time.Minute
+)
+
+// phaseContext is ctx with its deadline, if any, moved earlier by what the
+// status write needs (at most a quarter of the time left).
+func phaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, dl.Add(-min(statusWriteTime, time.Until(dl)/4)))
+}
+
+// longOperation runs a rebuild or a cleanup past the reconcile's deadline: cut
+// short, a big sale's rebuild (it reads every live order) would start over at
+// every attempt and never reopen the sale, and a deletion on a big shared
+// Redis would never finish its SCAN.
+func longOperation(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), longOperationTime)
 }
 
 // keepTransitionTimes gives back the stored lastTransitionTime of every
@@ -317,7 +349,9 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		return true, nil
 	}
 	if needsRebuild {
-		rep, err := eng.Rebuild(ctx, s.window.Gate)
+		lctx, cancel := longOperation(ctx)
+		rep, err := eng.Rebuild(lctx, s.window.Gate)
+		cancel()
 		if err != nil {
 			err = classify(err)
 			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
@@ -757,7 +791,10 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		if err != nil {
 			return err
 		}
-		if err := conn.engine.Delete(ctx); err != nil {
+		lctx, cancel := longOperation(ctx)
+		err = conn.engine.Delete(lctx)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
@@ -1300,4 +1301,39 @@ func TestRedisThatMayEvict(t *testing.T) {
 	if warned != 1 {
 		t.Fatalf("%d RedisEvictionPolicy warnings for the live sale, want 1", warned)
 	}
+}
+
+// A ledger query that hangs (here behind a table lock) is given up before the
+// reconcile's deadline, and the status says the ledger does not answer: the
+// status write has time of its own.
+func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.reconcileTimeout = 5 * time.Second
+	e.startController()
+	e.apply(e.sale("hung", 10))
+	e.waitFor("hung", settle, "Open with the ledger healthy", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
+	})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("hung", settle, "LedgerHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse)
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("hung", settle, "LedgerHealthy True again", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
+	})
 }

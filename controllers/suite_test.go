@@ -66,6 +66,8 @@ type env struct {
 	deploymentUpdates atomic.Int64
 	// mgr is the running controller's manager (startController).
 	mgr ctrl.Manager
+	// reconcileTimeout, when set, bounds each reconcile (--reconcile-timeout).
+	reconcileTimeout time.Duration
 }
 
 // countingClient counts the Updates of Deployments that go through it.
@@ -124,7 +126,7 @@ func (e *env) startController() (stop func()) {
 		HealthProbeBindAddress: "0",
 		Cache:                  controllers.CacheOptions([]string{e.ns}),
 		Client:                 controllers.ClientOptions(),
-		Controller:             ctrlConfig(),
+		Controller:             ctrlConfig(e.reconcileTimeout),
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -289,6 +291,7 @@ func (e *env) reserve(eng *engine.Engine, user string) engine.Reservation {
 
 // ctrlConfig lets several managers (controller restarts) register the same
 // controller name in one test process.
-func ctrlConfig() ctrlconfig.Controller {
-	return ctrlconfig.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: manager.DefaultOptions().MaxConcurrentReconciles}
+func ctrlConfig(timeout time.Duration) ctrlconfig.Controller {
+	return ctrlconfig.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: manager.DefaultOptions().MaxConcurrentReconciles,
+		ReconciliationTimeout: timeout}
 }
