@@ -90,17 +90,14 @@ type connections struct {
 }
 
 // get returns the open connection for a FlashSale, opening (or replacing) it when
-// needed. Opening the ledger applies its migrations.
+// needed. Opening the ledger applies its migrations. A connection being
+// replaced stays (see cached) until its successor is open.
 func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs references, cfg engine.Config) (*campaignConn, error) {
 	key := refs.fingerprint() + "|" + cfgKey(cfg)
 	cs.mu.Lock()
-	if c, ok := cs.byKey[name]; ok {
-		if c.key == key {
-			cs.mu.Unlock()
-			return c, nil
-		}
-		c.close() // a Secret or the spec changed
-		delete(cs.byKey, name)
+	if c, ok := cs.byKey[name]; ok && c.key == key {
+		cs.mu.Unlock()
+		return c, nil
 	}
 	cs.mu.Unlock()
 	// Opened without the lock: a sale whose PostgreSQL does not answer must
@@ -120,6 +117,9 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 	c := &campaignConn{key: key, rdb: rdb, ledger: l, engine: e}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	if old, ok := cs.byKey[name]; ok {
+		old.close() // replaced: a Secret or the spec changed
+	}
 	if cs.byKey == nil {
 		cs.byKey = map[types.NamespacedName]*campaignConn{}
 	}

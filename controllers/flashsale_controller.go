@@ -248,9 +248,20 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes),
 		IDSecret: config.DeriveIDSecret(refs.admissionKey),
 	}
-	conn, err := r.conns.get(ctx, types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}, refs, cfg)
+	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}
+	conn, err := r.conns.get(ctx, name, refs, cfg)
 	if err != nil {
 		r.unhealthy(s, err)
+		// Secrets changed to values that do not connect (a rotation to a
+		// wrong DSN): as with a Secret gone, the sale goes on being gated
+		// and observed with the connections opened before.
+		if c := r.conns.cached(name); c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
+			ready := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+			s.setNotReady(ready.Reason, ready.Message+" (the sale is still served and gated with the connections opened before)")
+			s.incomplete = true
+			s.conn = c
+			return false, nil
+		}
 		return true, nil
 	}
 	s.conn = conn

@@ -1337,3 +1337,32 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
 	})
 }
+
+// The ledger Secret is rotated to a DSN that does not connect: as with a
+// Secret gone, the sale goes on being gated with the connections opened
+// before (pausing it still closes it), and Ready says what is wrong.
+func TestSecretRotatedToADeadLedgerStillPauses(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("rotated", 10))
+	fs = e.waitFor("rotated", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	port, err := testharness.FreePort() // nothing listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setSecret("shop-ledger", "dsn", fmt.Sprintf("postgres://u@127.0.0.1:%d/db?sslmode=disable", port))
+	fs = e.waitFor("rotated", settle, "LedgerUnreachable", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerUnreachable))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "still served and gated") {
+		t.Fatalf("Ready %+v", c)
+	}
+	updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
+	e.waitFor("rotated", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
+	if r, err := eng.Reserve(context.Background(), "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
+		t.Fatalf("reserve while paused: %+v %v", r, err)
+	}
+	e.setSecret("shop-ledger", "dsn", e.dsn)
+	e.waitFor("rotated", settle, "the ledger healthy again", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
+	})
+}
