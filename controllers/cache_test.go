@@ -26,17 +26,7 @@ import (
 // only (no data, no annotations).
 func TestCacheHoldsOnlyTheSalesOwn(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	labels := map[string]string{"app": "storefront"}
-	e.create(&appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "storefront", Namespace: e.ns},
-		Spec: appsv1.DeploymentSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "storefront:1"}}},
-			},
-		},
-	})
+	e.create(e.foreignDeployment("storefront"))
 	big := e.secret("tls-cert", map[string]string{"tls.key": "not for the operator"})
 	big.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"stringData":{"tls.key":"not for the operator"}}`}
 	e.create(big)

@@ -653,17 +653,7 @@ func TestReadyDoesNotFlapWhileNotReady(t *testing.T) {
 // observed on time: the schedule's end closes it.
 func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	labels := map[string]string{"app": "someone-else"}
-	e.create(&appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "clash-reserve", Namespace: e.ns},
-		Spec: appsv1.DeploymentSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "someone-else:1"}}},
-			},
-		},
-	})
+	e.create(e.foreignDeployment("clash-reserve"))
 	e.startController()
 	// Far enough out that a controller on its error backoff (5 ms doubling,
 	// so about 5 s, 10 s, 20 s after the start) would miss the end by seconds.

@@ -109,6 +109,21 @@ func (e *env) secret(name string, data map[string]string) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}, StringData: data}
 }
 
+// foreignDeployment is a Deployment of someone else's in the test's namespace.
+func (e *env) foreignDeployment(name string) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: name + ":1"}}},
+			},
+		},
+	}
+}
+
 func (e *env) create(o client.Object) {
 	e.t.Helper()
 	if err := k8s.Create(context.Background(), o); err != nil {

@@ -128,15 +128,7 @@ func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postg
 		o(&fc)
 	}
 	cfg := fc.Config
-	dsn, err := pg.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := ledger.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
+	l := newLedger(t, pg)
 	e, err := engine.New(cfg, rdb, l, fc.mat)
 	if err != nil {
 		t.Fatal(err)
@@ -147,6 +139,21 @@ func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postg
 		t.Fatal(err)
 	}
 	return f
+}
+
+// newLedger opens a ledger on a fresh database of pg, closed at the end.
+func newLedger(t testing.TB, pg *testharness.Postgres) *ledger.Ledger {
+	t.Helper()
+	dsn, err := pg.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return l
 }
 
 // openEngine is another engine on a campaign's Redis and ledger (another

@@ -1091,15 +1091,7 @@ func TestSeedRefusesALedgerThatDoesNotKnowTheSale(t *testing.T) {
 	reserveMany(t, f, "sold", 3)
 	ctx := context.Background()
 	other := func() (*engine.Engine, *ledger.Ledger) {
-		dsn, err := sharedPG.NewDatabase()
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := ledger.Open(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(l.Close)
+		l := newLedger(t, sharedPG)
 		return openEngine(t, f.cfg, rdb, l), l
 	}
 	e, l := other()
@@ -1291,15 +1283,7 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	rdb := standaloneClient(t, srv.Addr())
 	ctx := context.Background()
-	dsn, err := sharedPG.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := ledger.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
+	l := newLedger(t, sharedPG)
 	cfg := engine.Config{
 		CampaignID: "c-" + randomID(), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",
 		Allocation: 100, Shards: 4, MaxPerUser: 1, TTL: time.Minute, StealProbes: 2,
