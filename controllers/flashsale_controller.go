@@ -146,6 +146,11 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		fs.Status.ObservedGeneration = fs.Generation
 	}
 	keepTransitionTimes(before.Status.Conditions, fs.Status.Conditions)
+	if errors.Is(ctx.Err(), context.Canceled) {
+		// The manager is stopping (or lost its lease): what the cut phases
+		// found is not news, and another manager may be writing already.
+		return ctrl.Result{}, err
+	}
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), statusWriteTime)
 	defer wcancel()
 	if werr := r.writeStatus(wctx, before, s); werr != nil {
@@ -155,11 +160,8 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 }
 
 // statusWriteTime is what a reconcile keeps of its deadline for writing the
-// status, and longOperationTime bounds a rebuild or a deletion's Redis cleanup.
-const (
-	statusWriteTime   = 15 * time.Second
-	longOperationTime = 30 * time.Minute
-)
+// status.
+const statusWriteTime = 15 * time.Second
 
 // phaseContext is ctx with its deadline, if any, moved earlier by what the
 // status write needs (at most a quarter of the time left).
@@ -169,14 +171,6 @@ func phaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
 		return context.WithCancel(ctx)
 	}
 	return context.WithDeadline(ctx, dl.Add(-min(statusWriteTime, time.Until(dl)/4)))
-}
-
-// longOperation runs a rebuild or a cleanup past the reconcile's deadline: cut
-// short, a big sale's rebuild (it reads every live order) would start over at
-// every attempt and never reopen the sale, and a deletion on a big shared
-// Redis would never finish its SCAN.
-func longOperation(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), longOperationTime)
 }
 
 // keepTransitionTimes gives back the stored lastTransitionTime of every
@@ -256,6 +250,8 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		// wrong DSN): as with a Secret gone, the sale goes on being gated
 		// and observed with the connections opened before.
 		if c := r.conns.cached(name); c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
+			// The pods are not rolled onto values that do not connect.
+			s.refs = nil
 			ready := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
 			s.setNotReady(ready.Reason, ready.Message+" (the sale is still served and gated with the connections opened before)")
 			s.incomplete = true
@@ -360,9 +356,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		return true, nil
 	}
 	if needsRebuild {
-		lctx, cancel := longOperation(ctx)
-		rep, err := eng.Rebuild(lctx, s.window.Gate)
-		cancel()
+		rep, err := eng.Rebuild(ctx, s.window.Gate)
 		if err != nil {
 			err = classify(err)
 			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
@@ -802,10 +796,7 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		if err != nil {
 			return err
 		}
-		lctx, cancel := longOperation(ctx)
-		err = conn.engine.Delete(lctx)
-		cancel()
-		if err != nil {
+		if err := conn.engine.Delete(ctx); err != nil {
 			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
 		}
 	}

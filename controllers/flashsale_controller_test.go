@@ -1341,6 +1341,14 @@ func TestSecretRotatedToADeadLedgerStillPauses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fingerprint := func() string {
+		var d appsv1.Deployment
+		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "rotated-reserve"}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Spec.Template.Annotations[controllers.AnnotationSecrets]
+	}
+	before := fingerprint()
 	e.setSecret("shop-ledger", "dsn", fmt.Sprintf("postgres://u@127.0.0.1:%d/db?sslmode=disable", port))
 	fs = e.waitFor("rotated", settle, "LedgerUnreachable", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerUnreachable))
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "still served and gated") {
@@ -1350,6 +1358,10 @@ func TestSecretRotatedToADeadLedgerStillPauses(t *testing.T) {
 	e.waitFor("rotated", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
 	if r, err := eng.Reserve(context.Background(), "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
 		t.Fatalf("reserve while paused: %+v %v", r, err)
+	}
+	// The pods are not rolled onto a DSN the operator could not connect with.
+	if got := fingerprint(); got != before {
+		t.Fatalf("the reserve pods were rolled onto the dead ledger: fingerprint %q → %q", before, got)
 	}
 	e.setSecret("shop-ledger", "dsn", e.dsn)
 	e.waitFor("rotated", settle, "the ledger healthy again", func(fs *flashsalev1alpha1.FlashSale) bool {

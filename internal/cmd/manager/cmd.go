@@ -90,7 +90,7 @@ func DefaultOptions() Options {
 		Image:                   envOr(EnvImage, "flashsale-operator:latest"),
 		StatusRefresh:           controllers.DefaultStatusRefresh,
 		MaxConcurrentReconciles: 8,
-		ReconcileTimeout:        2 * time.Minute,
+		ReconcileTimeout:        10 * time.Minute,
 	}
 }
 
@@ -141,7 +141,7 @@ func NewCmd() *cobra.Command {
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles,
 		"sales reconciled at once: one whose Redis or PostgreSQL hangs does not hold up the others' gates and status")
 	f.DurationVar(&opts.ReconcileTimeout, "reconcile-timeout", opts.ReconcileTimeout,
-		"longest one reconcile of one sale may take before it is abandoned and retried")
+		"longest one reconcile of one sale may take before it is abandoned and retried; a rebuild reads every live order and a deletion scans the Redis keyspace, so raise it for sales of tens of millions of units or a Redis of ~10^8 keys")
 
 	// --kubeconfig and the zap logging flags are Go flags.
 	goflags := goflag.NewFlagSet("manager", goflag.ContinueOnError)
