@@ -90,9 +90,16 @@ func TestChildThatLostItsLabelsIsTakenBack(t *testing.T) {
 		var d appsv1.Deployment
 		return k8s.Get(ctx, key, &d) == nil && d.Labels[controllers.LabelManagedBy] == controllers.ManagedBy
 	})
-	// No pods run here: Ready waits for the reserve replicas, not for a child.
-	e.waitFor("strip", settle, "Ready waiting for replicas only",
-		reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonChildrenNotReady))
+	// Taken back without a failed write on the way.
+	var events corev1.EventList
+	if err := k8s.List(ctx, &events, client.InNamespace(e.ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		if ev.Reason == controllers.ReasonChildrenFailed {
+			t.Fatalf("a child could not be written: %s", ev.Message)
+		}
+	}
 }
 
 // countingReader counts the reads that reach the API server.

@@ -114,6 +114,14 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 		_ = rdb.Close()
 		return nil, err
 	}
+	// A Redis client dials lazily: without this, a Redis Secret changed to a
+	// dead address or a wrong password would replace connections that work.
+	if err := e.Store().Ping(ctx); err != nil {
+		e.Close()
+		l.Close()
+		_ = rdb.Close()
+		return nil, fmt.Errorf("redis: %w", err)
+	}
 	c := &campaignConn{key: key, rdb: rdb, ledger: l, engine: e}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

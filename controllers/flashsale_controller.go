@@ -45,8 +45,11 @@ const (
 	// Redis checked for data loss (well inside the 5 s the loss must be noticed in).
 	DefaultStatusRefresh = 2 * time.Second
 	waitForReferences    = 10 * time.Second
-	retryUnhealthy       = 3 * time.Second
-	idleRefresh          = 5 * time.Minute
+	// replaceTimeout bounds opening a sale's new connections while its old
+	// ones still work (a Secret or the spec changed).
+	replaceTimeout = 5 * time.Second
+	retryUnhealthy = 3 * time.Second
+	idleRefresh    = 5 * time.Minute
 )
 
 // FlashSaleReconciler reconciles FlashSale objects.
@@ -243,7 +246,15 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		IDSecret: config.DeriveIDSecret(refs.admissionKey),
 	}
 	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}
-	conn, err := r.conns.get(ctx, name, refs, cfg)
+	gctx := ctx
+	if c := r.conns.cached(name); c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
+		// Replacing connections that work: a new ledger or Redis that does
+		// not answer must not delay the gates applied with the old ones.
+		var cancel context.CancelFunc
+		gctx, cancel = context.WithTimeout(ctx, replaceTimeout)
+		defer cancel()
+	}
+	conn, err := r.conns.get(gctx, name, refs, cfg)
 	if err != nil {
 		r.unhealthy(s, err)
 		// Secrets changed to values that do not connect (a rotation to a
@@ -682,7 +693,7 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(s.window.Gate), gateMessage(s.window.Gate))
 	}
 
-	ready, msg, err := r.childrenReady(ctx, s)
+	ready, msg, err := r.childrenReady(ctx, s.fs)
 	if err != nil {
 		return true, err
 	}
@@ -710,8 +721,7 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 
 // childrenReady: the reserve Deployment has its replicas ready (at least one, when
 // any are asked for).
-func (r *FlashSaleReconciler) childrenReady(ctx context.Context, s *scope) (bool, string, error) {
-	fs := s.fs
+func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (bool, string, error) {
 	var d appsv1.Deployment
 	if err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); err != nil {
 		if apierrors.IsNotFound(err) {

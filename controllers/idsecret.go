@@ -29,7 +29,7 @@ const idKeyBytes = 32
 // A new sale gets a random key. A sale whose reserve Deployment already runs
 // without one (created by an earlier version of the operator) gets the key its
 // pods derive from the admission key, so its ids stay the same. It returns the
-// key when it knows it (nil right after a create the cache does not show yet).
+// key when it knows it (nil when another create won the race).
 // A Secret deleted
 // while the reserve pods read it is not recreated: a new key would split the
 // replicas' ids, and the old one is only in the running pods.
@@ -66,7 +66,7 @@ func (r *FlashSaleReconciler) ensureIDSecret(ctx context.Context, s *scope) ([]b
 	}
 	switch err := r.Create(ctx, secret); {
 	case apierrors.IsAlreadyExists(err):
-		return nil, nil // created by an earlier reconcile the cache has not shown yet
+		return nil, nil // created meanwhile; the next reconcile reads it
 	case err != nil:
 		return nil, err
 	}

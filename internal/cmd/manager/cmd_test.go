@@ -28,6 +28,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -84,24 +85,10 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 	}
 	bindClusterRole("config/rbac/role.yaml", rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "flashsale-manager"})
 
-	opts := DefaultOptions()
-	opts.HealthProbeBindAddress = freeAddr(t)
-	opts.MetricsBindAddress = freeAddr(t)
-	opts.Namespaces = []string{"shop", " ", "outlet"}
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, user.Config(), opts) }()
-
-	for _, url := range []string{
-		"http://" + opts.HealthProbeBindAddress + "/healthz",
-		"http://" + opts.HealthProbeBindAddress + "/readyz",
-	} {
-		if err := waitStatus(url, "", http.StatusOK, done); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// The metrics: no token, a token of an account without the role, a token
-	// of an account with it.
+	// Callers of the metrics: an account without the metrics-reader role and
+	// one with it (Prometheus's). Bound before the manager starts, and seen
+	// by the API server's authorizer before the first scrape: a deny is
+	// cached by the manager for 30 s.
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "monitoring"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +105,45 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 	}
 	stranger, scraper := token("stranger"), token("prometheus")
 	bindClusterRole("config/rbac/metrics_reader_role.yaml", rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: "monitoring", Name: "prometheus"})
+	allowed := func(sar *authorizationv1.SubjectAccessReview) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			res, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err == nil && res.Status.Allowed {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not allowed %+v: %v", sar.Spec.User, sar.Spec, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	allowed(&authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: "system:serviceaccount:monitoring:prometheus", Groups: []string{"system:serviceaccounts"},
+		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
+	}})
+	allowed(&authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:               "flashsale-manager",
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "authentication.k8s.io", Resource: "tokenreviews", Verb: "create"},
+	}})
+
+	opts := DefaultOptions()
+	opts.HealthProbeBindAddress = freeAddr(t)
+	opts.MetricsBindAddress = freeAddr(t)
+	opts.Namespaces = []string{"shop", " ", "outlet"}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, user.Config(), opts) }()
+
+	for _, url := range []string{
+		"http://" + opts.HealthProbeBindAddress + "/healthz",
+		"http://" + opts.HealthProbeBindAddress + "/readyz",
+	} {
+		if err := waitStatus(url, "", http.StatusOK, done); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	metrics := "https://" + opts.MetricsBindAddress + "/metrics"
 	for _, c := range []struct {
 		who, token string
