@@ -36,6 +36,7 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -187,6 +188,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		StatusRefresh: opts.StatusRefresh,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FlashSale controller: %w", err)
+	}
+	if err := controllers.RegisterSaleMetrics(ctrlmetrics.Registry, mgr.GetCache()); err != nil {
+		return fmt.Errorf("registering the sales' metrics: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the health check: %w", err)

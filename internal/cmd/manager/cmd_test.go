@@ -20,6 +20,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,6 +36,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
@@ -165,6 +167,31 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 		}
 	}
 
+	// A sale in a watched namespace shows in the metrics with its status: its
+	// Secrets do not exist, so it is not Ready.
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(kube.Config, client.Options{Scheme: NewScheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &flashsalev1alpha1.FlashSale{
+		ObjectMeta: metav1.ObjectMeta{Name: "metered", Namespace: "shop"},
+		Spec: flashsalev1alpha1.FlashSaleSpec{
+			SKU: "itm-metered", Allocation: 10,
+			Redis:     flashsalev1alpha1.RedisSpec{SecretRef: flashsalev1alpha1.SecretNameReference{Name: "none"}},
+			Postgres:  flashsalev1alpha1.PostgresSpec{SecretRef: flashsalev1alpha1.PostgresSecretKeySelector{Name: "none"}},
+			Admission: flashsalev1alpha1.AdmissionSpec{SecretRef: flashsalev1alpha1.AdmissionSecretKeySelector{Name: "none"}},
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := `flashsale_sale_condition{condition="Ready",name="metered",namespace="shop",reason="SecretNotFound"} 0`
+	if err := waitBody(metrics, scraper, want, done); err != nil {
+		t.Fatal(err)
+	}
+
 	cancel()
 	select {
 	case err := <-done:
@@ -189,6 +216,33 @@ func readManifest(t *testing.T, file string, obj any) {
 	if err := yaml.Unmarshal(b, obj); err != nil {
 		t.Fatalf("%s: %v", file, err)
 	}
+}
+
+// waitBody waits until url's answer (with the bearer token) holds want.
+func waitBody(url, token, want string, done <-chan error) error {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a test against 127.0.0.1
+	}}
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("Run returned early: %v", err)
+		default:
+		}
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		if resp, err := client.Do(req); err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), want) {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not show %s within 20s", url, want)
 }
 
 // waitStatus waits until url answers want (with the bearer token, if any).

@@ -1,0 +1,75 @@
+package controllers_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
+)
+
+// The sales' gauges say what their status says: units by state, the current
+// phase, the conditions and the epoch, one series per sale.
+func TestSaleMetrics(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.apply(e.sale("metered", 10))
+	fs = e.waitFor("metered", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	e.reserve(eng, "a")
+	e.reserve(eng, "b")
+	e.waitFor("metered", settle, "2 reserved", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Reserved == 2 })
+
+	registry := prometheus.NewRegistry()
+	if err := controllers.RegisterSaleMetrics(registry, k8s); err != nil {
+		t.Fatal(err)
+	}
+	// A second manager in the same process takes the registration over.
+	if err := controllers.RegisterSaleMetrics(registry, k8s); err != nil {
+		t.Fatalf("registering again: %v", err)
+	}
+	families, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] != e.ns {
+				continue
+			}
+			delete(labels, "namespace")
+			delete(labels, "name")
+			var parts []string
+			for _, k := range []string{"sku", "state", "phase", "condition", "reason"} {
+				if v, ok := labels[k]; ok {
+					parts = append(parts, k+"="+v)
+				}
+			}
+			got = append(got, f.GetName()+"{"+strings.Join(parts, ",")+"} "+strconv.FormatFloat(m.GetGauge().GetValue(), 'f', -1, 64))
+		}
+	}
+	text := strings.Join(got, "\n")
+	for _, want := range []string{
+		"flashsale_sale_units{sku=itm-metered,state=allocation} 10",
+		"flashsale_sale_units{sku=itm-metered,state=available} 8",
+		"flashsale_sale_units{sku=itm-metered,state=reserved} 2",
+		"flashsale_sale_units{sku=itm-metered,state=sold} 0",
+		"flashsale_sale_phase{phase=Open} 1",
+		"flashsale_sale_phase{phase=FailClosed} 0",
+		"flashsale_sale_condition{condition=Seeded,reason=Seeded} 1",
+		"flashsale_sale_condition{condition=Admitting,reason=Open} 1",
+		"flashsale_sale_epoch{} 1",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %s in\n%s", want, text)
+		}
+	}
+}
