@@ -70,7 +70,8 @@ func (c saleCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	var list flashsalev1alpha1.FlashSaleList
 	if err := c.reader.List(ctx, &list); err != nil {
-		ch <- prometheus.NewInvalidMetric(descUnits, err)
+		// The cache not synced yet (a manager starting): no sale series this
+		// scrape, and the rest of the manager's metrics still served.
 		return
 	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
