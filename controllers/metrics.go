@@ -37,6 +37,9 @@ var (
 	descLastRebuild = prometheus.NewDesc("flashsale_sale_last_rebuild_timestamp_seconds",
 		"When a sale's stock was last rebuilt from the ledger.",
 		[]string{"namespace", "name"}, nil)
+	descListed = prometheus.NewDesc("flashsale_sale_metrics_listed",
+		"1 when this manager could list the sales for these metrics: the leader, its cache synced; 0 on a follower.",
+		nil, nil)
 )
 
 // saleCollector reports every FlashSale's status as the manager's cache holds
@@ -60,7 +63,7 @@ func RegisterSaleMetrics(registry prometheus.Registerer, reader client.Reader) e
 }
 
 func (saleCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUnits, descPhase, descCondition, descEpoch, descLastRebuild} {
+	for _, d := range []*prometheus.Desc{descUnits, descPhase, descCondition, descEpoch, descLastRebuild, descListed} {
 		ch <- d
 	}
 }
@@ -69,13 +72,16 @@ func (c saleCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var list flashsalev1alpha1.FlashSaleList
-	if err := c.reader.List(ctx, &list); err != nil {
-		// The cache not synced yet (a manager starting): no sale series this
-		// scrape, and the rest of the manager's metrics still served.
-		return
-	}
+	err := c.reader.List(ctx, &list)
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(descListed, boolValue(err == nil))
+	if err != nil {
+		// A follower (its controller, and the FlashSale informer with it, starts
+		// with the leadership) or a cache not synced yet: no sale series, and
+		// the rest of the manager's metrics still served.
+		return
 	}
 	for i := range list.Items {
 		fs := &list.Items[i]

@@ -1,11 +1,14 @@
 package controllers_test
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
@@ -56,6 +59,9 @@ func TestSaleMetrics(t *testing.T) {
 			got = append(got, f.GetName()+"{"+strings.Join(parts, ",")+"} "+strconv.FormatFloat(m.GetGauge().GetValue(), 'f', -1, 64))
 		}
 	}
+	if v := listed(t, registry); v != 1 {
+		t.Errorf("flashsale_sale_metrics_listed %v, want 1", v)
+	}
 	text := strings.Join(got, "\n")
 	for _, want := range []string{
 		"flashsale_sale_units{sku=itm-metered,state=allocation} 10",
@@ -72,4 +78,42 @@ func TestSaleMetrics(t *testing.T) {
 			t.Errorf("no %s in\n%s", want, text)
 		}
 	}
+}
+
+// failingList is a reader whose List fails, as a follower's cache does.
+type failingList struct{ client.Reader }
+
+func (failingList) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return errors.New("the informer starts with the leadership")
+}
+
+// A manager that cannot list the sales (a follower) says so, and reports no
+// sale series; the scrape still succeeds.
+func TestSaleMetricsOnAFollower(t *testing.T) {
+	registry := prometheus.NewRegistry()
+	if err := controllers.RegisterSaleMetrics(registry, failingList{}); err != nil {
+		t.Fatal(err)
+	}
+	if v := listed(t, registry); v != 0 {
+		t.Fatalf("flashsale_sale_metrics_listed %v, want 0", v)
+	}
+	families, _ := registry.Gather()
+	if len(families) != 1 {
+		t.Fatalf("%d metric families, want only flashsale_sale_metrics_listed", len(families))
+	}
+}
+
+func listed(t *testing.T, registry *prometheus.Registry) float64 {
+	t.Helper()
+	families, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "flashsale_sale_metrics_listed" {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no flashsale_sale_metrics_listed")
+	return 0
 }
