@@ -585,6 +585,11 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 // campaign the ledger never had (the sale was deleted before it was ever
 // seeded) has nothing to mark.
 func (e *Engine) Delete(ctx context.Context) error {
+	// Marked deleted only after its keys were: a deletion retried (the
+	// children's deletion failed) does not scan a big shared Redis again.
+	if c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID); err == nil && c.DeletedAt != nil {
+		return nil
+	}
 	if _, err := e.store.SetGate(ctx, stock.StateEnded, 0); err != nil {
 		return err
 	}
