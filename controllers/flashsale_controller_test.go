@@ -1310,7 +1310,7 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 	})
 	// Seeded without a bound (migrations, children); bounded from here on.
 	stop()
-	e.reconcileTimeout = 5 * time.Second
+	e.reconcileTimeout = 10 * time.Second // 7.5 s for the phases, 2.5 s for the status write
 	e.startController()
 	timeoutsBefore := reconcileTimeouts(t)
 	ctx := context.Background()
