@@ -38,8 +38,8 @@ func TestKubeDiesWithItsParent(t *testing.T) {
 		close(lines)
 	}()
 	var pids []int
-	var dir string
-	for dir == "" {
+	var dir, certs string
+	for dir == "" || certs == "" {
 		select {
 		case l, ok := <-lines:
 			if !ok {
@@ -52,11 +52,17 @@ func TestKubeDiesWithItsParent(t *testing.T) {
 			if v, ok := strings.CutPrefix(l, "dir "); ok {
 				dir = v
 			}
+			if v, ok := strings.CutPrefix(l, "certs "); ok {
+				certs = v
+			}
 		case <-time.After(2 * time.Minute):
 			t.Fatal("the helper did not start the API server in time")
 		}
 	}
 	defer os.RemoveAll(dir)
+	// envtest's own directory (webhook serving certificates), which a killed
+	// process leaves behind.
+	defer os.RemoveAll(certs)
 	names := map[string]bool{}
 	for _, pid := range pids {
 		names[command(pid)] = true
@@ -91,6 +97,7 @@ func TestHelperKube(t *testing.T) {
 	for _, pid := range cpustat.Children(os.Getpid()) {
 		fmt.Printf("pid %d\n", pid)
 	}
+	fmt.Printf("certs %s\n", k.Env.WebhookInstallOptions.LocalServingCertDir)
 	fmt.Printf("dir %s\n", k.dir)
 	time.Sleep(5 * time.Minute) // until killed
 }
