@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
@@ -31,8 +30,7 @@ func TestCacheHoldsOnlyTheSalesOwn(t *testing.T) {
 	big.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"stringData":{"tls.key":"not for the operator"}}`}
 	e.create(big)
 	e.startController()
-	e.apply(e.sale("own", 10))
-	e.waitFor("own", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("own", 10)
 	ctx := context.Background()
 	c := e.mgr.GetCache()
 
@@ -74,8 +72,7 @@ func TestCacheHoldsOnlyTheSalesOwn(t *testing.T) {
 func TestChildThatLostItsLabelsIsTakenBack(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	e.apply(e.sale("strip", 10))
-	e.waitFor("strip", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("strip", 10)
 	ctx := context.Background()
 	key := types.NamespacedName{Namespace: e.ns, Name: "strip-reserve"}
 	var d appsv1.Deployment

@@ -249,8 +249,7 @@ func updateSpec(t *testing.T, ns, name string, mutate func(*flashsalev1alpha1.Fl
 func TestPauseRestockAndDecrease(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	stop := e.startController()
-	fs := e.apply(e.sale("restock", 100))
-	fs = e.waitFor("restock", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.openSale("restock", 100)
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	for i := range 5 {
 		res := e.reserve(eng, fmt.Sprintf("u-%d", i))
@@ -344,8 +343,7 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	e.startController()
-	fs := e.apply(e.sale("lossy", 200))
-	fs = e.waitFor("lossy", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.openSale("lossy", 200)
 	eng := e.engineFor(fs, r.Addr())
 	ctx := context.Background()
 	var pending []string
@@ -511,8 +509,7 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), pg)
 	e.startController()
-	e.apply(e.sale("ledgerless", 10))
-	e.waitFor("ledgerless", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("ledgerless", 10)
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -596,8 +593,7 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	fs := e.apply(e.sale("rotated", 10))
-	fs = e.waitFor("rotated", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.openSale("rotated", 10)
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	ctx := context.Background()
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "waiting-room", Namespace: e.ns}}
@@ -693,19 +689,13 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	e.apply(e.sale("rolled", 10))
-	e.waitFor("rolled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
-	ctx := context.Background()
+	e.openSale("rolled", 10)
 	fingerprints := func() (reserve, sweeper string) {
 		for _, c := range []struct {
 			name string
 			out  *string
 		}{{"rolled-reserve", &reserve}, {"rolled-sweeper", &sweeper}} {
-			var d appsv1.Deployment
-			if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: c.name}, &d); err != nil {
-				t.Fatal(err)
-			}
-			*c.out = d.Spec.Template.Annotations[controllers.AnnotationSecrets]
+			*c.out = e.deployment(c.name).Spec.Template.Annotations[controllers.AnnotationSecrets]
 		}
 		return reserve, sweeper
 	}
@@ -796,8 +786,7 @@ func TestLedgerCredentialsAreNamed(t *testing.T) {
 func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	fs := e.apply(e.sale("doomed", 30))
-	fs = e.waitFor("doomed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.openSale("doomed", 30)
 	if len(fs.Finalizers) == 0 {
 		t.Fatal("no finalizer")
 	}
@@ -1012,8 +1001,7 @@ func TestFinalizerLeavesTheSpecAsWritten(t *testing.T) {
 func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	fs := e.apply(e.sale("forked", 20))
-	fs = e.waitFor("forked", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.openSale("forked", 20)
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	ctx := context.Background()
 	for i := range 3 {
@@ -1057,8 +1045,7 @@ func TestSecretsWithATrailingNewline(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.setSecret("shop-ledger", "dsn", e.dsn+"\n")
 	e.startController()
-	e.apply(e.sale("newline", 10))
-	e.waitFor("newline", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("newline", 10)
 }
 
 // An unchanged child is never rewritten (a rewrite on every reconcile also
@@ -1067,16 +1054,9 @@ func TestSecretsWithATrailingNewline(t *testing.T) {
 func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	e.apply(e.sale("quiet", 10))
-	e.waitFor("quiet", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("quiet", 10)
 	ctx := context.Background()
-	get := func(name string) *appsv1.Deployment {
-		var d appsv1.Deployment
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &d); err != nil {
-			t.Fatal(err)
-		}
-		return &d
-	}
+	get := e.deployment
 	time.Sleep(time.Second)
 	// The Deployment controller's revision annotation (no such controller runs
 	// here): a rewrite that dropped it would change the object every time.
@@ -1135,13 +1115,7 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	e.apply(s)
 	e.waitFor("placed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 	ctx := context.Background()
-	get := func(name string) *appsv1.Deployment {
-		var d appsv1.Deployment
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &d); err != nil {
-			t.Fatal(err)
-		}
-		return &d
-	}
+	get := e.deployment
 	for _, name := range []string{"placed-reserve", "placed-sweeper"} {
 		spec := get(name).Spec.Template.Spec
 		if spec.NodeSelector["pool"] != "drop" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "drop" ||
@@ -1194,8 +1168,7 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 func TestScaleSubresource(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	e.apply(e.sale("scaled", 10))
-	e.waitFor("scaled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("scaled", 10)
 	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=4")
 	ctx := context.Background()
 	testharness.Eventually(t, settle, "the reserve Deployment at 4 replicas", func() bool {
@@ -1233,8 +1206,7 @@ func TestAStuckLedgerDoesNotHoldUpOtherSales(t *testing.T) {
 	case <-time.After(settle):
 		t.Fatal("the stuck sale never tried its ledger")
 	}
-	e.apply(e.sale("flowing", 10))
-	e.waitFor("flowing", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("flowing", 10)
 	select {
 	case <-silent.FirstClosed:
 		t.Fatal("the other sale waited for the stuck sale's connection attempt to end")
@@ -1253,8 +1225,7 @@ func TestRedisThatMayEvict(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	e := newEnv(t, srv.Addr(), sharedPG)
 	e.startController()
-	e.apply(e.sale("live", 10))
-	e.waitFor("live", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.openSale("live", 10)
 
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -1384,19 +1355,14 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, sharedRedis.Addr(), sharedPG)
 			e.startController()
-			fs := e.apply(e.sale("rotated", 10))
-			fs = e.waitFor("rotated", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+			fs := e.openSale("rotated", 10)
 			eng := e.engineFor(fs, sharedRedis.Addr())
 			port, err := testharness.FreePort() // nothing listens there
 			if err != nil {
 				t.Fatal(err)
 			}
 			fingerprint := func() string {
-				var d appsv1.Deployment
-				if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "rotated-reserve"}, &d); err != nil {
-					t.Fatal(err)
-				}
-				return d.Spec.Template.Annotations[controllers.AnnotationSecrets]
+				return e.deployment("rotated-reserve").Spec.Template.Annotations[controllers.AnnotationSecrets]
 			}
 			before := fingerprint()
 			e.setSecret(tc.secret, tc.key, tc.dead(port))

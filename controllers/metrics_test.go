@@ -19,8 +19,7 @@ import (
 func TestSaleMetrics(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	fs := e.apply(e.sale("metered", 10))
-	fs = e.waitFor("metered", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.openSale("metered", 10)
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	e.reserve(eng, "a")
 	e.reserve(eng, "b")

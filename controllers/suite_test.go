@@ -227,6 +227,23 @@ func (e *env) get(name string) *flashsalev1alpha1.FlashSale {
 }
 
 // waitFor polls the FlashSale until cond holds.
+// openSale creates the sale and waits until it is Open.
+func (e *env) openSale(name string, allocation int64) *flashsalev1alpha1.FlashSale {
+	e.t.Helper()
+	e.apply(e.sale(name, allocation))
+	return e.waitFor(name, settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+}
+
+// deployment reads a Deployment of the test's namespace from the API server.
+func (e *env) deployment(name string) *appsv1.Deployment {
+	e.t.Helper()
+	var d appsv1.Deployment
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, &d); err != nil {
+		e.t.Fatal(err)
+	}
+	return &d
+}
+
 func (e *env) waitFor(name string, timeout time.Duration, what string, cond func(*flashsalev1alpha1.FlashSale) bool) *flashsalev1alpha1.FlashSale {
 	e.t.Helper()
 	deadline := time.Now().Add(timeout)

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -218,35 +219,22 @@ func readManifest(t *testing.T, file string, obj any) {
 	}
 }
 
-// waitBody waits until url's answer (with the bearer token) holds want.
+// waitBody waits until url's answer (with the bearer token) is a 200 that
+// holds want.
 func waitBody(url, token, want string, done <-chan error) error {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a test against 127.0.0.1
-	}}
-	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-done:
-			return fmt.Errorf("Run returned early: %v", err)
-		default:
-		}
-		req, _ := http.NewRequest(http.MethodGet, url, nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		if resp, err := client.Do(req); err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), want) {
-				return nil
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("%s did not show %s within 20s", url, want)
+	return waitAnswer(url, token, done, fmt.Sprintf("200 holding %s", want), func(code int, body string) bool {
+		return code == http.StatusOK && strings.Contains(body, want)
+	})
 }
 
 // waitStatus waits until url answers want (with the bearer token, if any).
 func waitStatus(url, token string, want int, done <-chan error) error {
+	return waitAnswer(url, token, done, strconv.Itoa(want), func(code int, _ string) bool { return code == want })
+}
+
+// waitAnswer polls url (with the bearer token, if any) for 20 s until ok
+// holds of an answer, or Run returns.
+func waitAnswer(url, token string, done <-chan error, what string, ok func(code int, body string) bool) error {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		// The metrics server's certificate is self-signed.
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a test against 127.0.0.1
@@ -266,8 +254,9 @@ func waitStatus(url, token string, want int, done <-chan error) error {
 		}
 		resp, err := client.Do(req)
 		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode == want {
+			if ok(resp.StatusCode, string(body)) {
 				return nil
 			}
 			last = resp.Status
@@ -276,7 +265,7 @@ func waitStatus(url, token string, want int, done <-chan error) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s did not answer %d within 20s (last: %s)", url, want, last)
+	return fmt.Errorf("%s did not answer %s within 20s (last: %s)", url, what, last)
 }
 
 func TestSchemeKnowsFlashSale(t *testing.T) {
