@@ -336,11 +336,12 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 	if res.Seeded > 0 {
 		s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d)", res.Campaign.Allocation, res.Seeded, res.Campaign.Epoch)
 	}
-	ids, err := eng.Store().RunIDs(ctx)
+	srv, err := eng.Store().Servers(ctx)
 	if err != nil {
 		r.unhealthy(s, err)
 		return true, nil
 	}
+	ids := srv.RunIDs
 	if !lost {
 		why, lost = s.conn.runIDsChanged(s.fs.Status.RedisServers, ids)
 	}
@@ -408,17 +409,13 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 	}
 	// A server that may evict keys is reported, and the sale goes on being
 	// gated and observed: only seeding and rebuilding are refused on it.
-	switch err := eng.Store().CheckEviction(ctx); {
-	case errors.Is(err, stock.ErrEvictionPolicy):
+	if err := srv.Evicting; err != nil {
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != ReasonEvictionPolicy {
 			s.event(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
 		}
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, err.Error())
 		s.setNotReady(ReasonRedisEvictionPolicy, err.Error())
-	case err != nil:
-		r.unhealthy(s, err)
-		return true, nil
-	default:
+	} else {
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
 	}
 	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))

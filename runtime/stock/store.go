@@ -244,12 +244,17 @@ func runID(ctx context.Context, node *redis.Client) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := checkVersion(node.Options().Addr, infoField(info, "redis_version")); err != nil {
+	return runIDFrom(node.Options().Addr, info)
+}
+
+// runIDFrom is the run id in an INFO answer that has its server section.
+func runIDFrom(addr, info string) (string, error) {
+	if err := checkVersion(addr, infoField(info, "redis_version")); err != nil {
 		return "", err
 	}
 	id := infoField(info, "run_id")
 	if id == "" {
-		return "", fmt.Errorf("%s: INFO server has no run_id", node.Options().Addr)
+		return "", fmt.Errorf("%s: INFO server has no run_id", addr)
 	}
 	return id, nil
 }
@@ -648,24 +653,62 @@ func (s *Store) Ping(ctx context.Context) error {
 // means the server restarted and may have lost its data; a shard whose slot
 // moves to another server shows up as a new address.
 func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
+	srv, err := s.Servers(ctx)
+	return srv.RunIDs, err
+}
+
+// ServerCheck is what one INFO of each server holding shards says.
+type ServerCheck struct {
+	RunIDs map[string]string // by address
+	// Evicting is ErrEvictionPolicy naming the servers that may evict keys,
+	// or nil.
+	Evicting error
+}
+
+// Servers reads the servers holding the sale's shards, one INFO (server and
+// memory) each: RunIDs and CheckEviction in one round trip per server, for a
+// caller that needs both at every refresh.
+func (s *Store) Servers(ctx context.Context) (ServerCheck, error) {
 	if c, ok := s.rdb.(*redis.ClusterClient); ok {
 		// ForEachMaster reloads the slot map first (MasterForKey alone uses
 		// the cached one): a failover must show as the new master at once.
 		if err := c.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
-			return nil, err
+			return ServerCheck{}, err
 		}
 	}
 	nodes, err := s.shardServers(ctx)
 	if err != nil {
-		return nil, err
+		return ServerCheck{}, err
 	}
-	out := make(map[string]string, len(nodes))
+	out := ServerCheck{RunIDs: make(map[string]string, len(nodes))}
+	var evicting []string
 	for _, node := range nodes {
-		id, err := runID(ctx, node)
+		addr := node.Options().Addr
+		info, err := node.Info(ctx, "server", "memory").Result()
+		if err != nil {
+			// A server before 7.0 refuses two sections: INFO server alone
+			// names it (ErrRedisTooOld).
+			if _, verr := runID(ctx, node); verr != nil {
+				return out, verr
+			}
+			return out, err
+		}
+		id, err := runIDFrom(addr, info)
 		if err != nil {
 			return out, err
 		}
-		out[node.Options().Addr] = id
+		out.RunIDs[addr] = id
+		policy, max := infoField(info, "maxmemory_policy"), infoField(info, "maxmemory")
+		switch {
+		case policy == "" || max == "":
+			evicting = append(evicting, fmt.Sprintf("%s (INFO memory does not say its maxmemory and maxmemory-policy)", addr))
+		case policy != "noeviction" && max != "0":
+			evicting = append(evicting, fmt.Sprintf("%s (maxmemory %s, maxmemory-policy %s)", addr, max, policy))
+		}
+	}
+	if len(evicting) > 0 {
+		slices.Sort(evicting)
+		out.Evicting = fmt.Errorf("%w: %s", ErrEvictionPolicy, strings.Join(evicting, ", "))
 	}
 	return out, nil
 }
@@ -679,29 +722,11 @@ var ErrEvictionPolicy = errors.New("a Redis server holding shards may evict keys
 // CheckEviction refuses servers holding shards that may evict keys
 // (ErrEvictionPolicy, naming them and their policy).
 func (s *Store) CheckEviction(ctx context.Context) error {
-	nodes, err := s.shardServers(ctx)
+	srv, err := s.Servers(ctx)
 	if err != nil {
 		return err
 	}
-	var evicting []string
-	for _, node := range nodes {
-		info, err := node.Info(ctx, "memory").Result()
-		if err != nil {
-			return err
-		}
-		policy, max := infoField(info, "maxmemory_policy"), infoField(info, "maxmemory")
-		switch {
-		case policy == "" || max == "":
-			evicting = append(evicting, fmt.Sprintf("%s (INFO memory does not say its maxmemory and maxmemory-policy)", node.Options().Addr))
-		case policy != "noeviction" && max != "0":
-			evicting = append(evicting, fmt.Sprintf("%s (maxmemory %s, maxmemory-policy %s)", node.Options().Addr, max, policy))
-		}
-	}
-	if len(evicting) > 0 {
-		slices.Sort(evicting)
-		return fmt.Errorf("%w: %s", ErrEvictionPolicy, strings.Join(evicting, ", "))
-	}
-	return nil
+	return srv.Evicting
 }
 
 // DeleteAll removes every key of the campaign (all shards), for a deleted FlashSale.
