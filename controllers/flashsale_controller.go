@@ -368,7 +368,14 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		return true, nil
 	}
 	if needsRebuild {
-		rep, err := eng.Rebuild(ctx, s.window.Gate)
+		// The shards open in the state of the moment they open, and the
+		// phases after this one gate and requeue from it: a rebuild of a large
+		// ledger may run across a schedule edge.
+		rep, err := eng.Rebuild(ctx, func() string {
+			s.now = r.now()
+			s.window = saleWindow(&s.fs.Spec, s.now)
+			return s.window.Gate
+		})
 		if err != nil {
 			err = classify(err)
 			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
@@ -396,7 +403,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		}
 		// What the rebuilt shards say, until observe recomputes it: a later
 		// phase that stops early must not leave the phase blank.
-		s.fs.Status.Phase = salePhase(s.window.Gate, rep.Available, rep.Reserved)
+		s.fs.Status.Phase = salePhase(rep.Gate, rep.Available, rep.Reserved)
 		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d",
 			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -414,6 +415,99 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 	})
 	if fs.Generation != 1 {
 		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	}
+}
+
+// A rebuild that runs across the schedule's end opens the shards ended, and
+// the status of that reconcile says so: the shards open in the state of the
+// moment they open, not of the moment the reconcile began. Here the rebuild
+// waits on the campaign row, held by the test, while the clock passes the end.
+func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	var late atomic.Bool
+	e.clock = func() time.Time {
+		if late.Load() {
+			return time.Now().Add(2 * time.Hour)
+		}
+		return time.Now()
+	}
+	e.startController()
+	e.apply(e.sale("edge", 50).schedule(time.Time{}, time.Now().Add(time.Hour)))
+	fs := e.waitFor("edge", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	eng := e.engineFor(fs, r.Addr())
+	e.reserve(eng, "early")
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE", string(fs.UID)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := k8s.Watch(ctx, &flashsalev1alpha1.FlashSaleList{}, client.InNamespace(e.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := r.RestartEmpty(); err != nil {
+		t.Fatal(err)
+	}
+	// The rebuild is under way once it waits for the row.
+	// Asked outside the transaction: one sees pg_stat_activity as it was at
+	// its first read.
+	watcher, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close(ctx)
+	for waiting := time.Now().Add(settle); ; time.Sleep(50 * time.Millisecond) {
+		var n int
+		if err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(waiting) {
+			t.Fatal("the rebuild never waited for the campaign row")
+		}
+	}
+	late.Store(true)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(settle)
+	for {
+		select {
+		case ev := <-w.ResultChan():
+			got, ok := ev.Object.(*flashsalev1alpha1.FlashSale)
+			if !ok || got.Status.LastRebuild == nil {
+				continue
+			}
+			if got.Status.Phase != flashsalev1alpha1.PhaseEnded {
+				t.Fatalf("the rebuilt sale is %s, not Ended, past its end", got.Status.Phase)
+			}
+			states, err := eng.Store().State(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range states {
+				if s.State != stock.StateEnded {
+					t.Fatalf("shard %d is %s after a rebuild past the end", s.Index, s.State)
+				}
+			}
+			return
+		case <-deadline:
+			t.Fatal("no status with the rebuild")
+		}
 	}
 }
 

@@ -68,6 +68,8 @@ type env struct {
 	mgr ctrl.Manager
 	// reconcileTimeout, when set, bounds each reconcile (--reconcile-timeout).
 	reconcileTimeout time.Duration
+	// clock, when set, is the controller's clock.
+	clock func() time.Time
 }
 
 // countingClient counts the Updates of Deployments that go through it.
@@ -151,6 +153,7 @@ func (e *env) startController() (stop func()) {
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         "flashsale-operator:test",
 		StatusRefresh: time.Second,
+		Clock:         e.clock,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatal(err)

@@ -142,7 +142,8 @@ type RebuildReport struct {
 	Available int64
 	Reserved  int64
 	Sold      int64
-	Expired   int // pending orders past expiry found by the rebuild and cancelled
+	Expired   int    // pending orders past expiry found by the rebuild and cancelled
+	Gate      string // the state the shards were opened in
 	Duration  time.Duration
 }
 
@@ -153,9 +154,11 @@ const rebuildBatch = 200
 // in one transaction the campaign row is locked, the epoch bumped and the committed
 // and still-valid pending orders read; then per shard the old state is wiped, valid
 // pending reservations recreated, the stock written and the meta written last,
-// closed; once every shard is rebuilt the gate state opens them together.
-// Reservations racing it were either counted or fenced.
-func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error) {
+// closed; once every shard is rebuilt they are opened together in the state
+// gate returns then. It is asked at that moment, not before: a rebuild of a
+// large ledger may run across a schedule edge. Reservations racing it were
+// either counted or fenced.
+func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport, error) {
 	start := e.now()
 	// Before the epoch is bumped: stock rebuilt where it may be evicted again
 	// would not stay what the ledger says.
@@ -198,7 +201,8 @@ func (e *Engine) Rebuild(ctx context.Context, gate string) (RebuildReport, error
 	if first != nil {
 		return rep, first
 	}
-	if err := e.SetGate(ctx, gate, c.Epoch); err != nil {
+	rep.Gate = gate()
+	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
 		// Shards are written one by one: close again those that opened.
 		_, _ = e.store.SetGate(ctx, stock.StateFailClosed, 0)
 		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)

@@ -304,3 +304,6 @@ type counter struct{ n atomic.Int64 }
 
 func (c *counter) inc()         { c.n.Add(1) }
 func (c *counter) value() int64 { return c.n.Load() }
+
+// gate is a Rebuild gate that always answers state.
+func gate(state string) func() string { return func() string { return state } }

@@ -214,7 +214,7 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
 				t.Fatalf("seed after loss must refuse: %v", err)
 			}
-			rep, err := f.e.Rebuild(ctx, stock.StateOpen)
+			rep, err := f.e.Rebuild(ctx, gate(stock.StateOpen))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -321,7 +321,7 @@ func TestMaterializationRacingRebuild(t *testing.T) {
 		}()
 		for range 3 {
 			time.Sleep(30 * time.Millisecond)
-			if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+			if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -421,7 +421,7 @@ func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
 		t.Fatalf("after NOSCRIPT on a restarted server: %+v", res)
 	}
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 		t.Fatal(err)
 	}
 	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeReserved {
@@ -500,7 +500,7 @@ func TestStaleSnapshotRefusedUntilRebuilt(t *testing.T) {
 			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
 				t.Fatalf("seed over the snapshot: %v", err)
 			}
-			rep, err := f.e.Rebuild(ctx, stock.StateOpen)
+			rep, err := f.e.Rebuild(ctx, gate(stock.StateOpen))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -545,7 +545,7 @@ func TestShardFromAnotherServerRefused(t *testing.T) {
 		if refused == 0 || taken == 0 {
 			t.Fatalf("refused %d, taken %d: both shards should have been tried", refused, taken)
 		}
-		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 			t.Fatal(err)
 		}
 		if h, err := f.e.Check(ctx, 2); err != nil || h.Lost() {
@@ -584,7 +584,7 @@ func (f *fixture) unverifiedUntilRebuilt(user, where string) engine.Health {
 	if err != nil || !slices.Contains(h.Unverified, 0) {
 		f.t.Fatalf("check %+v %v", h, err)
 	}
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 		f.t.Fatal(err)
 	}
 	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {
@@ -718,7 +718,7 @@ func TestBackstopOutlivesLongReservations(t *testing.T) {
 	cfg := f.cfg
 	cfg.TTL = 10 * time.Minute
 	e := openEngine(t, cfg, rdb, f.l)
-	if _, err := e.Rebuild(context.Background(), stock.StateOpen); err != nil {
+	if _, err := e.Rebuild(context.Background(), gate(stock.StateOpen)); err != nil {
 		t.Fatal(err)
 	}
 	ttl, err = rdb.TTL(context.Background(), f.e.Store().Keys(0).Res(strings.TrimPrefix(r.Reservation.ID, "0."))).Result()
@@ -834,7 +834,7 @@ func TestRestockExactlyOnce(t *testing.T) {
 			t.Fatalf("counts %+v", c)
 		}
 		// A rebuild after the change keeps it exactly once too.
-		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.e.ApplyAllocation(ctx, 600); err != nil {
@@ -951,7 +951,7 @@ func TestAllocationDecrease(t *testing.T) {
 			t.Fatalf("after lowering to 10: %+v", c)
 		}
 		// A rebuild keeps the lowered allocation.
-		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 			t.Fatal(err)
 		}
 		if c := f.assertConserved(); c.Allocation != 10 || c.Available != 0 || c.Sold != 1 {
@@ -1176,7 +1176,7 @@ func TestSeedAfterLossIsARebuild(t *testing.T) {
 	if a := <-first; a.err != nil || a.r.Outcome != engine.OutcomeReserved {
 		t.Fatalf("the reservation in flight: %+v %v", a.r, a.err)
 	}
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.reserve("second", "r", 1); r.Outcome != engine.OutcomeSoldOut {
@@ -1224,7 +1224,7 @@ func TestOvertakenRebuildWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A real rebuild puts the shard back as the ledger has it.
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 		t.Fatal(err)
 	}
 	if c := f.assertConserved(); c.Available != 10 || c.Reserved != 0 {
@@ -1257,7 +1257,8 @@ func TestPartialRebuildAdmitsNothing(t *testing.T) {
 	if _, err := f.e.Store().SetGate(ctx, stock.StateFailClosed, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Rebuild(ctx, stock.StateOpen); err == nil || !strings.Contains(err.Error(), "shard 2") {
+	unasked := func() string { t.Fatal("a failed rebuild asked for the gate"); return stock.StateOpen }
+	if _, err := e.Rebuild(ctx, unasked); err == nil || !strings.Contains(err.Error(), "shard 2") {
 		t.Fatalf("rebuild without access to shard 2: %v", err)
 	}
 	states, err := f.e.Store().State(ctx)
@@ -1274,9 +1275,30 @@ func TestPartialRebuildAdmitsNothing(t *testing.T) {
 			t.Fatalf("reserve after a failed rebuild: %s", r.Outcome)
 		}
 	}
-	// A rebuild that reaches every shard opens them all.
-	if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+	// A rebuild that reaches every shard opens them all, in the state asked
+	// for once every shard is rebuilt (and still closed).
+	asked := 0
+	rep, err := f.e.Rebuild(ctx, func() string {
+		asked++
+		c, err := f.e.Counts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sh := range c.Shards {
+			if sh.State != stock.StateFailClosed {
+				t.Errorf("shard %d is %s when the gate is asked", sh.Index, sh.State)
+			}
+		}
+		if c.Available != 34 || c.Reserved != 6 {
+			t.Errorf("the gate was asked before every shard was rebuilt: %+v", c)
+		}
+		return stock.StateOpen
+	})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if asked != 1 || rep.Gate != stock.StateOpen {
+		t.Fatalf("gate asked %d times, report says %q", asked, rep.Gate)
 	}
 	if c := f.assertConserved(); c.Reserved != 6 || c.Available != 34 {
 		t.Fatalf("after the full rebuild: %+v", c)
@@ -1337,7 +1359,7 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 	if _, err := e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
 		t.Fatalf("a live sale with a shard lost on an evicting Redis: %v, want ErrNeedsRebuild", err)
 	}
-	if _, err := e.Rebuild(ctx, stock.StateOpen); !errors.Is(err, stock.ErrEvictionPolicy) {
+	if _, err := e.Rebuild(ctx, gate(stock.StateOpen)); !errors.Is(err, stock.ErrEvictionPolicy) {
 		t.Fatalf("rebuild on an evicting Redis: %v", err)
 	}
 	if c, err := l.GetCampaign(ctx, cfg.CampaignID); err != nil || c.Epoch != 1 {

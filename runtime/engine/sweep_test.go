@@ -508,7 +508,7 @@ func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, reb
 	}
 	wait := slack + 100*time.Millisecond
 	if rebuild {
-		if _, err := f.e.Rebuild(ctx, stock.StateOpen); err != nil {
+		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := rdb.ZCard(ctx, f.e.Store().Keys(0).Claims()).Result(); err != nil || n != 2 {

@@ -80,7 +80,7 @@ func TestReserveProcessesRefuseAStaleRedis(t *testing.T) {
 	if counts := c.counts(); counts.Reserved != 4 || counts.Available != allocation-4 {
 		t.Fatalf("the snapshot's stock was touched: %+v", counts)
 	}
-	if _, err := c.eng.Rebuild(context.Background(), stock.StateOpen); err != nil {
+	if _, err := c.eng.Rebuild(context.Background(), func() string { return stock.StateOpen }); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range []*process{a, b} {
