@@ -1256,6 +1256,33 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	}
 }
 
+// A placement the CRD accepts but the API server refuses in a pod (a
+// nodeSelector value that is not a label value) is named in Ready, the sale
+// goes on being gated, and fixing the spec clears it.
+func TestPodPlacementTheAPIServerRefusesIsNamed(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("misplaced", 10)
+	updateSpec(t, e.ns, "misplaced", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{NodeSelector: map[string]string{"pool": "drop nodes"}}
+	})
+	fs := e.waitFor("misplaced", settle, "ChildrenFailed", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonChildrenFailed))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "nodeSelector") || !strings.Contains(c.Message, "drop nodes") {
+		t.Fatalf("Ready does not name the refused field: %s", c.Message)
+	}
+	if fs.Status.ObservedGeneration == fs.Generation {
+		t.Fatal("a spec whose pods cannot be written is reported observed")
+	}
+	if sel := e.deployment("misplaced-reserve").Spec.Template.Spec.NodeSelector; sel != nil {
+		t.Fatalf("the reserve pods got %v", sel)
+	}
+	updateSpec(t, e.ns, "misplaced", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Pods = nil })
+	e.waitFor("misplaced", settle, "the spec observed", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason != controllers.ReasonChildrenFailed && fs.Status.ObservedGeneration == fs.Generation
+	})
+}
+
 // The scale subresource: kubectl scale (or a HorizontalPodAutoscaler) sets
 // spec.reservation.replicas, the reserve Deployment follows, and the scale's
 // status reports the pods and their selector.

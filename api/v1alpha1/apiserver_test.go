@@ -115,6 +115,18 @@ func TestAgainstTheAPIServer(t *testing.T) {
 			{"name of 56 characters", func(f *v1alpha1.FlashSale) { f.Name = "s" + strings.Repeat("x", 55) }, "metadata.name must be at most 55"},
 			{"name with a dot", func(f *v1alpha1.FlashSale) { f.Name = "drop.v2" }, "metadata.name must be at most 55"},
 			{"name starting with a digit", func(f *v1alpha1.FlashSale) { f.Name = "2026-drop" }, "metadata.name must be at most 55"},
+			{"toleration operator in lowercase", func(f *v1alpha1.FlashSale) {
+				f.Spec.Pods = &v1alpha1.PodsSpec{Tolerations: []corev1.Toleration{{Key: "drop", Operator: "exists"}}}
+			}, "pods.tolerations[].operator must be Equal, Exists, Lt or Gt"},
+			{"tolerationSeconds without NoExecute", func(f *v1alpha1.FlashSale) {
+				f.Spec.Pods = &v1alpha1.PodsSpec{Tolerations: []corev1.Toleration{{Key: "drop", Operator: corev1.TolerationOpExists, TolerationSeconds: ptr.To[int64](30)}}}
+			}, "tolerationSeconds needs effect NoExecute"},
+			{"nodeSelector key with two slashes", func(f *v1alpha1.FlashSale) {
+				f.Spec.Pods = &v1alpha1.PodsSpec{NodeSelector: map[string]string{"a/b/c": "x"}}
+			}, "pods.nodeSelector keys must be label keys"},
+			{"priorityClassName with a space", func(f *v1alpha1.FlashSale) {
+				f.Spec.Pods = &v1alpha1.PodsSpec{PriorityClassName: "drop critical"}
+			}, "pods.priorityClassName must be a PriorityClass name"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				fs := minimalSale("bad-" + strings.ReplaceAll(tc.name, " ", "-"))

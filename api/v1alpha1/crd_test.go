@@ -240,6 +240,15 @@ func with(value any, path ...string) map[string]any {
 	return obj
 }
 
+// tolerations returns minimal() with these spec.pods.tolerations.
+func tolerations(ts ...map[string]any) map[string]any {
+	list := make([]any, len(ts))
+	for i, t := range ts {
+		list[i] = t
+	}
+	return with(list, "pods", "tolerations")
+}
+
 func TestMinimalFlashSaleIsDefaulted(t *testing.T) {
 	a := newAdmission(t)
 	obj := minimal()
@@ -330,6 +339,20 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"spec.postgres.secretRef.name: Required value"},
 		{"negative replicas", nil, with(int64(-1), "reservation", "replicas"),
 			"spec.reservation.replicas in body should be greater than or equal to 0"},
+		{"unknown toleration operator", nil, tolerations(map[string]any{"key": "drop", "operator": "In"}),
+			"pods.tolerations[].operator must be Equal, Exists, Lt or Gt"},
+		{"unknown taint effect", nil, tolerations(map[string]any{"key": "drop", "effect": "NoScheduleNoAdmit"}),
+			"pods.tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute"},
+		{"toleration without key or Exists", nil, tolerations(map[string]any{"value": "x"}),
+			"a toleration without a key must have operator Exists"},
+		{"Exists with a value", nil, tolerations(map[string]any{"key": "drop", "operator": "Exists", "value": "yes"}),
+			"operator Exists takes no value"},
+		{"tolerationSeconds without NoExecute", nil, tolerations(map[string]any{"key": "drop", "effect": "NoSchedule", "tolerationSeconds": int64(30)}),
+			"tolerationSeconds needs effect NoExecute"},
+		{"nodeSelector key not a label key", nil, with(map[string]any{"drop/pool/x": "a"}, "pods", "nodeSelector"),
+			"pods.nodeSelector keys must be label keys"},
+		{"priorityClassName in capitals", nil, with("Drop-Critical", "pods", "priorityClassName"),
+			"pods.priorityClassName must be a PriorityClass name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -363,6 +386,16 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 		"no steal probes":  with(int64(0), "reservation", "stealProbes"),
 		"cluster mode":     with("cluster", "redis", "mode"),
 		"open-ended start": with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),
+		"tolerations": tolerations(
+			map[string]any{"key": "dedicated", "operator": "Equal", "value": "drop", "effect": "NoSchedule"},
+			map[string]any{"key": "example.com/drop", "value": "yes"},
+			map[string]any{"operator": "Exists"},
+			map[string]any{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": int64(30)},
+			map[string]any{"key": "capacity", "operator": "Gt", "value": "10"}),
+		"placement": with(map[string]any{
+			"nodeSelector":      map[string]any{"pool": "drop", "example.com/zone": "", "tier": "a_b.c-1"},
+			"priorityClassName": "drop-critical.v2",
+		}, "pods"),
 		"window": with(map[string]any{
 			"start": "2026-12-01T09:00:00Z", "end": "2026-12-01T09:00:01Z"}, "schedule"),
 	} {

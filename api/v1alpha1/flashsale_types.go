@@ -254,19 +254,30 @@ type PodsSpec struct {
 	// nodeSelector keeps the pods on nodes with these labels (nodes set aside
 	// for the drop).
 	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !format.qualifiedName().validate(k).hasValue())",message="pods.nodeSelector keys must be label keys ([prefix/]name: name at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
 	// tolerations let the pods run on tainted nodes (nodes set aside for
-	// the drop).
+	// the drop). The API server's rules for a pod's tolerations are checked
+	// here, so that a mistake is refused on apply rather than when the
+	// sale's Deployments are written; only the format of keys and values is
+	// left to that write (Ready then says ChildrenFailed and names it).
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator in ['Equal', 'Exists', 'Lt', 'Gt'])",message="pods.tolerations[].operator must be Equal, Exists, Lt or Gt"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.effect) || t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="pods.tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute, or empty for all effects"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, (has(t.key) && t.key != '') || (has(t.operator) && t.operator == 'Exists'))",message="pods.tolerations[]: a toleration without a key must have operator Exists (it then tolerates every taint)"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",message="pods.tolerations[]: operator Exists takes no value"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))",message="pods.tolerations[].tolerationSeconds needs effect NoExecute"
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
 	// priorityClassName is the PriorityClass of the pods, so that other
 	// workloads are preempted before them during the sale.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="pods.priorityClassName must be a PriorityClass name (lowercase letters, digits, '-' and '.')"
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
