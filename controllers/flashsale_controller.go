@@ -32,6 +32,7 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -247,7 +248,11 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	}
 	name := types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name}
 	gctx := ctx
-	if c := r.conns.cached(name); c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
+	prev := r.conns.cached(name)
+	if prev != nil && prev.engine.Config().CampaignID != string(s.fs.UID) {
+		prev = nil // a sale of the same name, deleted since
+	}
+	if prev != nil {
 		// Replacing connections that work: a new ledger or Redis that does
 		// not answer must not delay the gates applied with the old ones.
 		var cancel context.CancelFunc
@@ -255,55 +260,76 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		defer cancel()
 	}
 	conn, err := r.conns.get(gctx, name, refs, cfg)
-	if err != nil {
-		r.unhealthy(s, err)
+	if err != nil && prev != nil {
 		// Secrets changed to values that do not connect (a rotation to a
 		// wrong DSN): as with a Secret gone, the sale goes on being gated
-		// and observed with the connections opened before.
-		if c := r.conns.cached(name); c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
-			// The pods are not rolled onto values that do not connect.
-			s.refs = nil
-			ready := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-			s.setNotReady(ready.Reason, ready.Message+" (the sale is still served and gated with the connections opened before)")
-			s.incomplete = true
-			s.conn = c
-			return false, nil
+		// and observed with the connections opened before. Their health is
+		// what the phases below find; only Ready says what is wrong here.
+		f := describeFailure(s.fs, err)
+		secret := fmt.Sprintf("Redis Secret %q", s.fs.Spec.Redis.SecretRef.Name)
+		if f.condition == flashsalev1alpha1.ConditionLedgerHealthy {
+			secret = fmt.Sprintf("ledger Secret %q", s.fs.Spec.Postgres.SecretRef.Name)
 		}
+		s.setNotReady(f.readyReason, "new connections with the current values of the "+secret+" do not open: "+f.message+
+			" (the sale is still served and gated with the connections opened before)")
+		s.refs = nil // the pods are not rolled onto values that do not connect
+		s.incomplete = true
+		s.conn = prev
+		s.requeueAfter(retryUnhealthy)
+		return false, nil
+	}
+	if err != nil {
+		r.unhealthy(s, err)
 		return true, nil
 	}
 	s.conn = conn
-	s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	if conn != prev {
+		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	}
 	return false, nil
 }
 
 // unhealthy records a Redis or ledger failure: the sale is closed (no reservation
 // can be made durable or taken) and the controller retries soon.
 func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
-	var le *ledgerError
-	switch {
-	case errors.As(err, &le) && pgForbidden(err):
-		msg := "PostgreSQL ledger refused the operator: " + le.err.Error()
-		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonForbidden, msg)
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerForbidden, msg)
-	case errors.As(err, &le):
-		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerUnreachable, err.Error())
-	case errors.Is(err, stock.ErrEvictionPolicy):
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, err.Error())
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisEvictionPolicy, err.Error())
-	case errors.Is(err, stock.ErrRedisTooOld):
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnsupported, err.Error())
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnsupported, err.Error())
-	case redis.IsAuthError(err) || redis.IsPermissionError(err):
-		// Wrong credentials, or an ACL user without a command the operator needs.
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonForbidden, err.Error())
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisForbidden, err.Error())
-	default:
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRedisUnreachable, err.Error())
-	}
+	f := describeFailure(s.fs, err)
+	s.condition(f.condition, metav1.ConditionFalse, f.reason, f.message)
+	s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, f.readyReason, f.message)
 	s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+err.Error())
 	s.requeueAfter(retryUnhealthy)
+}
+
+// failure is what a Redis or ledger error says in the status: the health
+// condition it turns False, with its reason, and Ready's reason.
+type failure struct {
+	condition, reason, readyReason, message string
+}
+
+func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
+	var le *ledgerError
+	onLedger := func(reason, readyReason, message string) failure {
+		return failure{flashsalev1alpha1.ConditionLedgerHealthy, reason, readyReason, message}
+	}
+	onRedis := func(reason, readyReason string) failure {
+		return failure{flashsalev1alpha1.ConditionRedisHealthy, reason, readyReason, err.Error()}
+	}
+	switch {
+	case errors.As(err, &le) && errors.Is(err, ledger.ErrBadDSN):
+		return onLedger(ReasonInvalid, ReasonLedgerSecretInvalid,
+			fmt.Sprintf("ledger Secret %q key %q: %s", fs.Spec.Postgres.SecretRef.Name, resolve(fs).postgresKey, le.err.Error()))
+	case errors.As(err, &le) && pgForbidden(err):
+		return onLedger(ReasonForbidden, ReasonLedgerForbidden, "PostgreSQL ledger refused the operator: "+le.err.Error())
+	case errors.As(err, &le):
+		return onLedger(ReasonUnreachable, ReasonLedgerUnreachable, err.Error())
+	case errors.Is(err, stock.ErrEvictionPolicy):
+		return onRedis(ReasonEvictionPolicy, ReasonRedisEvictionPolicy)
+	case errors.Is(err, stock.ErrRedisTooOld):
+		return onRedis(ReasonUnsupported, ReasonRedisUnsupported)
+	case redis.IsAuthError(err) || redis.IsPermissionError(err):
+		// Wrong credentials, or an ACL user without a command the operator needs.
+		return onRedis(ReasonForbidden, ReasonRedisForbidden)
+	}
+	return onRedis(ReasonUnreachable, ReasonRedisUnreachable)
 }
 
 // ensureStock seeds a new sale once, and detects and repairs Redis data loss: shards
@@ -460,6 +486,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		r.unhealthy(s, &ledgerError{err})
 		return true, nil
 	}
+	s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
 	// A spec that is refused or still being applied is not observed: the
 	// generation stays unobserved until it is in effect.
 	refuse := func(sold, reserved int64) {

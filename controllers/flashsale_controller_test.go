@@ -1433,6 +1433,47 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 	})
 }
 
+// A ledger Secret whose DSN does not parse is named, and the password it
+// holds is shown nowhere: pgx quotes such a DSN in its error, redacting only
+// the passwords it can find.
+func TestLedgerDSNThatDoesNotParse(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.setSecret("shop-ledger", "dsn", "host=127.0.0.1 user=u password = Zz9secret dbname=x sslmode=requir")
+	e.startController()
+	e.apply(e.sale("garbled", 10))
+	fs := e.waitFor("garbled", settle, controllers.ReasonLedgerSecretInvalid, reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerSecretInvalid))
+	c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+	if !strings.Contains(c.Message, `ledger Secret "shop-ledger" key "dsn"`) || !strings.Contains(c.Message, "sslmode") {
+		t.Fatalf("Ready does not say what is wrong where: %s", c.Message)
+	}
+	if !conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse) {
+		t.Fatalf("LedgerHealthy %+v", meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy))
+	}
+	noSecretIn(t, e.ns, fs, "Zz9secret")
+	e.setSecret("shop-ledger", "dsn", e.dsn)
+	e.waitFor("garbled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+}
+
+// noSecretIn fails the test if secret shows in the FlashSale's conditions or
+// in an event about it.
+func noSecretIn(t *testing.T, ns string, fs *flashsalev1alpha1.FlashSale, secret string) {
+	t.Helper()
+	for _, c := range fs.Status.Conditions {
+		if strings.Contains(c.Message, secret) {
+			t.Errorf("condition %s shows the password: %s", c.Type, c.Message)
+		}
+	}
+	var events corev1.EventList
+	if err := k8s.List(context.Background(), &events, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		if strings.Contains(ev.Message, secret) {
+			t.Errorf("event %s shows the password: %s", ev.Reason, ev.Message)
+		}
+	}
+}
+
 // reconcileTimeouts is controller-runtime's count of the FlashSale
 // controller's reconciles that reached their deadline.
 func reconcileTimeouts(t *testing.T) float64 {
@@ -1472,6 +1513,11 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 		{"redis", "shop-redis", "addresses", controllers.ReasonRedisUnreachable,
 			func(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) },
 			func(e *env) string { return e.redisAddr }},
+		{"ledger DSN that does not parse", "shop-ledger", "dsn", controllers.ReasonLedgerSecretInvalid,
+			func(port int) string {
+				return fmt.Sprintf("host=127.0.0.1 port=%d password = Zz9secret sslmode=requir", port)
+			},
+			func(e *env) string { return e.dsn }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, sharedRedis.Addr(), sharedPG)
@@ -1488,9 +1534,17 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 			before := fingerprint()
 			e.setSecret(tc.secret, tc.key, tc.dead(port))
 			fs = e.waitFor("rotated", settle, tc.reason, reasonIs(flashsalev1alpha1.ConditionReady, tc.reason))
-			if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "still served and gated") {
+			if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "still served and gated") ||
+				!strings.Contains(c.Message, fmt.Sprintf("Secret %q", tc.secret)) {
 				t.Fatalf("Ready %+v", c)
 			}
+			// The connections in use are fine, and the status says so.
+			for _, c := range []string{flashsalev1alpha1.ConditionLedgerHealthy, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionAdmitting} {
+				if !conditionIs(fs, c, metav1.ConditionTrue) {
+					t.Errorf("%s: %+v", c, meta.FindStatusCondition(fs.Status.Conditions, c))
+				}
+			}
+			noSecretIn(t, e.ns, fs, "Zz9secret")
 			updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
 			e.waitFor("rotated", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
 			if r, err := eng.Reserve(context.Background(), "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {

@@ -7,14 +7,17 @@ const ConditionAllocationApplied = "AllocationApplied"
 
 // Condition and event reasons.
 const (
-	ReasonSecretNotFound    = "SecretNotFound"
-	ReasonSecretKeyMissing  = "SecretKeyMissing"
-	ReasonReachable         = "Reachable"
-	ReasonUnreachable       = "Unreachable"
-	ReasonLedgerUnreachable = "LedgerUnreachable"
-	ReasonRedisUnreachable  = "RedisUnreachable"
-	ReasonUnsupported       = "Unsupported"
-	ReasonRedisUnsupported  = "RedisUnsupported"
+	ReasonSecretNotFound   = "SecretNotFound"
+	ReasonSecretKeyMissing = "SecretKeyMissing"
+	// ReasonInvalid: a Secret's value cannot be used (a DSN that does not parse).
+	ReasonInvalid             = "Invalid"
+	ReasonLedgerSecretInvalid = "LedgerSecretInvalid"
+	ReasonReachable           = "Reachable"
+	ReasonUnreachable         = "Unreachable"
+	ReasonLedgerUnreachable   = "LedgerUnreachable"
+	ReasonRedisUnreachable    = "RedisUnreachable"
+	ReasonUnsupported         = "Unsupported"
+	ReasonRedisUnsupported    = "RedisUnsupported"
 	// ReasonRedisEvictionPolicy: a server holding shards may evict keys.
 	ReasonRedisEvictionPolicy = "RedisEvictionPolicy"
 	// ReasonEvictionPolicy is RedisHealthy's reason for the same.

@@ -10,9 +10,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -46,6 +49,9 @@ var (
 	ErrAllocationDecrease = errors.New("ledger: allocation decrease")
 	// ErrClosed: Submit after the Materializer was closed.
 	ErrClosed = errors.New("ledger: materializer closed")
+	// ErrBadDSN: the connection string cannot be parsed. Its message never
+	// quotes the connection string.
+	ErrBadDSN = errors.New("ledger: the DSN cannot be parsed")
 )
 
 // defaultMaxConns covers the materializer workers plus checkout, cancel and
@@ -77,7 +83,7 @@ func WithMaxConns(n int32) Option {
 func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: parse dsn: %w", err)
+		return nil, parseError(err)
 	}
 	// ParseConfig fills a CPU-based default that cannot be told apart from an
 	// explicit setting, so look at the DSN itself.
@@ -121,3 +127,26 @@ func (l *Ledger) Ping(ctx context.Context) error {
 
 // Pool exposes the connection pool (health checks, ad-hoc queries in tests).
 func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+
+// parseError says why a DSN cannot be parsed without quoting it: pgx quotes
+// it with a best-effort redaction of the password (one written as
+// "password = x", with spaces, is missed), and the message reaches logs and
+// the FlashSale's status.
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return ErrBadDSN
+	}
+	bare := *pe
+	bare.ConnString = ""
+	why := strings.TrimPrefix(bare.Error(), "cannot parse ``: ")
+	// A URL that net/url refuses is quoted by its error too.
+	var ue *url.Error
+	if errors.As(pe, &ue) {
+		why = strings.ReplaceAll(why, strconv.Quote(ue.URL), "the URL")
+	}
+	if pe.ConnString != "" && strings.Contains(why, pe.ConnString) {
+		return ErrBadDSN
+	}
+	return fmt.Errorf("%w: %s", ErrBadDSN, why)
+}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -154,5 +155,31 @@ func TestOpenGivesUpOnASilentServer(t *testing.T) {
 	}
 	if took := time.Since(start); took > defaultConnectTimeout+20*time.Second {
 		t.Fatalf("Open gave up after %s, want about %s", took, defaultConnectTimeout)
+	}
+}
+
+// A DSN that cannot be parsed is refused with a reason and without itself:
+// pgx's own message quotes it, redacting the password only where it can
+// find it, and this error reaches logs and the FlashSale's status.
+func TestOpenNeverQuotesABadDSN(t *testing.T) {
+	const secret = "Zz9secret"
+	for _, tc := range []struct{ dsn, why string }{
+		{"host=127.0.0.1 user=u password = " + secret + " dbname=x sslmode=requir", "sslmode"},
+		{`host=127.0.0.1 password='a\' ` + secret + `' sslmode=bogus`, "sslmode"},
+		{"postgres://u:" + secret + "@127.0.0.1:port/db", "port"},
+		{"postgres://u:" + secret + "@127.0.0.1/db?pool_max_conns=many", "pool_max_conns"},
+		{"postgres://u:" + secret + "@127.0.0.1/db?connect_timeout=soon", "connect_timeout"},
+		{"host=127.0.0.1 password=" + secret + " user", "keyword/value"},
+	} {
+		_, err := Open(context.Background(), tc.dsn)
+		if !errors.Is(err, ErrBadDSN) {
+			t.Fatalf("%q: %v, want ErrBadDSN", tc.dsn, err)
+		}
+		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1") {
+			t.Errorf("the error quotes the DSN: %v", err)
+		}
+		if !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("%q: the error %q does not say why (%s)", tc.dsn, err, tc.why)
+		}
 	}
 }
