@@ -210,8 +210,14 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) string {
 	return okOK
 }
 
-// readyz: ready when Redis and the ledger answer and the ledger has this campaign
-// as configured. The controller creates the campaign; this process never does.
+// readyz: ready once Redis answered and the ledger has this campaign as
+// configured (the controller creates it; this process never does), until the
+// campaign is deleted or the process drains. Once ready, Redis or the ledger
+// not answering leaves it ready: every replica shares those servers, so
+// failing readiness would take all of them out of the Service at once, and
+// buyers would get refused connections instead of 503 UNAVAILABLE with
+// Retry-After, and no checkout (which needs only the ledger) during a Redis
+// outage.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 	if s.draining.Load() {
 		return unavailable("shutting down").write(w)
@@ -219,23 +225,30 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	cfg := s.engine.Config()
+	confirmed := s.confirmed.Load()
 	if err := s.engine.Store().Ping(ctx); err != nil {
-		s.log.Warn("not ready: redis", "err", err)
-		return unavailable("redis does not answer").write(w)
+		s.log.Warn("redis does not answer", "err", err, "ready", confirmed)
+		if !confirmed {
+			return unavailable("redis does not answer").write(w)
+		}
 	}
 	c, err := s.engine.Ledger().GetCampaign(ctx, cfg.CampaignID)
 	switch {
 	case errors.Is(err, ledger.ErrCampaignNotFound):
 		return unavailable("the campaign is not in the ledger yet").write(w)
 	case err != nil:
-		s.log.Warn("not ready: ledger", "err", err)
-		return unavailable("the ledger does not answer").write(w)
+		s.log.Warn("the ledger does not answer", "err", err, "ready", confirmed)
+		if !confirmed {
+			return unavailable("the ledger does not answer").write(w)
+		}
 	case c.DeletedAt != nil:
 		return unavailable("the campaign is deleted").write(w)
 	case c.SKU != cfg.SKU || c.Shards != cfg.Shards:
 		s.log.Error("not ready: configuration disagrees with the ledger",
 			"sku", cfg.SKU, "ledgerSku", c.SKU, "shards", cfg.Shards, "ledgerShards", c.Shards)
 		return unavailable("the configuration disagrees with the ledger").write(w)
+	default:
+		s.confirmed.Store(true)
 	}
 	writeJSON(w, http.StatusOK, StatusBody{Status: "ready"})
 	return okOK

@@ -62,7 +62,8 @@ type fixtureConfig struct {
 	engine  engine.Config
 	api     Config
 	mat     ledger.MaterializerConfig
-	cluster []string // Redis Cluster addresses; none: the shared standalone Redis
+	cluster []string // Redis Cluster addresses; none: redis, or the shared standalone Redis
+	redis   string   // a standalone Redis of the test's own
 }
 
 type option func(*fixtureConfig)
@@ -83,6 +84,7 @@ func withWriteTimeout(d time.Duration) option {
 	return func(c *fixtureConfig) { c.api.WriteTimeout = d }
 }
 func withCluster(addrs []string) option { return func(c *fixtureConfig) { c.cluster = addrs } }
+func withRedis(addr string) option      { return func(c *fixtureConfig) { c.redis = addr } }
 
 func randomID() string {
 	b := make([]byte, 8)
@@ -130,7 +132,11 @@ func newFixture(t testing.TB, opts ...option) *fixture {
 	if len(fc.cluster) > 0 {
 		f.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: fc.cluster, PoolSize: 64})
 	} else {
-		f.rdb = redis.NewClient(&redis.Options{Addr: sharedRedis.Addr(), PoolSize: 64})
+		addr := sharedRedis.Addr()
+		if fc.redis != "" {
+			addr = fc.redis
+		}
+		f.rdb = redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
 	}
 	t.Cleanup(func() { _ = f.rdb.Close() })
 	metrics := NewMetrics()

@@ -118,6 +118,8 @@ type Server struct {
 	routes  []Route
 
 	draining atomic.Bool
+	// confirmed: the ledger has shown the campaign as configured (readyz).
+	confirmed atomic.Bool
 
 	snapSem chan struct{} // one shard read at a time; waiters honour their context
 	snap    *stockSnapshot

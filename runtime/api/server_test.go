@@ -394,6 +394,41 @@ func TestReadinessNeedsTheCampaign(t *testing.T) {
 	}
 }
 
+// Once ready, a replica stays ready while Redis is down: the replicas share
+// it, and failing readiness would take them all out of the Service. Buyers
+// get 503 with Retry-After instead, and checkout, which needs only the
+// ledger, goes on. A replica that never saw its campaign is not ready.
+func TestReadinessOutlastsARedisOutage(t *testing.T) {
+	r := testharness.RedisT(t)
+	f := newFixture(t, withRedis(r.Addr()))
+	if got := f.call(http.MethodGet, "/readyz", "", nil); got.status != http.StatusOK {
+		t.Fatalf("readyz: %d %s", got.status, got.body)
+	}
+	held := f.reserve("ann", "k", 1)
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.call(http.MethodGet, "/readyz", "", nil); got.status != http.StatusOK {
+		t.Fatalf("readyz while Redis is down: %d %s", got.status, got.body)
+	}
+	res := f.call(http.MethodPost, reservePath, f.token("bob"), reserveBody("bob", "k", 1))
+	if res.status != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" {
+		t.Fatalf("reserve while Redis is down: %d %v %s", res.status, res.header, res.body)
+	}
+	if co := f.checkout("ann", held.ReservationID, "pay"); co.status != http.StatusOK {
+		t.Fatalf("checkout while Redis is down: %d %s", co.status, co.body)
+	}
+	fresh, err := New(Config{Engine: f.e, AdmissionKey: testKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	fresh.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "redis") {
+		t.Fatalf("readyz of a replica that never reached Redis: %d %s", rec.Code, rec.Body)
+	}
+}
+
 // The same journey on a Redis Cluster: every script touches one slot, the shard
 // read for availability spans them all.
 func TestReserveOnRedisCluster(t *testing.T) {
