@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -578,8 +579,12 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (bool, error) {
 	failed := func(kind, name string, err error) {
 		msg := fmt.Sprintf("cannot write %s %s: %v", kind, name, err)
+		// One event when it starts failing: the status changes with every
+		// refresh during a sale, so repeats would not fold into one.
+		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonChildrenFailed {
+			s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
+		}
 		s.setNotReady(ReasonChildrenFailed, msg)
-		s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
 		s.requeueAfter(retryUnhealthy)
 		s.incomplete = true
 	}
@@ -787,6 +792,10 @@ func (r *FlashSaleReconciler) reportReservePods(ctx context.Context, fs *flashsa
 	return nil
 }
 
+// eventNoteLimit is the longest event message the API server takes (bytes):
+// a longer one is refused and the event lost.
+const eventNoteLimit = 1024
+
 // writeStatus patches the status once, only when it changed, then emits the events.
 func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsalev1alpha1.FlashSale, s *scope) error {
 	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
@@ -807,7 +816,7 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 		}
 	}
 	for _, e := range s.events {
-		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", e.message)
+		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
 	}
 	return nil
 }
@@ -933,5 +942,10 @@ func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n-1] + "…"
+	const more = "…"
+	cut := n - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
 }

@@ -757,9 +757,18 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	if fs.Status.ObservedGeneration != 0 {
 		t.Fatalf("observedGeneration %d while a child cannot be written", fs.Status.ObservedGeneration)
 	}
-	e.waitFor("clash", time.Until(end)+5*time.Second, "Admitting False, Ended", reasonIs(flashsalev1alpha1.ConditionAdmitting, controllers.ReasonEnded))
+	// Sales go on while it fails (the counts change the status at every
+	// refresh): one event says so, not one per reconcile.
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	ctx := context.Background()
+	for i := range 6 {
+		e.reserve(eng, fmt.Sprintf("buyer-%d", i))
+		time.Sleep(700 * time.Millisecond)
+	}
+	if n := countEvents(t, e.ns, "clash", controllers.ReasonChildrenFailed); n != 1 {
+		t.Fatalf("%d ChildrenFailed events while the same child failed", n)
+	}
+	e.waitFor("clash", time.Until(end)+5*time.Second, "Admitting False, Ended", reasonIs(flashsalev1alpha1.ConditionAdmitting, controllers.ReasonEnded))
 	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StateEnded {
 		t.Fatalf("reserve after the end: %+v %v", r, err)
 	}

@@ -91,7 +91,7 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 	}
 	if present == len(states) {
 		if unverified := stock.Unverified(states); len(unverified) > 0 {
-			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %v hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, unverified)
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, shardList(unverified))
 		}
 		return SeedResult{Campaign: c, Live: true}, nil
 	}
@@ -605,4 +605,14 @@ func (e *Engine) Delete(ctx context.Context) error {
 		return ledgerFailure("mark campaign deleted", err)
 	}
 	return nil
+}
+
+// shardList names shards in a message, the first few only: a sale may have a
+// thousand, and the message goes into the FlashSale's conditions and events.
+func shardList(idx []int) string {
+	const shown = 8
+	if len(idx) <= shown {
+		return fmt.Sprint(idx)
+	}
+	return fmt.Sprintf("%v and %d more", idx[:shown], len(idx)-shown)
 }

@@ -403,7 +403,7 @@ func TestLedgerDown(t *testing.T) {
 func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	r := testharness.RedisT(t)
 	rdb := standaloneClient(t, r.Addr())
-	f := newFixture(t, rdb, withAllocation(10))
+	f := newFixture(t, rdb, withAllocation(24), withShards(12))
 	ctx := context.Background()
 	f.reserve("pia", "r", 1)
 	before := serverRunID(t, rdb)
@@ -420,6 +420,11 @@ func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	}
 	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
 		t.Fatalf("after NOSCRIPT on a restarted server: %+v", res)
+	}
+	// As the controller reports it: the first shards named, the rest counted.
+	if _, err := f.e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) ||
+		!strings.Contains(err.Error(), "shards [0 1 2 3 4 5 6 7] and 4 more hold data") {
+		t.Fatalf("seeding after the restart: %v", err)
 	}
 	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,24 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// Event messages are cut to what the API server takes, on a character
+// boundary; a longer one would be refused and the event lost.
+func TestTruncate(t *testing.T) {
+	for _, s := range []string{strings.Repeat("x", 5000), strings.Repeat("é", 700), strings.Repeat("→", 400), "short"} {
+		got := truncate(s, eventNoteLimit)
+		if len(got) > eventNoteLimit || !utf8.ValidString(got) {
+			t.Errorf("%d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
+		}
+		if len(s) <= eventNoteLimit && got != s {
+			t.Errorf("a short message was cut: %q", got)
+		}
+		if len(s) > eventNoteLimit && (!strings.HasSuffix(got, "…") || len(got) < eventNoteLimit-3) {
+			t.Errorf("cut to %d bytes: %q…", len(got), got[len(got)-10:])
+		}
+	}
+}
