@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -139,6 +141,40 @@ func TestAgainstTheAPIServer(t *testing.T) {
 					t.Fatalf("error %q does not say %q", err, tc.want)
 				}
 			})
+		}
+	})
+
+	// A time the API server's date-time check takes and metav1.Time cannot
+	// read would stop every typed List of FlashSales, the operator's cache
+	// among them.
+	t.Run("schedule times", func(t *testing.T) {
+		for i, tc := range []struct {
+			start string
+			ok    bool
+		}{
+			{"2026-12-01t09:00:00z", false},
+			{"2026-12-01T09:00:00+25:00", false},
+			{"2026-12-01T09:00:00.250+01:00", true},
+			{"2026-12-01T09:00:00-05:30", true},
+		} {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("FlashSale"))
+			u.SetNamespace("default")
+			u.SetName(fmt.Sprintf("times-%d", i))
+			spec, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&minimalSale("x").Spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec["schedule"] = map[string]any{"start": tc.start}
+			u.Object["spec"] = spec
+			err = c.Create(ctx, u)
+			if tc.ok != (err == nil) {
+				t.Fatalf("start %q: %v", tc.start, err)
+			}
+		}
+		var list v1alpha1.FlashSaleList
+		if err := c.List(ctx, &list); err != nil {
+			t.Fatalf("a typed List: %v", err)
 		}
 	})
 

@@ -299,6 +299,17 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 		{"start not a time", nil,
 			with(map[string]any{"start": "tomorrow"}, "schedule"),
 			"spec.schedule.start"},
+		// Forms the API server's date-time check takes and the operator
+		// cannot read.
+		{"start with a lowercase t and z", nil,
+			with(map[string]any{"start": "2026-12-01t09:00:00z"}, "schedule"),
+			"spec.schedule.start in body should match"},
+		{"end with an offset of 25 hours", nil,
+			with(map[string]any{"end": "2026-12-01T09:00:00+25:00"}, "schedule"),
+			"spec.schedule.end in body should match"},
+		{"end with a space for T", nil,
+			with(map[string]any{"end": "2026-12-01 09:00:00Z"}, "schedule"),
+			"spec.schedule.end"},
 		{"zero shards", nil, with(int64(0), "shards"),
 			"spec.shards in body should be greater than or equal to 1"},
 		{"too many shards", nil, with(int64(1025), "shards"),
@@ -386,6 +397,8 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 		"no steal probes":  with(int64(0), "reservation", "stealProbes"),
 		"cluster mode":     with("cluster", "redis", "mode"),
 		"open-ended start": with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),
+		"offset and fraction": with(map[string]any{
+			"start": "2026-12-01T09:00:00.250+01:00", "end": "2026-12-01T10:00:00-05:30"}, "schedule"),
 		"tolerations": tolerations(
 			map[string]any{"key": "dedicated", "operator": "Equal", "value": "drop", "effect": "NoSchedule"},
 			map[string]any{"key": "example.com/drop", "value": "yes"},

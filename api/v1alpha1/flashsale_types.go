@@ -174,14 +174,23 @@ type FlashSaleSpec struct {
 // ScheduleSpec is the time window of a sale. Either bound may be omitted.
 // +kubebuilder:validation:XValidation:rule="!has(self.start) || !has(self.end) || self.end > self.start",message="schedule.end must be after schedule.start"
 type ScheduleSpec struct {
-	// start is when the sale opens (RFC 3339, e.g. 2026-12-01T09:00:00Z).
-	// Without it the sale opens as soon as it is seeded.
+	// The patterns are the RFC 3339 the operator can read: the API server's
+	// date-time check alone also takes a lowercase t or z, and one such
+	// FlashSale would stop the operator from listing any.
+
+	// start is when the sale opens (RFC 3339 with an uppercase T, and Z or an
+	// offset: 2026-12-01T09:00:00Z). Without it the sale opens as soon as it
+	// is seeded.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
 	Start *metav1.Time `json:"start,omitempty"`
 
-	// end is when the sale stops admitting reservations (RFC 3339). It must
-	// be after start.
+	// end is when the sale stops admitting reservations (RFC 3339, as start).
+	// It must be after start.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
 	End *metav1.Time `json:"end,omitempty"`
 }
 
