@@ -588,21 +588,28 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		s.requeueAfter(retryUnhealthy)
 		s.incomplete = true
 	}
-	sweeper := SweeperDeployment(s.fs, r.Image)
-	children := []client.Object{ReserveService(s.fs), sweeper,
+	children := []client.Object{ReserveService(s.fs),
 		DisruptionBudget(s.fs, ComponentReserve), DisruptionBudget(s.fs, ComponentSweeper)}
-	idKey, err := r.ensureIDSecret(ctx, s)
-	if err != nil {
-		// The reserve pods need it: their Deployment is left as it is, so that
-		// running pods are not replaced by ones that cannot start.
-		failed("Secret", ChildName(s.fs, ComponentIDs), err)
-	} else {
-		reserve := ReserveDeployment(s.fs, r.Image)
-		if idKey != nil && s.refs != nil {
-			setPodAnnotation(reserve, AnnotationSecrets, s.refs.podFingerprint(idKey, true))
-			setPodAnnotation(sweeper, AnnotationSecrets, s.refs.podFingerprint(idKey, false))
+	// Without references (a Secret of the spec gone, or changed to values
+	// that do not connect) the sale runs on connections opened before, and
+	// the pods stay as they are: rolled onto the spec's Secrets, they would
+	// not start.
+	if s.refs != nil {
+		sweeper := SweeperDeployment(s.fs, r.Image)
+		children = append(children, sweeper)
+		idKey, err := r.ensureIDSecret(ctx, s)
+		if err != nil {
+			// The reserve pods need it: their Deployment is left as it is, so that
+			// running pods are not replaced by ones that cannot start.
+			failed("Secret", ChildName(s.fs, ComponentIDs), err)
+		} else {
+			reserve := ReserveDeployment(s.fs, r.Image)
+			if idKey != nil {
+				setPodAnnotation(reserve, AnnotationSecrets, s.refs.podFingerprint(idKey, true))
+				setPodAnnotation(sweeper, AnnotationSecrets, s.refs.podFingerprint(idKey, false))
+			}
+			children = append([]client.Object{reserve}, children...)
 		}
-		children = append([]client.Object{reserve}, children...)
 	}
 	for _, desired := range children {
 		if err := r.apply(ctx, s.fs, desired); err != nil {
@@ -903,7 +910,11 @@ func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apiReader = mgr.GetAPIReader()
 	r.secrets = newSecretReader(mgr.GetCache(), mgr.GetAPIReader())
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&flashsalev1alpha1.FlashSale{}).
+		// Not on its own status writes: while the counts move, each write
+		// would start the next reconcile at once, and --status-refresh would
+		// bound nothing. Deletion bumps the generation.
+		For(&flashsalev1alpha1.FlashSale{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		// Not on status: the disruption controller rewrites it as pods come

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -416,6 +417,41 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 	if fs.Generation != 1 {
 		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
 	}
+}
+
+// While reservations move the counts, the status is written about once per
+// refresh (1 s here), not once per reconcile that each write would start.
+func TestStatusWritesFollowTheRefresh(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	fs := e.openSale("busy", 1000)
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	ctx := context.Background()
+	w, err := k8s.Watch(ctx, &flashsalev1alpha1.FlashSaleList{}, client.InNamespace(e.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var writes atomic.Int64
+	go func() {
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Modified {
+				writes.Add(1)
+			}
+		}
+	}()
+	const load = 6 * time.Second
+	stop := time.Now().Add(load)
+	for i := 0; time.Now().Before(stop); i++ {
+		e.reserve(eng, fmt.Sprintf("buyer-%d", i))
+		time.Sleep(20 * time.Millisecond)
+	}
+	// One write per refresh, and a few for the Deployments' own changes.
+	t.Logf("%d status writes", writes.Load())
+	if n := writes.Load(); n > 15 {
+		t.Fatalf("%d status writes in %s of reservations", n, load)
+	}
+	e.waitFor("busy", settle, "the counts", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Reserved > 100 })
 }
 
 // A rebuild that runs across the schedule's end opens the shards ended, and
@@ -1439,6 +1475,42 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 	}
 	e.waitFor("hung", settle, "LedgerHealthy True again", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
+	})
+}
+
+// A secretRef renamed (a kustomize secretGenerator's new suffix) to a Secret
+// whose values do not connect leaves the pods on the Secret they run with:
+// rolled onto the new one, they would not start. Once it connects, they roll.
+func TestSecretRenamedToOneThatDoesNotConnectKeepsThePods(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("renamed", 10)
+	port, err := testharness.FreePort() // nothing listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsnSecret := func(name string) string {
+		t.Helper()
+		for _, env := range e.deployment(name).Spec.Template.Spec.Containers[0].Env {
+			if env.Name == config.EnvPostgresDSN {
+				return env.ValueFrom.SecretKeyRef.Name
+			}
+		}
+		t.Fatalf("%s reads no DSN", name)
+		return ""
+	}
+	e.create(e.secret("shop-ledger-v2", map[string]string{"dsn": fmt.Sprintf("postgres://u@127.0.0.1:%d/db?sslmode=disable", port)}))
+	updateSpec(t, e.ns, "renamed", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Postgres.SecretRef.Name = "shop-ledger-v2" })
+	e.waitFor("renamed", settle, controllers.ReasonLedgerUnreachable, reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerUnreachable))
+	time.Sleep(2 * time.Second) // refreshes that would roll the pods
+	for _, d := range []string{"renamed-reserve", "renamed-sweeper"} {
+		if got := dsnSecret(d); got != "shop-ledger" {
+			t.Fatalf("%s rolled onto Secret %q, which does not connect", d, got)
+		}
+	}
+	e.setSecret("shop-ledger-v2", "dsn", e.dsn)
+	testharness.Eventually(t, settle, "the pods on the new Secret", func() bool {
+		return dsnSecret("renamed-reserve") == "shop-ledger-v2" && dsnSecret("renamed-sweeper") == "shop-ledger-v2"
 	})
 }
 
