@@ -808,6 +808,7 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
 		s.event(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
 	}
+	s.healthEvents(before.Status.Conditions)
 	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
 		var err error
 		if before.Status.ObservedGeneration == 0 && before.Status.Phase == "" {
@@ -822,10 +823,40 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 			return err
 		}
 	}
+	// Logged too: events expire after an hour, and the log is the timeline
+	// of an incident after that.
+	logger := log.FromContext(ctx)
 	for _, e := range s.events {
 		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
+		logger.Info(e.message, "event", e.kind, "reason", e.reason)
 	}
 	return nil
+}
+
+// healthEvents says when Redis or the ledger stops answering, or refuses the
+// operator, and when it is healthy again: the conditions alone leave no
+// trace of an outage once it is over. Data loss, an eviction policy and a
+// ledger mismatch have events of their own.
+func (s *scope) healthEvents(before []metav1.Condition) {
+	for _, h := range []struct {
+		typ, recovered string
+		failures       map[string]string // condition reason → event reason
+	}{
+		{flashsalev1alpha1.ConditionRedisHealthy, ReasonRedisRecovered, map[string]string{
+			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported}},
+		{flashsalev1alpha1.ConditionLedgerHealthy, ReasonLedgerRecovered, map[string]string{
+			ReasonUnreachable: ReasonLedgerUnreachable, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid}},
+	} {
+		was := meta.FindStatusCondition(before, h.typ)
+		now := meta.FindStatusCondition(s.fs.Status.Conditions, h.typ)
+		switch {
+		case now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason):
+		case now.Status == metav1.ConditionFalse && h.failures[now.Reason] != "":
+			s.event(corev1.EventTypeWarning, h.failures[now.Reason], "%s", now.Message)
+		case now.Status == metav1.ConditionTrue && was != nil && was.Status == metav1.ConditionFalse:
+			s.event(corev1.EventTypeNormal, h.recovered, "%s again: %s", h.typ, now.Message)
+		}
+	}
 }
 
 // finalize closes the gates, deletes the Redis keys and the children, marks the

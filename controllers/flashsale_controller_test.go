@@ -675,12 +675,19 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 	if conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue) {
 		t.Fatalf("Ready while the ledger is down: %+v", fs.Status.Conditions)
 	}
+	// One event when it went down, whatever the reconciles since.
+	if n := countEvents(t, e.ns, "ledgerless", controllers.ReasonLedgerUnreachable); n != 1 {
+		t.Fatalf("%d LedgerUnreachable events", n)
+	}
 	if err := pg.Start(); err != nil {
 		t.Fatal(err)
 	}
 	e.waitFor("ledgerless", 30*time.Second, "Open after recovery", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue) && fs.Status.Available == 10
 	})
+	if !hasEvent(t, e.ns, "ledgerless", controllers.ReasonLedgerRecovered) {
+		t.Fatal("no event when the ledger answered again")
+	}
 }
 
 func TestMissingSecretOrKeyIsNamed(t *testing.T) {

@@ -16,8 +16,11 @@ const (
 	ReasonUnreachable         = "Unreachable"
 	ReasonLedgerUnreachable   = "LedgerUnreachable"
 	ReasonRedisUnreachable    = "RedisUnreachable"
-	ReasonUnsupported         = "Unsupported"
-	ReasonRedisUnsupported    = "RedisUnsupported"
+	// Events: Redis or the ledger healthy again after a failure.
+	ReasonRedisRecovered   = "RedisRecovered"
+	ReasonLedgerRecovered  = "LedgerRecovered"
+	ReasonUnsupported      = "Unsupported"
+	ReasonRedisUnsupported = "RedisUnsupported"
 	// ReasonRedisEvictionPolicy: a server holding shards may evict keys.
 	ReasonRedisEvictionPolicy = "RedisEvictionPolicy"
 	// ReasonEvictionPolicy is RedisHealthy's reason for the same.

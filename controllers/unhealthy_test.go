@@ -3,14 +3,17 @@ package controllers
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -30,6 +33,8 @@ func TestUnhealthyReasons(t *testing.T) {
 			flashsalev1alpha1.ConditionLedgerHealthy, ReasonUnreachable, ReasonLedgerUnreachable, "PostgreSQL ledger unreachable: connection refused"},
 		{"ledger refuses the password", &ledgerError{fmt.Errorf("ledger: connect: %w", &pgconn.PgError{Severity: "FATAL", Code: "28P01", Message: "password authentication failed"})},
 			flashsalev1alpha1.ConditionLedgerHealthy, ReasonForbidden, ReasonLedgerForbidden, "refused the operator: ledger: connect: FATAL: password authentication failed"},
+		{"ledger DSN that does not parse", &ledgerError{fmt.Errorf("%w: invalid port", ledger.ErrBadDSN)},
+			flashsalev1alpha1.ConditionLedgerHealthy, ReasonInvalid, ReasonLedgerSecretInvalid, `key "dsn": ledger: the DSN cannot be parsed: invalid port`},
 		{"redis too old", fmt.Errorf("redis: %w", fmt.Errorf("%w: 10.0.0.7:6379 runs 6.2.14", stock.ErrRedisTooOld)),
 			flashsalev1alpha1.ConditionRedisHealthy, ReasonUnsupported, ReasonRedisUnsupported, "runs 6.2.14"},
 	} {
@@ -45,6 +50,23 @@ func TestUnhealthyReasons(t *testing.T) {
 			}
 			if c := meta.FindStatusCondition(conds, flashsalev1alpha1.ConditionAdmitting); c == nil || c.Status != "False" {
 				t.Errorf("Admitting: %+v", c)
+			}
+			// One Warning when it starts, none while it lasts, one Normal when over.
+			healthy := []metav1.Condition{{Type: tc.condition, Status: metav1.ConditionTrue, Reason: ReasonReachable}}
+			s.healthEvents(healthy)
+			if len(s.events) != 1 || s.events[0].kind != "Warning" || s.events[0].reason != tc.ready {
+				t.Errorf("events when it starts: %+v", s.events)
+			}
+			s.events = nil
+			s.healthEvents(slices.Clone(conds))
+			if len(s.events) != 0 {
+				t.Errorf("events while it lasts: %+v", s.events)
+			}
+			failing := slices.Clone(conds)
+			s.fs.Status.Conditions = healthy
+			s.healthEvents(failing)
+			if len(s.events) != 1 || s.events[0].kind != "Normal" || !strings.HasSuffix(s.events[0].reason, "Recovered") {
+				t.Errorf("events when it is over: %+v", s.events)
 			}
 		})
 	}
