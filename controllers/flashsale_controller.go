@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -20,10 +21,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -125,7 +128,14 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, err
 	}
 	if !fs.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, fs)
+		err := r.finalize(ctx, fs)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			// Otherwise the sale only sits in Terminating, and why is in the
+			// manager's log alone.
+			r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupFailed, "Cleanup",
+				"%s", truncate("the sale's cleanup failed and is retried: "+err.Error(), eventNoteLimit))
+		}
+		return ctrl.Result{}, err
 	}
 	if err := r.setFinalizer(ctx, fs, true); err != nil {
 		return ctrl.Result{}, err
@@ -525,8 +535,10 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		refuse(counts.Sold, counts.Reserved)
 		return false, nil
 	case errors.Is(err, engine.ErrAllocationPending):
-		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationPending,
-			fmt.Sprintf("lowering the allocation to %d: %v; it completes as reserved units are released", want, err))
+		msg := fmt.Sprintf("lowering the allocation to %d: %v; it completes as reserved units are released", want, err)
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationPending, msg)
+		// Not Ready either: a pipeline waiting on Ready waits for the change.
+		s.setNotReady(ReasonAllocationPending, msg)
 		s.incomplete = true
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
@@ -736,14 +748,14 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(s.window.Gate), gateMessage(s.window.Gate))
 	}
 
-	ready, msg, err := r.childrenReady(ctx, s.fs)
+	ready, reason, msg, err := r.childrenReady(ctx, s.fs)
 	if err != nil {
 		return true, err
 	}
 	if ready {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API available")
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
 	} else {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonChildrenNotReady, msg)
+		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
 	}
 
 	switch {
@@ -762,24 +774,29 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 	return DefaultStatusRefresh
 }
 
-// childrenReady: the reserve Deployment has its replicas ready (at least one, when
-// any are asked for).
-func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (bool, string, error) {
-	var d appsv1.Deployment
-	if err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, "the reserve Deployment does not exist yet", nil
+// childrenReady: a reserve replica is ready (and one is asked for), and so is
+// a sweeper: without one, expired reservations are not given back and the
+// sale ends up sold out with units nobody holds.
+func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (ready bool, reason, msg string, err error) {
+	if resolve(fs).replicas == 0 {
+		return false, ReasonChildrenNotReady, "spec.reservation.replicas is 0: no reserve pod serves buyers", nil
+	}
+	for _, c := range []struct{ component, reason, without string }{
+		{ComponentReserve, ReasonChildrenNotReady, "buyers reach no reservation API"},
+		{ComponentSweeper, ReasonSweeperNotReady, "expired reservations are not given back to the stock"},
+	} {
+		var d appsv1.Deployment
+		name := ChildName(fs, c.component)
+		switch err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: name}, &d); {
+		case apierrors.IsNotFound(err):
+			return false, c.reason, fmt.Sprintf("Deployment %s does not exist yet", name), nil
+		case err != nil:
+			return false, "", "", err
+		case d.Status.ReadyReplicas < 1:
+			return false, c.reason, fmt.Sprintf("Deployment %s has 0 of %d replicas ready: %s", name, ptr.Deref(d.Spec.Replicas, 1), c.without), nil
 		}
-		return false, "", err
 	}
-	want := resolve(fs).replicas
-	if want == 0 {
-		return true, "", nil
-	}
-	if d.Status.ReadyReplicas < 1 {
-		return false, fmt.Sprintf("reserve Deployment %s has 0 of %d replicas ready", d.Name, want), nil
-	}
-	return true, "", nil
+	return true, ReasonReady, "", nil
 }
 
 // reportReservePods fills the scale subresource's status (the reserve pods and
@@ -954,7 +971,23 @@ func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
 		Named("flashsale").
+		WithOptions(controller.Options{RateLimiter: failureRateLimiter()}).
 		Complete(r)
+}
+
+// maxFailureBackoff bounds the wait before a failed reconcile is retried. A
+// failed reconcile loses its requeue for the schedule's next edge, and the
+// default backoff grows to 16 minutes: a status write failing a few times in
+// a row (an API server restarting) would make the sale open or close that late.
+const maxFailureBackoff = 10 * time.Second
+
+// failureRateLimiter is controller-runtime's default with its per-sale
+// backoff bounded by maxFailureBackoff.
+func failureRateLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, maxFailureBackoff),
+		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
 }
 
 func (r *FlashSaleReconciler) salesUsingSecret(ctx context.Context, o client.Object) []reconcile.Request {

@@ -42,14 +42,14 @@ import (
 
 const settle = 20 * time.Second
 
-// markReserveReady plays the kubelet's part for the reserve Deployment.
-func markReserveReady(t *testing.T, ns, name string) {
+// markReady plays the kubelet's part for a Deployment: every replica ready.
+func markReady(t *testing.T, ns, deployment string) {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(settle)
 	for {
 		var d appsv1.Deployment
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-reserve"}, &d)
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: deployment}, &d)
 		if err == nil {
 			d.Status.Replicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas = *d.Spec.Replicas, *d.Spec.Replicas, *d.Spec.Replicas
 			if err = k8s.Status().Update(ctx, &d); err == nil {
@@ -109,7 +109,13 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse {
 		t.Fatalf("Ready before the API runs: %+v", c)
 	}
-	markReserveReady(t, e.ns, "ps5-drop")
+	markReady(t, e.ns, "ps5-drop-reserve")
+	// Nor until a sweeper is.
+	fs = e.waitFor("ps5-drop", settle, "SweeperNotReady", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonSweeperNotReady))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "ps5-drop-sweeper has 0 of 2") {
+		t.Fatalf("Ready without a sweeper: %+v", c)
+	}
+	markReady(t, e.ns, "ps5-drop-sweeper")
 	e.waitFor("ps5-drop", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
 	})
@@ -763,9 +769,9 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 func TestReadyDoesNotFlapWhileNotReady(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	s := e.sale("steady", 10)
-	s.fs.Spec.Reservation.Replicas = ptr.To[int32](0) // no pods needed: the children are ready
-	e.apply(s)
+	e.apply(e.sale("steady", 10))
+	markReady(t, e.ns, "steady-reserve")
+	markReady(t, e.ns, "steady-sweeper")
 	e.waitFor("steady", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
 	})
@@ -986,6 +992,34 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "doomed-ids"}, &idSecret); !apierrors.IsNotFound(err) && idSecret.DeletionTimestamp.IsZero() {
 		t.Fatalf("id key Secret still there: %v", err)
 	}
+}
+
+// A deletion that waits for Redis says so in an event, and completes once
+// Redis is back.
+func TestDeletionWaitingForRedisSaysWhy(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	e.startController()
+	fs := e.openSale("stuck", 10)
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	if !hasEvent(t, e.ns, "stuck", controllers.ReasonCleanupFailed) {
+		t.Fatal("no event while the deletion waits for Redis")
+	}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stuck"}, &flashsalev1alpha1.FlashSale{}); err != nil {
+		t.Fatalf("deleted without its cleanup: %v", err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, 30*time.Second, "the FlashSale gone", func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stuck"}, &flashsalev1alpha1.FlashSale{}))
+	})
 }
 
 // Each sale gets its own reservation id key in an immutable Secret owned by
@@ -1348,7 +1382,7 @@ func TestScaleSubresource(t *testing.T) {
 		var d appsv1.Deployment
 		return k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "scaled-reserve"}, &d) == nil && *d.Spec.Replicas == 4
 	})
-	markReserveReady(t, e.ns, "scaled")
+	markReady(t, e.ns, "scaled-reserve")
 	fs := e.waitFor("scaled", settle, "4 reservation replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return fs.Status.ReservationReplicas == 4
 	})
@@ -1363,6 +1397,16 @@ func TestScaleSubresource(t *testing.T) {
 		sel.Matches(labels.Set{controllers.LabelFlashSale: "scaled", controllers.LabelComponent: controllers.ComponentSweeper}) {
 		t.Fatalf("scale %+v (selector %v)", scale, err)
 	}
+	// Scaled to zero, nothing serves buyers: not Ready, and it says why.
+	markReady(t, e.ns, "scaled-sweeper")
+	e.waitFor("scaled", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
+	})
+	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=0")
+	e.waitFor("scaled", settle, "not Ready at 0 replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "replicas is 0")
+	})
 }
 
 // A sale whose PostgreSQL hangs (connections accepted, never answered) does

@@ -49,9 +49,11 @@ const (
 	ReasonEnded             = "Ended"
 	ReasonReady             = "Ready"
 	ReasonChildrenNotReady  = "ReservationAPINotReady"
+	ReasonSweeperNotReady   = "SweeperNotReady"
 	ReasonChildrenFailed    = "ChildrenFailed"
 	ReasonPhaseChanged      = "PhaseChanged"
 	ReasonCleanupSkipped    = "CleanupSkipped"
+	ReasonCleanupFailed     = "CleanupFailed"
 )
 
 func gateReason(gate string) string {

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // Event messages are cut to what the API server takes, on a character
@@ -20,5 +22,20 @@ func TestTruncate(t *testing.T) {
 		if len(s) > eventNoteLimit && (!strings.HasSuffix(got, "…") || len(got) < eventNoteLimit-3) {
 			t.Errorf("cut to %d bytes: %q…", len(got), got[len(got)-10:])
 		}
+	}
+}
+
+// A sale whose reconciles keep failing is retried within maxFailureBackoff,
+// so that its schedule's edges are late by no more than that.
+func TestFailureBackoffIsBounded(t *testing.T) {
+	rl := failureRateLimiter()
+	var req reconcile.Request
+	for range 40 {
+		if d := rl.When(req); d > maxFailureBackoff {
+			t.Fatalf("retry after %s", d)
+		}
+	}
+	if d := rl.When(req); d != maxFailureBackoff {
+		t.Fatalf("retry after %s once failures pile up, want %s", d, maxFailureBackoff)
 	}
 }
