@@ -55,6 +55,10 @@ const (
 	replaceTimeout = 5 * time.Second
 	retryUnhealthy = 3 * time.Second
 	idleRefresh    = 5 * time.Minute
+	// DefaultCountsStamp is how often status.countsObservedAt is renewed
+	// while the counts do not change: often enough to tell stale counts, and
+	// one status write a minute for a quiet sale.
+	DefaultCountsStamp = time.Minute
 )
 
 // FlashSaleReconciler reconciles FlashSale objects.
@@ -64,6 +68,7 @@ type FlashSaleReconciler struct {
 	Clock         func() time.Time
 	Image         string        // image of the reserve and sweeper pods
 	StatusRefresh time.Duration // while a sale is live
+	CountsStamp   time.Duration // DefaultCountsStamp when 0
 
 	conns connections
 	// apiReader reads past the cache: objects the cache does not hold (a
@@ -729,11 +734,20 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	}
 	s.counts = counts
 	st := &s.fs.Status
+	before := st.DeepCopy()
 	st.Epoch, st.Allocation = counts.Epoch, counts.Allocation
 	st.Available, st.Reserved, st.Sold = counts.Available, counts.Reserved, counts.Sold
 	st.Shards = st.Shards[:0]
 	for _, sh := range counts.Shards {
 		st.Shards = append(st.Shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Reserved})
+	}
+	// Renewed with the counts, and at least every CountsStamp: counts older
+	// than that were not read (the reads above failed, or nobody ran them).
+	now := r.now()
+	if at := st.CountsObservedAt; at == nil || now.Sub(at.Time) >= r.countsStamp() ||
+		!equality.Semantic.DeepEqual(before.Shards, st.Shards) || before.Allocation != st.Allocation ||
+		before.Available != st.Available || before.Reserved != st.Reserved || before.Sold != st.Sold {
+		st.CountsObservedAt = &metav1.Time{Time: now}
 	}
 	// Pending rows in the ledger count too: Completed means nothing can change any more.
 	st.Phase = salePhase(s.window.Gate, counts.Available, max(counts.Reserved, counts.Pending))
@@ -767,6 +781,13 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	return false, nil
 }
 
+func (r *FlashSaleReconciler) countsStamp() time.Duration {
+	if r.CountsStamp > 0 {
+		return r.CountsStamp
+	}
+	return DefaultCountsStamp
+}
+
 func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 	if r.StatusRefresh > 0 {
 		return r.StatusRefresh
@@ -794,6 +815,11 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 			return false, "", "", err
 		case d.Status.ReadyReplicas < 1:
 			return false, c.reason, fmt.Sprintf("Deployment %s has 0 of %d replicas ready: %s", name, ptr.Deref(d.Spec.Replicas, 1), c.without), nil
+		case d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas < d.Status.Replicas:
+			// Pods of the old template still serve the old settings: a
+			// pipeline waiting on Ready after a change waits for the pods too.
+			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %d of %d replicas run the current spec",
+				name, d.Status.UpdatedReplicas, d.Status.Replicas), nil
 		}
 	}
 	return true, ReasonReady, "", nil

@@ -51,7 +51,9 @@ func markReady(t *testing.T, ns, deployment string) {
 		var d appsv1.Deployment
 		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: deployment}, &d)
 		if err == nil {
-			d.Status.Replicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas = *d.Spec.Replicas, *d.Spec.Replicas, *d.Spec.Replicas
+			n := *d.Spec.Replicas
+			d.Status.Replicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas, d.Status.UpdatedReplicas = n, n, n, n
+			d.Status.ObservedGeneration = d.Generation
 			if err = k8s.Status().Update(ctx, &d); err == nil {
 				return
 			}
@@ -119,6 +121,17 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 	e.waitFor("ps5-drop", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
 	})
+	// A change the pods enforce is Ready once they run it, not before.
+	updateSpec(t, e.ns, "ps5-drop", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.MaxPerUser = ptr.To[int32](2) })
+	fs = e.waitFor("ps5-drop", settle, "RollingOut", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonRollingOut))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c.ObservedGeneration != fs.Generation || !strings.Contains(c.Message, "ps5-drop-reserve is rolling out") {
+		t.Fatalf("Ready during the rollout: %+v (generation %d)", c, fs.Generation)
+	}
+	markReady(t, e.ns, "ps5-drop-reserve")
+	markReady(t, e.ns, "ps5-drop-sweeper")
+	e.waitFor("ps5-drop", settle, "Ready after the rollout", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
+	})
 
 	// Status counts follow reservations made through the engine.
 	eng := e.engineFor(fs, sharedRedis.Addr())
@@ -154,7 +167,7 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 	}
 	// kubectl wait works on the Ready condition.
 	kubectl(t, "wait", "--for=condition=Ready", "--timeout=10s", "-n", e.ns, "flashsale/ps5-drop")
-	if fs.Generation != 1 {
+	if fs.Generation != 2 { // the maxPerUser change above
 		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
 	}
 }
@@ -422,6 +435,38 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 	})
 	if fs.Generation != 1 {
 		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	}
+}
+
+// status.countsObservedAt says how old the counts are: renewed while Redis
+// and the ledger can be read, even when nothing changes, and left as it was
+// when they cannot, so stale counts show as such.
+func TestCountsSayHowOldTheyAre(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	e.countsStamp = time.Second
+	e.startController()
+	first := e.openSale("counted", 10).Status.CountsObservedAt
+	if first == nil {
+		t.Fatal("no countsObservedAt")
+	}
+	e.waitFor("counted", settle, "countsObservedAt renewed", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.CountsObservedAt.After(first.Time)
+	})
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("counted", settle, "RedisHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse)
+	})
+	last := fs.Status.CountsObservedAt
+	time.Sleep(3 * time.Second)
+	if at := e.get("counted").Status.CountsObservedAt; !at.Equal(last) {
+		t.Fatalf("countsObservedAt moved from %s to %s while Redis was down", last, at)
+	}
+	out := kubectl(t, "get", "fs", "counted", "-n", e.ns, "-o", "wide")
+	if !strings.Contains(out, "COUNTED") {
+		t.Fatalf("kubectl get fs -o wide has no COUNTED column:\n%s", out)
 	}
 }
 

@@ -37,6 +37,9 @@ var (
 	descLastRebuild = prometheus.NewDesc("flashsale_sale_last_rebuild_timestamp_seconds",
 		"When a sale's stock was last rebuilt from the ledger.",
 		[]string{"namespace", "name"}, nil)
+	descCountsObserved = prometheus.NewDesc("flashsale_sale_counts_observed_timestamp_seconds",
+		"When a sale's units were last read from Redis and the ledger: renewed at least every minute while they can be read, so an older value means flashsale_sale_units is stale.",
+		[]string{"namespace", "name"}, nil)
 	descListed = prometheus.NewDesc("flashsale_sale_metrics_listed",
 		"1 when this manager could list the sales for these metrics: the leader, its cache synced; 0 on a follower.",
 		nil, nil)
@@ -63,7 +66,7 @@ func RegisterSaleMetrics(registry prometheus.Registerer, reader client.Reader) e
 }
 
 func (saleCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUnits, descPhase, descCondition, descEpoch, descLastRebuild, descListed} {
+	for _, d := range []*prometheus.Desc{descUnits, descPhase, descCondition, descEpoch, descLastRebuild, descCountsObserved, descListed} {
 		ch <- d
 	}
 }
@@ -101,6 +104,9 @@ func (c saleCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descEpoch, float64(st.Epoch), ns, name)
 		if st.LastRebuild != nil {
 			gauge(descLastRebuild, float64(st.LastRebuild.Time.Unix()), ns, name)
+		}
+		if st.CountsObservedAt != nil {
+			gauge(descCountsObserved, float64(st.CountsObservedAt.Unix()), ns, name)
 		}
 	}
 }

@@ -50,6 +50,7 @@ const (
 	ReasonReady             = "Ready"
 	ReasonChildrenNotReady  = "ReservationAPINotReady"
 	ReasonSweeperNotReady   = "SweeperNotReady"
+	ReasonRollingOut        = "RollingOut"
 	ReasonChildrenFailed    = "ChildrenFailed"
 	ReasonPhaseChanged      = "PhaseChanged"
 	ReasonCleanupSkipped    = "CleanupSkipped"

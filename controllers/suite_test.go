@@ -70,6 +70,8 @@ type env struct {
 	reconcileTimeout time.Duration
 	// clock, when set, is the controller's clock.
 	clock func() time.Time
+	// countsStamp, when set, renews status.countsObservedAt this often.
+	countsStamp time.Duration
 }
 
 // countingClient counts the Updates of Deployments that go through it.
@@ -154,6 +156,7 @@ func (e *env) startController() (stop func()) {
 		Image:         "flashsale-operator:test",
 		StatusRefresh: time.Second,
 		Clock:         e.clock,
+		CountsStamp:   e.countsStamp,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatal(err)

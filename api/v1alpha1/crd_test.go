@@ -107,6 +107,8 @@ func TestCRDPrinterColumns(t *testing.T) {
 		{"Sold", "integer", ".status.sold", 0},
 		{"Ready", "string", `.status.conditions[?(@.type=="Ready")].status`, 1},
 		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
+		// How old the counts are: more than a minute is stale.
+		{"Counted", "date", ".status.countsObservedAt", 1},
 		{"Age", "date", ".metadata.creationTimestamp", 0},
 	}
 	got := v.AdditionalPrinterColumns

@@ -400,6 +400,13 @@ type FlashSaleStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	Sold int64 `json:"sold"`
 
+	// countsObservedAt is when available, reserved, sold and shards were
+	// last read from Redis and the ledger: at least once a minute while the
+	// operator can reach them, so counts older than that are stale (Redis or
+	// the ledger unreachable, the sale failed closed, the operator down).
+	// +optional
+	CountsObservedAt *metav1.Time `json:"countsObservedAt,omitempty"`
+
 	// shards are the counts of each stock shard.
 	// +optional
 	// +listType=map
@@ -543,6 +550,7 @@ type RebuildStatus struct {
 // +kubebuilder:printcolumn:name="Sold",type=integer,JSONPath=`.status.sold`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Counted",type=date,JSONPath=`.status.countsObservedAt`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:optionalOldSelf=true,rule="oldSelf.hasValue() || (size(self.metadata.name) <= 55 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))",message="metadata.name must be at most 55 lowercase letters, digits and '-', starting with a letter and ending with a letter or digit: it names the sale's Deployments and Service (<name>-reserve, <name>-sweeper)"
 type FlashSale struct {
