@@ -564,6 +564,10 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 // applyGates writes the gate the schedule and the pause switch ask for into every
 // shard whose meta says otherwise.
 func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, error) {
+	// The window of now, not of the reconcile's start: the phases before may
+	// have waited on a slow ledger across a schedule edge.
+	s.now = r.now()
+	s.window = saleWindow(&s.fs.Spec, s.now)
 	states, err := s.conn.engine.Store().State(ctx)
 	if err != nil {
 		r.unhealthy(s, err)

@@ -438,6 +438,59 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 	}
 }
 
+// A reconcile held up by a slow ledger across the schedule's end gates the
+// shards by the time it reaches them, not by the time it began. The refresh is
+// a minute here, so only that reconcile can end the sale within the test.
+func TestSlowReconcileAcrossTheScheduleEnd(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	var late atomic.Bool
+	e.clock = func() time.Time {
+		if late.Load() {
+			return time.Now().Add(2 * time.Hour)
+		}
+		return time.Now()
+	}
+	e.statusRefresh = time.Minute
+	e.startController()
+	e.apply(e.sale("slow", 10).schedule(time.Time{}, time.Now().Add(time.Hour)))
+	e.waitFor("slow", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// A label change starts a reconcile, which waits for the table.
+	fs := e.get("slow")
+	fs.Labels = map[string]string{"team": "drops"}
+	if err := k8s.Update(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	watcher, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close(ctx)
+	testharness.Eventually(t, settle, "the reconcile waiting for the ledger", func() bool {
+		var n int
+		err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n)
+		return err == nil && n > 0
+	})
+	late.Store(true)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("slow", settle, "Completed", phaseIs(flashsalev1alpha1.PhaseCompleted))
+}
+
 // status.countsObservedAt says how old the counts are: renewed while Redis
 // and the ledger can be read, even when nothing changes, and left as it was
 // when they cannot, so stale counts show as such.

@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -72,6 +73,8 @@ type env struct {
 	clock func() time.Time
 	// countsStamp, when set, renews status.countsObservedAt this often.
 	countsStamp time.Duration
+	// statusRefresh, when set, replaces the tests' 1 s refresh.
+	statusRefresh time.Duration
 }
 
 // countingClient counts the Updates of Deployments that go through it.
@@ -154,7 +157,7 @@ func (e *env) startController() (stop func()) {
 		Client:        countingClient{mgr.GetClient(), &e.deploymentUpdates},
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         "flashsale-operator:test",
-		StatusRefresh: time.Second,
+		StatusRefresh: cmp.Or(e.statusRefresh, time.Second),
 		Clock:         e.clock,
 		CountsStamp:   e.countsStamp,
 	}
