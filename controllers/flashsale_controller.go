@@ -249,6 +249,13 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 			return false, nil
 		}
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
+		// Nothing else was checked (an operator restarted while a Secret is
+		// gone): what these said before is not known to hold any more.
+		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+			if meta.FindStatusCondition(s.fs.Status.Conditions, typ) != nil {
+				s.condition(typ, metav1.ConditionUnknown, refErr.reason, "not checked: "+refErr.message)
+			}
+		}
 		return true, nil
 	}
 	if err != nil {

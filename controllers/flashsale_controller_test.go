@@ -833,7 +833,7 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 // the connections opened before.
 func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	e.startController()
+	stop := e.startController()
 	fs := e.openSale("rotated", 10)
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	ctx := context.Background()
@@ -853,11 +853,26 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
 		t.Fatalf("reserve while paused: %+v %v", r, err)
 	}
+	// An operator restarted meanwhile has no connections to go on with: it
+	// checks nothing, and does not present what it found before as current.
+	stop()
+	e.startController()
+	fs = e.waitFor("rotated", settle, "Admitting Unknown", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionUnknown)
+	})
+	for _, c := range []string{flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+		if !conditionIs(fs, c, metav1.ConditionUnknown) {
+			t.Errorf("%s after a restart without the Secret: %+v", c, meta.FindStatusCondition(fs.Status.Conditions, c))
+		}
+	}
 	// The Secret is back: Ready no longer names it.
 	e.create(e.secret("waiting-room", map[string]string{"hmac-key": admissionKey}))
 	e.waitFor("rotated", settle, "Secret found again", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Reason != controllers.ReasonSecretNotFound
+		return c != nil && c.Reason != controllers.ReasonSecretNotFound &&
+			conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse) && // paused
+			conditionIs(fs, flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue) &&
+			conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
 	})
 }
 
