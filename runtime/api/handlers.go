@@ -300,11 +300,15 @@ func (s *Server) engineError(r *http.Request, op string, err error) *apiError {
 	if r.Context().Err() != nil {
 		// The client went away; nobody reads this answer.
 		s.log.Debug("client gone", "op", op, "err", err)
-	} else {
-		s.log.Warn("request failed", "op", op, "err", err)
+	} else if ok, suppressed := s.failureLogs.allow(op, time.Now()); ok {
+		s.log.Warn("request failed", "op", op, "err", err, "alikeSuppressed", suppressed)
+	}
+	retry := "retry"
+	if op == "reserve" {
+		retry = "retry with the same idempotency_key"
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return unavailable("the request timed out: retry with the same idempotency_key")
+		return unavailable("the request timed out: " + retry)
 	}
-	return unavailable("the reservation service is unavailable: retry with the same idempotency_key")
+	return unavailable("the reservation service is unavailable: " + retry)
 }

@@ -120,6 +120,8 @@ type Server struct {
 	draining atomic.Bool
 	// confirmed: the ledger has shown the campaign as configured (readyz).
 	confirmed atomic.Bool
+	// failureLogs keeps failed requests from flooding the log in an outage.
+	failureLogs logSampler
 
 	snapSem chan struct{} // one shard read at a time; waiters honour their context
 	snap    *stockSnapshot

@@ -418,6 +418,12 @@ func TestReadinessOutlastsARedisOutage(t *testing.T) {
 	if co := f.checkout("ann", held.ReservationID, "pay"); co.status != http.StatusOK {
 		t.Fatalf("checkout while Redis is down: %d %s", co.status, co.body)
 	}
+	// The availability route needs Redis: it asks to retry, without an
+	// idempotency key it does not have.
+	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+	if av.status != http.StatusServiceUnavailable || strings.Contains(string(av.body), "idempotency_key") {
+		t.Fatalf("availability while Redis is down: %d %s", av.status, av.body)
+	}
 	fresh, err := New(Config{Engine: f.e, AdmissionKey: testKey})
 	if err != nil {
 		t.Fatal(err)
