@@ -548,7 +548,7 @@ type RebuildStatus struct {
 // +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.available`
 // +kubebuilder:printcolumn:name="Reserved",type=integer,JSONPath=`.status.reserved`
 // +kubebuilder:printcolumn:name="Sold",type=integer,JSONPath=`.status.sold`
-// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Counted",type=date,JSONPath=`.status.countsObservedAt`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
