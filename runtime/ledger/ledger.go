@@ -10,8 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -140,10 +138,11 @@ func parseError(err error) error {
 	bare := *pe
 	bare.ConnString = ""
 	why := strings.TrimPrefix(bare.Error(), "cannot parse ``: ")
-	// A URL that net/url refuses is quoted by its error too.
-	var ue *url.Error
-	if errors.As(pe, &ue) {
-		why = strings.ReplaceAll(why, strconv.Quote(ue.URL), "the URL")
+	// The cause may quote a piece of the DSN: pgx's `missing "=" after
+	// "horse"` is a word of a password with spaces in it, and net/url quotes
+	// the URL. It is kept only when it quotes nothing.
+	if cause := pe.Unwrap(); cause != nil && strings.ContainsAny(cause.Error(), "\"'`%") {
+		why = strings.TrimSuffix(why, " ("+cause.Error()+")")
 	}
 	if pe.ConnString != "" && strings.Contains(why, pe.ConnString) {
 		return ErrBadDSN

@@ -167,6 +167,9 @@ func TestOpenNeverQuotesABadDSN(t *testing.T) {
 		{"host=127.0.0.1 user=u password = " + secret + " dbname=x sslmode=requir", "sslmode"},
 		{`host=127.0.0.1 password='a\' ` + secret + `' sslmode=bogus`, "sslmode"},
 		{"postgres://u:" + secret + "@127.0.0.1:port/db", "port"},
+		{"postgres://u:pa%zz" + secret + "@127.0.0.1/db", "URL"},
+		// pgx's own message quotes the word after the first space.
+		{"host=127.0.0.1 password=correct " + secret + " battery staple", "keyword/value"},
 		{"postgres://u:" + secret + "@127.0.0.1/db?pool_max_conns=many", "pool_max_conns"},
 		{"postgres://u:" + secret + "@127.0.0.1/db?connect_timeout=soon", "connect_timeout"},
 		{"host=127.0.0.1 password=" + secret + " user", "keyword/value"},
@@ -175,7 +178,7 @@ func TestOpenNeverQuotesABadDSN(t *testing.T) {
 		if !errors.Is(err, ErrBadDSN) {
 			t.Fatalf("%q: %v, want ErrBadDSN", tc.dsn, err)
 		}
-		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1") {
+		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1") || strings.Contains(err.Error(), "%zz") {
 			t.Errorf("the error quotes the DSN: %v", err)
 		}
 		if !strings.Contains(err.Error(), tc.why) {
