@@ -293,7 +293,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		if f.condition == flashsalev1alpha1.ConditionLedgerHealthy {
 			secret = fmt.Sprintf("ledger Secret %q", s.fs.Spec.Postgres.SecretRef.Name)
 		}
-		s.setNotReady(f.readyReason, "new connections with the current values of the "+secret+" do not open: "+f.message+
+		s.setNotReady(f.readyReason, "new connections, for the current values of the "+secret+" or a changed spec, do not open: "+f.message+
 			" (the sale is still served and gated with the connections opened before)")
 		s.refs = nil // the pods are not rolled onto values that do not connect
 		s.incomplete = true
@@ -616,35 +616,67 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		s.requeueAfter(retryUnhealthy)
 		s.incomplete = true
 	}
-	children := []client.Object{ReserveService(s.fs),
-		DisruptionBudget(s.fs, ComponentReserve), DisruptionBudget(s.fs, ComponentSweeper)}
-	// Without references (a Secret of the spec gone, or changed to values
-	// that do not connect) the sale runs on connections opened before, and
-	// the pods stay as they are: rolled onto the spec's Secrets, they would
-	// not start.
-	if s.refs != nil {
-		sweeper := SweeperDeployment(s.fs, r.Image)
-		children = append(children, sweeper)
-		idKey, err := r.ensureIDSecret(ctx, s)
-		if err != nil {
-			// The reserve pods need it: their Deployment is left as it is, so that
-			// running pods are not replaced by ones that cannot start.
-			failed("Secret", ChildName(s.fs, ComponentIDs), err)
-		} else {
-			reserve := ReserveDeployment(s.fs, r.Image)
-			if idKey != nil {
-				setPodAnnotation(reserve, AnnotationSecrets, s.refs.podFingerprint(idKey, true))
-				setPodAnnotation(sweeper, AnnotationSecrets, s.refs.podFingerprint(idKey, false))
-			}
-			children = append([]client.Object{reserve}, children...)
+	sweeper := SweeperDeployment(s.fs, r.Image)
+	deployments := []*appsv1.Deployment{sweeper}
+	idKey, err := r.ensureIDSecret(ctx, s)
+	if err != nil {
+		// The reserve pods need it: their Deployment is left as it is, so that
+		// running pods are not replaced by ones that cannot start.
+		failed("Secret", ChildName(s.fs, ComponentIDs), err)
+	} else {
+		reserve := ReserveDeployment(s.fs, r.Image)
+		if idKey != nil && s.refs != nil {
+			setPodAnnotation(reserve, AnnotationSecrets, s.refs.podFingerprint(idKey, true))
+			setPodAnnotation(sweeper, AnnotationSecrets, s.refs.podFingerprint(idKey, false))
 		}
+		deployments = append([]*appsv1.Deployment{reserve}, deployments...)
 	}
+	var children []client.Object
+	for _, d := range deployments {
+		// Without references (a Secret of the spec gone, or changed to
+		// values that do not connect) the sale runs on connections opened
+		// before: pods moved onto other Secrets (a secretRef renamed) would
+		// not start, so such a Deployment stays as it is. One reading the
+		// same Secrets still follows the rest of the spec (replicas, pods).
+		if s.refs == nil && !r.readsSameSecrets(ctx, d) {
+			continue
+		}
+		children = append(children, d)
+	}
+	children = append(children, ReserveService(s.fs),
+		DisruptionBudget(s.fs, ComponentReserve), DisruptionBudget(s.fs, ComponentSweeper))
 	for _, desired := range children {
 		if err := r.apply(ctx, s.fs, desired); err != nil {
 			failed(kindOf(desired), desired.GetName(), err)
 		}
 	}
 	return false, nil
+}
+
+// readsSameSecrets reports whether the live Deployment (or none) reads the
+// same Secret keys as desired.
+func (r *FlashSaleReconciler) readsSameSecrets(ctx context.Context, desired *appsv1.Deployment) bool {
+	var live appsv1.Deployment
+	switch err := r.Get(ctx, client.ObjectKeyFromObject(desired), &live); {
+	case apierrors.IsNotFound(err):
+		return true
+	case err != nil:
+		return false
+	}
+	return maps.Equal(secretKeyRefs(&live), secretKeyRefs(desired))
+}
+
+// secretKeyRefs lists the Secret keys a Deployment's containers read.
+func secretKeyRefs(d *appsv1.Deployment) map[string]bool {
+	out := map[string]bool{}
+	for _, c := range d.Spec.Template.Spec.Containers {
+		for _, e := range c.Env {
+			if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
+				out[ref.SecretKeyRef.Name+"/"+ref.SecretKeyRef.Key] = true
+			}
+		}
+	}
+	return out
 }
 
 func setPodAnnotation(d *appsv1.Deployment, key, value string) {
@@ -826,7 +858,7 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 			return false, "", "", err
 		case d.Status.ReadyReplicas < 1:
 			return false, c.reason, fmt.Sprintf("Deployment %s has 0 of %d replicas ready: %s", name, ptr.Deref(d.Spec.Replicas, 1), c.without), nil
-		case d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas < d.Status.Replicas:
+		case rollingOut(&d):
 			// Pods of the old template still serve the old settings: a
 			// pipeline waiting on Ready after a change waits for the pods too.
 			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %d of %d replicas run the current spec",
@@ -834,6 +866,17 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 		}
 	}
 	return true, ReasonReady, "", nil
+}
+
+// rollingOut reports pods of an older template still running. A change the
+// Deployment controller has not seen yet counts as one, unless it changes
+// the replicas: a scale (an autoscaler's, every few seconds during a sale)
+// changes the generation too, and is no rollout.
+func rollingOut(d *appsv1.Deployment) bool {
+	if d.Status.ObservedGeneration < d.Generation {
+		return ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
+	}
+	return d.Status.UpdatedReplicas < d.Status.Replicas
 }
 
 // reportReservePods fills the scale subresource's status (the reserve pods and

@@ -853,6 +853,11 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
 		t.Fatalf("reserve while paused: %+v %v", r, err)
 	}
+	// The pods still follow the rest of the spec: they read the same Secrets.
+	kubectl(t, "scale", "flashsale", "rotated", "-n", e.ns, "--replicas=3")
+	testharness.Eventually(t, settle, "the reserve Deployment at 3 replicas", func() bool {
+		return *e.deployment("rotated-reserve").Spec.Replicas == 3
+	})
 	// An operator restarted meanwhile has no connections to go on with: it
 	// checks nothing, and does not present what it found before as current.
 	stop()
@@ -1510,11 +1515,23 @@ func TestScaleSubresource(t *testing.T) {
 		sel.Matches(labels.Set{controllers.LabelFlashSale: "scaled", controllers.LabelComponent: controllers.ComponentSweeper}) {
 		t.Fatalf("scale %+v (selector %v)", scale, err)
 	}
-	// Scaled to zero, nothing serves buyers: not Ready, and it says why.
 	markReady(t, e.ns, "scaled-sweeper")
 	e.waitFor("scaled", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
 	})
+	// A scale is no rollout: Ready stays True while the Deployment
+	// controller (none here) has not caught up with the new replicas.
+	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=6")
+	testharness.Eventually(t, settle, "the reserve Deployment at 6 replicas", func() bool {
+		return *e.deployment("scaled-reserve").Spec.Replicas == 6
+	})
+	for range 10 {
+		if c := meta.FindStatusCondition(e.get("scaled").Status.Conditions, flashsalev1alpha1.ConditionReady); c.Status != metav1.ConditionTrue {
+			t.Fatalf("Ready after a scale: %+v", c)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Scaled to zero, nothing serves buyers: not Ready, and it says why.
 	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=0")
 	e.waitFor("scaled", settle, "not Ready at 0 replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)

@@ -87,6 +87,8 @@ func (r *FlashSaleReconciler) newIDKey(ctx context.Context, s *scope) ([]byte, e
 		return nil, err
 	case readsIDKey(&d):
 		return nil, fmt.Errorf("it was deleted while the reserve pods read it: restore it with the key they hold, or the replicas will disagree on reservation ids")
+	case s.refs == nil:
+		return nil, fmt.Errorf("the admission Secret is needed to keep the ids of the running reserve pods")
 	}
 	return config.DeriveIDSecret(s.refs.admissionKey), nil
 }
