@@ -38,7 +38,7 @@ var (
 		"When a sale's stock was last rebuilt from the ledger.",
 		[]string{"namespace", "name"}, nil)
 	descCountsObserved = prometheus.NewDesc("flashsale_sale_counts_observed_timestamp_seconds",
-		"When a sale's units were last read from Redis and the ledger: renewed at least every minute while they can be read, so an older value means flashsale_sale_units is stale.",
+		"When a sale's units were last read from Redis and the ledger: renewed at least every minute while they can be read (every 5 minutes once the sale is Completed), so an older value means flashsale_sale_units is stale.",
 		[]string{"namespace", "name"}, nil)
 	descListed = prometheus.NewDesc("flashsale_sale_metrics_listed",
 		"1 when this manager could list the sales for these metrics: the leader, its cache synced; 0 on a follower.",

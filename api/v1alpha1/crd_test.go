@@ -408,7 +408,10 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 			map[string]any{"key": "example.com/drop", "value": "yes"},
 			map[string]any{"operator": "Exists"},
 			map[string]any{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": int64(30)},
-			map[string]any{"key": "capacity", "operator": "Gt", "value": "10"}),
+			map[string]any{"key": "capacity", "operator": "Gt", "value": "10"},
+			// Empty strings, as a pod takes them: Equal, and every effect.
+			map[string]any{"key": "pool", "operator": "", "value": "drop", "effect": ""}),
+		"no priority class": with(map[string]any{"priorityClassName": ""}, "pods"),
 		"placement": with(map[string]any{
 			"nodeSelector":      map[string]any{"pool": "drop", "example.com/zone": "", "tier": "a_b.c-1"},
 			"priorityClassName": "drop-critical.v2",

@@ -275,8 +275,8 @@ type PodsSpec struct {
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
-	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator in ['Equal', 'Exists', 'Lt', 'Gt'])",message="pods.tolerations[].operator must be Equal, Exists, Lt or Gt"
-	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.effect) || t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="pods.tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute, or empty for all effects"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator in ['', 'Equal', 'Exists', 'Lt', 'Gt'])",message="pods.tolerations[].operator must be Equal, Exists, Lt or Gt"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.effect) || t.effect in ['', 'NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="pods.tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute, or empty for all effects"
 	// +kubebuilder:validation:XValidation:rule="self.all(t, (has(t.key) && t.key != '') || (has(t.operator) && t.operator == 'Exists'))",message="pods.tolerations[]: a toleration without a key must have operator Exists (it then tolerates every taint)"
 	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",message="pods.tolerations[]: operator Exists takes no value"
 	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))",message="pods.tolerations[].tolerationSeconds needs effect NoExecute"
@@ -286,7 +286,7 @@ type PodsSpec struct {
 	// workloads are preempted before them during the sale.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="pods.priorityClassName must be a PriorityClass name (lowercase letters, digits, '-' and '.')"
+	// +kubebuilder:validation:XValidation:rule="self == '' || !format.dns1123Subdomain().validate(self).hasValue()",message="pods.priorityClassName must be a PriorityClass name (lowercase letters, digits, '-' and '.')"
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
@@ -402,8 +402,9 @@ type FlashSaleStatus struct {
 
 	// countsObservedAt is when available, reserved, sold and shards were
 	// last read from Redis and the ledger: at least once a minute while the
-	// operator can reach them, so counts older than that are stale (Redis or
-	// the ledger unreachable, the sale failed closed, the operator down).
+	// operator can reach them (every 5 minutes once the sale is Completed),
+	// so counts older than that are stale (Redis or the ledger unreachable,
+	// the sale failed closed, the operator down).
 	// +optional
 	CountsObservedAt *metav1.Time `json:"countsObservedAt,omitempty"`
 
