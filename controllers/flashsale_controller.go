@@ -134,7 +134,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	if !fs.DeletionTimestamp.IsZero() {
 		err := r.finalize(ctx, fs)
-		if err != nil && !errors.Is(err, context.Canceled) {
+		// A conflict is another writer's update, retried at once; a cancel
+		// is the manager stopping.
+		if err != nil && !errors.Is(err, context.Canceled) && !apierrors.IsConflict(err) {
 			// Otherwise the sale only sits in Terminating, and why is in the
 			// manager's log alone.
 			r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupFailed, "Cleanup",
@@ -968,7 +970,9 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	var refErr *referenceError
 	switch {
 	case errors.As(err, &refErr):
-		r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "Redis keys and ledger campaign left in place: %s", refErr.message)
+		msg := "Redis keys and ledger campaign left in place: " + refErr.message
+		r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "%s", truncate(msg, eventNoteLimit))
+		log.FromContext(ctx).Info(msg, "event", corev1.EventTypeWarning, "reason", ReasonCleanupSkipped)
 	case err != nil:
 		return err
 	default:
