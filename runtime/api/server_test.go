@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -405,6 +406,21 @@ func TestReadinessOutlastsARedisOutage(t *testing.T) {
 		t.Fatalf("readyz: %d %s", got.status, got.body)
 	}
 	held := f.reserve("ann", "k", 1)
+	// A Redis that hangs (stopped, not gone) leaves readyz answering within
+	// the kubelet's 2 s probe timeout: it asks Redis nothing any more.
+	if err := syscall.Kill(r.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	probe := &http.Client{Timeout: 2 * time.Second}
+	resp, err := probe.Get(f.base + "/readyz")
+	_ = syscall.Kill(r.PID(), syscall.SIGCONT)
+	if err != nil {
+		t.Fatalf("readyz while Redis hangs: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz while Redis hangs: %d", resp.StatusCode)
+	}
 	if err := r.Kill(); err != nil {
 		t.Fatal(err)
 	}
