@@ -232,7 +232,7 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 
 func hasEvent(t *testing.T, ns, name, reason string) bool {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(settle)
 	for time.Now().Before(deadline) {
 		var list corev1.EventList
 		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
@@ -546,8 +546,9 @@ func TestStatusWritesFollowTheRefresh(t *testing.T) {
 	}()
 	const load = 6 * time.Second
 	stop := time.Now().Add(load)
-	for i := 0; time.Now().Before(stop); i++ {
-		e.reserve(eng, fmt.Sprintf("buyer-%d", i))
+	reserved := 0
+	for ; time.Now().Before(stop); reserved++ {
+		e.reserve(eng, fmt.Sprintf("buyer-%d", reserved))
 		time.Sleep(20 * time.Millisecond)
 	}
 	// One write per refresh, and a few for the Deployments' own changes.
@@ -555,7 +556,7 @@ func TestStatusWritesFollowTheRefresh(t *testing.T) {
 	if n := writes.Load(); n > 15 {
 		t.Fatalf("%d status writes in %s of reservations", n, load)
 	}
-	e.waitFor("busy", settle, "the counts", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Reserved > 100 })
+	e.waitFor("busy", settle, "the counts", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Reserved == int64(reserved) })
 }
 
 // A rebuild that runs across the schedule's end opens the shards ended, and
@@ -780,6 +781,9 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 		t.Fatalf("Ready while the ledger is down: %+v", fs.Status.Conditions)
 	}
 	// One event when it went down, whatever the reconciles since.
+	if !hasEvent(t, e.ns, "ledgerless", controllers.ReasonLedgerUnreachable) {
+		t.Fatal("no event when the ledger went down")
+	}
 	if n := countEvents(t, e.ns, "ledgerless", controllers.ReasonLedgerUnreachable); n != 1 {
 		t.Fatalf("%d LedgerUnreachable events", n)
 	}
