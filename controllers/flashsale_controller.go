@@ -308,7 +308,10 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		return true, nil
 	}
 	s.conn = conn
-	if conn != prev {
+	// A new connection reached the ledger. A cached one is asked when the
+	// ledger was last found down: the phases below may stop at Redis before
+	// any ledger query, and the recovery would not show until Redis is back.
+	if conn != prev || (!conditionIs(s.fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue) && pingLedger(ctx, conn) == nil) {
 		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
 	}
 	return false, nil
@@ -1107,4 +1110,17 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + more
+}
+
+func conditionIs(fs *flashsalev1alpha1.FlashSale, typ string, status metav1.ConditionStatus) bool {
+	c := meta.FindStatusCondition(fs.Status.Conditions, typ)
+	return c != nil && c.Status == status
+}
+
+// pingLedger asks the ledger for a sign of life, briefly: a ledger that hangs
+// must not hold up the phases that do not need it.
+func pingLedger(ctx context.Context, c *campaignConn) error {
+	ctx, cancel := context.WithTimeout(ctx, replaceTimeout)
+	defer cancel()
+	return c.ledger.Ping(ctx)
 }

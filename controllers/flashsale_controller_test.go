@@ -798,6 +798,41 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 	}
 }
 
+// The ledger back while Redis is still down shows as such, with its event:
+// the reconcile stops at Redis before any query of its own reaches the ledger.
+func TestLedgerRecoversWhileRedisIsDown(t *testing.T) {
+	pg := testharness.PostgresT(t)
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), pg)
+	e.startController()
+	e.openSale("both", 10)
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("both", settle, "LedgerHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse)
+	})
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("both", 30*time.Second, "LedgerHealthy True with Redis down", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
+	})
+	if !conditionIs(fs, flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse) {
+		t.Fatalf("RedisHealthy %+v", meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy))
+	}
+	if !hasEvent(t, e.ns, "both", controllers.ReasonLedgerRecovered) {
+		t.Fatal("no LedgerRecovered event")
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("both", 30*time.Second, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
+}
+
 func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
