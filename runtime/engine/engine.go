@@ -42,7 +42,22 @@ type Config struct {
 	// row, seen so by this engine for this long, is settled (see Reserve);
 	// default 30 s, far above a request's deadline and a ledger batch's timeout.
 	SettleStuckAfter time.Duration
+	// LedgerStallAfter: while a ledger batch has been out this long, new
+	// reservations are refused (ErrUnavailable) before they take any unit;
+	// default 1 s. LedgerCooldown: as long after a batch that failed
+	// (PostgreSQL down); default 1 s. A unit taken for a row the ledger
+	// cannot write is held until the write fails, and meanwhile other buyers
+	// are told SOLD_OUT, which they do not retry.
+	LedgerStallAfter time.Duration
+	LedgerCooldown   time.Duration
 }
+
+// DefaultLedgerStallAfter and DefaultLedgerCooldown are the defaults of
+// Config.LedgerStallAfter and Config.LedgerCooldown.
+const (
+	DefaultLedgerStallAfter = time.Second
+	DefaultLedgerCooldown   = time.Second
+)
 
 // DefaultClaimSlack is Config.ClaimSlack's default.
 const DefaultClaimSlack = time.Minute
@@ -67,6 +82,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("claim slack must not be negative, got %s", c.ClaimSlack)
 	case c.SettleStuckAfter < 0:
 		return fmt.Errorf("the stuck-replay delay must not be negative, got %s", c.SettleStuckAfter)
+	case c.LedgerStallAfter < 0 || c.LedgerCooldown < 0:
+		return fmt.Errorf("the ledger stall and cooldown delays must not be negative, got %s and %s", c.LedgerStallAfter, c.LedgerCooldown)
 	case c.StealProbes < 0 || c.StealProbes > 2:
 		return fmt.Errorf("stealProbes must be 0..2, got %d", c.StealProbes)
 	case len(c.IDSecret) > 0 && len(c.IDSecret) < 16:
@@ -88,7 +105,10 @@ type Engine struct {
 	soldOut  []atomic.Int64 // unix nanos until which a shard is taken as sold out
 	minEpoch atomic.Int64   // highest epoch seen: shards with an older meta are stale
 	stuck    stuckReplays   // replays found without a ledger row, and since when
-	now      func() time.Time
+	// ledgerFailedUntil: unix nanos until which reservations are refused
+	// after a ledger batch failed (Config.LedgerCooldown).
+	ledgerFailedUntil atomic.Int64
+	now               func() time.Time
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.
@@ -101,6 +121,12 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	}
 	if cfg.SettleStuckAfter == 0 {
 		cfg.SettleStuckAfter = DefaultSettleStuckAfter
+	}
+	if cfg.LedgerStallAfter == 0 {
+		cfg.LedgerStallAfter = DefaultLedgerStallAfter
+	}
+	if cfg.LedgerCooldown == 0 {
+		cfg.LedgerCooldown = DefaultLedgerCooldown
 	}
 	return &Engine{
 		cfg:     cfg,
@@ -178,3 +204,16 @@ func (e *ledgerError) Error() string   { return "ledger " + e.op + ": " + e.err.
 func (e *ledgerError) Unwrap() []error { return []error{ErrLedger, e.err} }
 
 func ledgerFailure(op string, err error) error { return &ledgerError{op, err} }
+
+// ledgerRefuses reports whether the ledger is failing or hangs, so that a
+// reservation now would hold a unit it cannot record: the engine then
+// answers ErrUnavailable (retry) before taking any.
+func (e *Engine) ledgerRefuses() bool {
+	return e.now().UnixNano() < e.ledgerFailedUntil.Load() || e.mat.Stalled(e.cfg.LedgerStallAfter)
+}
+
+// ledgerFailed notes a ledger batch that failed, refusing reservations for
+// Config.LedgerCooldown.
+func (e *Engine) ledgerFailed() {
+	e.ledgerFailedUntil.Store(e.now().Add(e.cfg.LedgerCooldown).UnixNano())
+}

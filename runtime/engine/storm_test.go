@@ -350,6 +350,7 @@ func TestLedgerDown(t *testing.T) {
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	guarded := 0
 	for i := range 5 {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := f.e.Reserve(c, fmt.Sprintf("olga-%d", i), "r", 1)
@@ -357,6 +358,13 @@ func TestLedgerDown(t *testing.T) {
 		if !errors.Is(err, engine.ErrUnavailable) {
 			t.Fatalf("reserve with the ledger down: %v", err)
 		}
+		if strings.Contains(err.Error(), "no unit is taken") {
+			guarded++
+		}
+	}
+	// After the first failure the others are refused before taking a unit.
+	if guarded == 0 {
+		t.Fatal("every reservation took a unit while the ledger was down")
 	}
 	st, err := f.e.Store().State(ctx)
 	if err != nil {
@@ -400,6 +408,66 @@ func TestLedgerDown(t *testing.T) {
 // with the new server's run id: the shards refuse (UNVERIFIED) until they are
 // rebuilt, because the data may be older than the ledger. After SCRIPT FLUSH
 // (same server) the reload is all that happens.
+// A ledger that hangs (here a lock on the orders table) is found out within
+// LedgerStallAfter: the reservations after that answer ErrUnavailable
+// (retry) before taking a unit, instead of draining the stock into units
+// the ledger cannot record, which told every later buyer SOLD_OUT. Once the
+// ledger answers, the units taken meanwhile are sold or given back.
+func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(40), withShards(2))
+	ctx := context.Background()
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// 60 buyers over 3 s: without the guard the first 40 drain the stock
+	// within 2 s and the other 20 are told SOLD_OUT.
+	var (
+		wg                             sync.WaitGroup
+		reserved, soldOut, unavailable atomic.Int64
+	)
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := f.e.Reserve(ctx, fmt.Sprintf("hung-%d", i), "r", 1)
+			switch {
+			case errors.Is(err, engine.ErrUnavailable):
+				unavailable.Add(1)
+			case err != nil:
+				t.Errorf("reserve: %v", err)
+			case res.Outcome == engine.OutcomeSoldOut:
+				soldOut.Add(1)
+			case res.Outcome == engine.OutcomeReserved:
+				reserved.Add(1)
+			}
+		}()
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("reserved %d, unavailable %d, sold out %d", reserved.Load(), unavailable.Load(), soldOut.Load())
+	if soldOut.Load() != 0 {
+		t.Fatalf("%d buyers told SOLD_OUT while the ledger hung with units to sell", soldOut.Load())
+	}
+	if unavailable.Load() == 0 {
+		t.Fatal("no reservation refused while the ledger hung")
+	}
+	if c := f.assertConserved(); c.Reserved != reserved.Load() || c.Pending != reserved.Load() {
+		t.Fatalf("after the hang: %+v, %d acknowledged", c, reserved.Load())
+	}
+	if r := f.reserve("after", "r", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("after the ledger answers again: %s", r.Outcome)
+	}
+}
+
 func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	r := testharness.RedisT(t)
 	rdb := standaloneClient(t, r.Addr())

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,6 +95,10 @@ type Materializer struct {
 	done chan struct{} // closed by Close
 	wg   sync.WaitGroup
 	once sync.Once
+
+	// sending holds, per worker, when its batch went to PostgreSQL (Unix
+	// nanoseconds; 0 while it has none): see Stalled.
+	sending []atomic.Int64
 }
 
 type pendingRow struct {
@@ -114,16 +119,30 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 		cfg.Timeout = defaultMaterializeTTL
 	}
 	m := &Materializer{
-		l:    l,
-		cfg:  cfg,
-		wake: make(chan struct{}, 1),
-		done: make(chan struct{}),
+		l:       l,
+		cfg:     cfg,
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		sending: make([]atomic.Int64, cfg.Concurrency),
 	}
 	m.wg.Add(cfg.Concurrency)
-	for range cfg.Concurrency {
-		go m.work()
+	for i := range cfg.Concurrency {
+		go m.work(&m.sending[i])
 	}
 	return m
+}
+
+// Stalled reports whether a batch has been waiting for PostgreSQL longer than
+// d: the ledger hangs or cannot keep up, and a row submitted now would wait
+// as long.
+func (m *Materializer) Stalled(d time.Duration) bool {
+	limit := time.Now().Add(-d).UnixNano()
+	for i := range m.sending {
+		if t := m.sending[i].Load(); t != 0 && t < limit {
+			return true
+		}
+	}
+	return false
 }
 
 // Submit writes o as a PENDING row and blocks until its outcome is known:
@@ -216,15 +235,18 @@ func (m *Materializer) Close() {
 	m.wg.Wait()
 }
 
-// work writes batches until Close has been called and nothing is queued.
-func (m *Materializer) work() {
+// work writes batches until Close has been called and nothing is queued;
+// sending says since when its batch is out.
+func (m *Materializer) work(sending *atomic.Int64) {
 	defer m.wg.Done()
 	for {
 		batch := m.take()
 		if batch == nil {
 			return
 		}
+		sending.Store(time.Now().UnixNano())
 		m.write(batch)
+		sending.Store(0)
 		m.mu.Lock()
 		m.busy--
 		m.mu.Unlock()
