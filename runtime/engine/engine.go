@@ -44,7 +44,7 @@ type Config struct {
 	SettleStuckAfter time.Duration
 	// LedgerStallAfter: while a ledger batch has been out this long, new
 	// reservations are refused (ErrUnavailable) before they take any unit;
-	// default 1 s. LedgerCooldown: as long after a batch that failed
+	// default 2 s. LedgerCooldown: as long after a batch that failed
 	// (PostgreSQL down); default 1 s. A unit taken for a row the ledger
 	// cannot write is held until the write fails, and meanwhile other buyers
 	// are told SOLD_OUT, which they do not retry.
@@ -55,7 +55,7 @@ type Config struct {
 // DefaultLedgerStallAfter and DefaultLedgerCooldown are the defaults of
 // Config.LedgerStallAfter and Config.LedgerCooldown.
 const (
-	DefaultLedgerStallAfter = time.Second
+	DefaultLedgerStallAfter = 2 * time.Second
 	DefaultLedgerCooldown   = time.Second
 )
 

@@ -409,12 +409,12 @@ func TestLedgerDown(t *testing.T) {
 // rebuilt, because the data may be older than the ledger. After SCRIPT FLUSH
 // (same server) the reload is all that happens.
 // A ledger that hangs (here a lock on the orders table) is found out within
-// LedgerStallAfter: the reservations after that answer ErrUnavailable
+// LedgerStallAfter (2 s): the reservations after that answer ErrUnavailable
 // (retry) before taking a unit, instead of draining the stock into units
 // the ledger cannot record, which told every later buyer SOLD_OUT. Once the
 // ledger answers, the units taken meanwhile are sold or given back.
 func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
-	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(40), withShards(2))
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(60), withShards(2))
 	ctx := context.Background()
 	tx, err := f.l.Pool().Begin(ctx)
 	if err != nil {
@@ -424,13 +424,15 @@ func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
 	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	// 60 buyers over 3 s: without the guard the first 40 drain the stock
-	// within 2 s and the other 20 are told SOLD_OUT.
+	// A buyer every 50 ms for 3.8 s: without the guard the first 60 drain
+	// the stock within 3 s and the later ones are told SOLD_OUT. The lock
+	// goes at 4 s, before the first batch's 5 s timeout.
 	var (
 		wg                             sync.WaitGroup
 		reserved, soldOut, unavailable atomic.Int64
 	)
-	for i := range 60 {
+	start := time.Now()
+	for i := 0; time.Since(start) < 3800*time.Millisecond; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -448,7 +450,7 @@ func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
 		}()
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(time.Until(start.Add(4 * time.Second)))
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
