@@ -44,20 +44,15 @@ type Config struct {
 	SettleStuckAfter time.Duration
 	// LedgerStallAfter: while a ledger batch has been out this long, new
 	// reservations are refused (ErrUnavailable) before they take any unit;
-	// default 2 s. LedgerCooldown: as long after a batch that failed
-	// (PostgreSQL down); default 1 s. A unit taken for a row the ledger
-	// cannot write is held until the write fails, and meanwhile other buyers
-	// are told SOLD_OUT, which they do not retry.
+	// default 2 s. After a batch failed, one reservation at a time tries
+	// the ledger until one is written; the others are refused. A unit taken
+	// for a row the ledger cannot write is held until the write fails, and
+	// meanwhile other buyers are told SOLD_OUT, which they do not retry.
 	LedgerStallAfter time.Duration
-	LedgerCooldown   time.Duration
 }
 
-// DefaultLedgerStallAfter and DefaultLedgerCooldown are the defaults of
-// Config.LedgerStallAfter and Config.LedgerCooldown.
-const (
-	DefaultLedgerStallAfter = 2 * time.Second
-	DefaultLedgerCooldown   = time.Second
-)
+// DefaultLedgerStallAfter is Config.LedgerStallAfter's default.
+const DefaultLedgerStallAfter = 2 * time.Second
 
 // DefaultClaimSlack is Config.ClaimSlack's default.
 const DefaultClaimSlack = time.Minute
@@ -82,8 +77,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("claim slack must not be negative, got %s", c.ClaimSlack)
 	case c.SettleStuckAfter < 0:
 		return fmt.Errorf("the stuck-replay delay must not be negative, got %s", c.SettleStuckAfter)
-	case c.LedgerStallAfter < 0 || c.LedgerCooldown < 0:
-		return fmt.Errorf("the ledger stall and cooldown delays must not be negative, got %s and %s", c.LedgerStallAfter, c.LedgerCooldown)
+	case c.LedgerStallAfter < 0:
+		return fmt.Errorf("the ledger stall delay must not be negative, got %s", c.LedgerStallAfter)
 	case c.StealProbes < 0 || c.StealProbes > 2:
 		return fmt.Errorf("stealProbes must be 0..2, got %d", c.StealProbes)
 	case len(c.IDSecret) > 0 && len(c.IDSecret) < 16:
@@ -105,10 +100,10 @@ type Engine struct {
 	soldOut  []atomic.Int64 // unix nanos until which a shard is taken as sold out
 	minEpoch atomic.Int64   // highest epoch seen: shards with an older meta are stale
 	stuck    stuckReplays   // replays found without a ledger row, and since when
-	// ledgerFailedUntil: unix nanos until which reservations are refused
-	// after a ledger batch failed (Config.LedgerCooldown).
-	ledgerFailedUntil atomic.Int64
-	now               func() time.Time
+	// ledgerFailing: the last ledger write failed; ledgerProbe: a reservation
+	// is trying the ledger meanwhile (see ledgerGate).
+	ledgerFailing, ledgerProbe atomic.Bool
+	now                        func() time.Time
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.
@@ -125,9 +120,7 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	if cfg.LedgerStallAfter == 0 {
 		cfg.LedgerStallAfter = DefaultLedgerStallAfter
 	}
-	if cfg.LedgerCooldown == 0 {
-		cfg.LedgerCooldown = DefaultLedgerCooldown
-	}
+
 	return &Engine{
 		cfg:     cfg,
 		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(stock.BackstopFor(cfg.TTL + cfg.Grace)),
@@ -205,15 +198,35 @@ func (e *ledgerError) Unwrap() []error { return []error{ErrLedger, e.err} }
 
 func ledgerFailure(op string, err error) error { return &ledgerError{op, err} }
 
-// ledgerRefuses reports whether the ledger is failing or hangs, so that a
-// reservation now would hold a unit it cannot record: the engine then
-// answers ErrUnavailable (retry) before taking any.
-func (e *Engine) ledgerRefuses() bool {
-	return e.now().UnixNano() < e.ledgerFailedUntil.Load() || e.mat.Stalled(e.cfg.LedgerStallAfter)
+// ledgerGate decides whether a reservation may take a unit, given the
+// ledger's state: not while a batch hangs (Config.LedgerStallAfter), and
+// after a failed write only as the one probe at a time (probe: the caller
+// must call probeDone). A unit taken for a row the ledger cannot write would
+// be held, and other buyers told SOLD_OUT, until the write fails.
+func (e *Engine) ledgerGate() (ok, probe bool) {
+	if e.mat.Stalled(e.cfg.LedgerStallAfter) {
+		return false, false
+	}
+	if !e.ledgerFailing.Load() {
+		return true, false
+	}
+	if e.ledgerProbe.CompareAndSwap(false, true) {
+		return true, true
+	}
+	return false, false
 }
 
-// ledgerFailed notes a ledger batch that failed, refusing reservations for
-// Config.LedgerCooldown.
-func (e *Engine) ledgerFailed() {
-	e.ledgerFailedUntil.Store(e.now().Add(e.cfg.LedgerCooldown).UnixNano())
+func (e *Engine) probeDone() { e.ledgerProbe.Store(false) }
+
+// ledgerWrote records the outcome of a ledger write: a failure other than the
+// caller's own (it gave up before the row was sent), a fence (a rebuild) or
+// an engine closing makes the ledger failing until a write succeeds.
+func (e *Engine) ledgerWrote(err error) {
+	switch {
+	case err == nil, errors.Is(err, ledger.ErrDuplicate):
+		e.ledgerFailing.Store(false)
+	case errors.Is(err, ledger.ErrNotSent), errors.Is(err, ledger.ErrFenced), errors.Is(err, ledger.ErrClosed):
+	default:
+		e.ledgerFailing.Store(true)
+	}
 }

@@ -78,8 +78,12 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	if quantity < 1 || quantity > e.cfg.MaxPerUser {
 		return ReserveResult{}, fmt.Errorf("%w: quantity must be 1..%d, got %d", ErrInvalid, e.cfg.MaxPerUser, quantity)
 	}
-	if e.ledgerRefuses() {
+	ok, probe := e.ledgerGate()
+	if !ok {
 		return ReserveResult{}, fmt.Errorf("%w: the ledger is failing or slow: no unit is taken that it could not record", ErrUnavailable)
+	}
+	if probe {
+		defer e.probeDone()
 	}
 	key := stock.ReservationKey(e.cfg.IDSecret, e.cfg.CampaignID, user, requestID)
 	home := stock.HomeShard(user, e.cfg.Shards)
@@ -188,6 +192,7 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 		ExpiresAt:     time.UnixMilli(r.ExpiryMs),
 	}
 	err := e.mat.Submit(ctx, o)
+	e.ledgerWrote(err)
 	switch {
 	case err == nil:
 		res.Outcome = OutcomeReserved
@@ -199,14 +204,8 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 		e.release(ctx, shard, key)
 		return e.fromLedger(ctx, res, o.ReservationID, user)
 	case errors.Is(err, ledger.ErrAmbiguous):
-		e.ledgerFailed()
 		return ReserveResult{}, fmt.Errorf("%w: ledger commit outcome unknown, the reservation will expire: %v", ErrUnavailable, err)
 	default:
-		// Fenced (a rebuild) is no ledger failure, nor a caller that gave
-		// up or an engine closing.
-		if ctx.Err() == nil && !errors.Is(err, ledger.ErrFenced) && !errors.Is(err, ledger.ErrClosed) {
-			e.ledgerFailed()
-		}
 		e.release(ctx, shard, key)
 		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

@@ -350,7 +350,6 @@ func TestLedgerDown(t *testing.T) {
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	guarded := 0
 	for i := range 5 {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := f.e.Reserve(c, fmt.Sprintf("olga-%d", i), "r", 1)
@@ -358,12 +357,25 @@ func TestLedgerDown(t *testing.T) {
 		if !errors.Is(err, engine.ErrUnavailable) {
 			t.Fatalf("reserve with the ledger down: %v", err)
 		}
-		if strings.Contains(err.Error(), "no unit is taken") {
-			guarded++
-		}
 	}
-	// After the first failure the others are refused before taking a unit.
-	if guarded == 0 {
+	// Once a write failed, one reservation at a time tries the ledger; the
+	// others are refused before they take a unit.
+	var wg sync.WaitGroup
+	var guarded atomic.Int64
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := f.e.Reserve(ctx, fmt.Sprintf("olga-%d", 5+i), "r", 1)
+			if !errors.Is(err, engine.ErrUnavailable) {
+				t.Errorf("reserve with the ledger down: %v", err)
+			} else if strings.Contains(err.Error(), "no unit is taken") {
+				guarded.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if guarded.Load() == 0 {
 		t.Fatal("every reservation took a unit while the ledger was down")
 	}
 	st, err := f.e.Store().State(ctx)
@@ -403,11 +415,6 @@ func TestLedgerDown(t *testing.T) {
 	}
 }
 
-// Scripts run by SHA and reload themselves after NOSCRIPT. After a restart
-// with data (the script cache is empty, the shards are live) the reload comes
-// with the new server's run id: the shards refuse (UNVERIFIED) until they are
-// rebuilt, because the data may be older than the ledger. After SCRIPT FLUSH
-// (same server) the reload is all that happens.
 // A ledger that hangs (here a lock on the orders table) is found out within
 // LedgerStallAfter (2 s): the reservations after that answer ErrUnavailable
 // (retry) before taking a unit, instead of draining the stock into units
@@ -470,6 +477,71 @@ func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
 	}
 }
 
+// A ledger whose writes fail (here they time out: a 1 s batch timeout, under
+// the 2 s after which a batch counts as hung) is tried by one reservation at
+// a time until a write succeeds; the others are refused before they take a
+// unit, which a timed-out write may hold until it expires.
+func TestLedgerThatFailsIsTriedOneAtATime(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(100), withShards(2),
+		withMaterializer(ledger.MaterializerConfig{Timeout: time.Second}))
+	ctx := context.Background()
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg                    sync.WaitGroup
+		refused, tried, other atomic.Int64
+	)
+	start := time.Now()
+	for i := 0; time.Since(start) < 3*time.Second; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := f.e.Reserve(ctx, fmt.Sprintf("late-%d", i), "r", 1)
+			switch {
+			case err != nil && strings.Contains(err.Error(), "no unit is taken"):
+				refused.Add(1)
+			case errors.Is(err, engine.ErrUnavailable):
+				tried.Add(1)
+			default:
+				other.Add(1)
+			}
+		}()
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("refused %d, tried the ledger %d, other %d", refused.Load(), tried.Load(), other.Load())
+	// The first second's buyers all try (nothing has failed yet); after that
+	// about one a second does.
+	if refused.Load() < tried.Load() {
+		t.Fatalf("%d reservations refused, %d took a unit and tried the failing ledger", refused.Load(), tried.Load())
+	}
+	if other.Load() != 0 {
+		t.Fatalf("%d answers other than unavailable while every write failed", other.Load())
+	}
+	// The first write that succeeds lets everyone through again.
+	testharness.Eventually(t, 10*time.Second, "a reservation after the ledger answers", func() bool {
+		_, err := f.e.Reserve(ctx, "after", "r", 1)
+		return err == nil
+	})
+	if r := f.reserve("after-2", "r", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("after the ledger answers again: %s", r.Outcome)
+	}
+}
+
+// Scripts run by SHA and reload themselves after NOSCRIPT. After a restart
+// with data (the script cache is empty, the shards are live) the reload comes
+// with the new server's run id: the shards refuse (UNVERIFIED) until they are
+// rebuilt, because the data may be older than the ledger. After SCRIPT FLUSH
+// (same server) the reload is all that happens.
 func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 	r := testharness.RedisT(t)
 	rdb := standaloneClient(t, r.Addr())

@@ -47,6 +47,9 @@ var (
 	ErrAllocationDecrease = errors.New("ledger: allocation decrease")
 	// ErrClosed: Submit after the Materializer was closed.
 	ErrClosed = errors.New("ledger: materializer closed")
+	// ErrNotSent: the caller's context ended before its row was sent; not
+	// written, and nothing is known of PostgreSQL.
+	ErrNotSent = errors.New("not sent")
 	// ErrBadDSN: the connection string cannot be parsed. Its message never
 	// quotes the connection string.
 	ErrBadDSN = errors.New("ledger: the DSN cannot be parsed")

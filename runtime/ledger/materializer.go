@@ -96,9 +96,11 @@ type Materializer struct {
 	wg   sync.WaitGroup
 	once sync.Once
 
-	// sending holds, per worker, when its batch went to PostgreSQL (Unix
-	// nanoseconds; 0 while it has none): see Stalled.
+	// sending holds, per worker, when its batch went to PostgreSQL (nanoseconds
+	// since start, on the monotonic clock, plus one; 0 while it has none): see
+	// Stalled.
 	sending []atomic.Int64
+	start   time.Time
 }
 
 type pendingRow struct {
@@ -124,6 +126,7 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		sending: make([]atomic.Int64, cfg.Concurrency),
+		start:   time.Now(),
 	}
 	m.wg.Add(cfg.Concurrency)
 	for i := range cfg.Concurrency {
@@ -136,7 +139,7 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 // d: the ledger hangs or cannot keep up, and a row submitted now would wait
 // as long.
 func (m *Materializer) Stalled(d time.Duration) bool {
-	limit := time.Now().Add(-d).UnixNano()
+	limit := int64(time.Since(m.start)-d) + 1
 	for i := range m.sending {
 		if t := m.sending[i].Load(); t != 0 && t < limit {
 			return true
@@ -164,7 +167,7 @@ func (m *Materializer) Submit(ctx context.Context, o Order) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ledger: materialize %s: not sent: %w", o.ReservationID, err)
+		return fmt.Errorf("ledger: materialize %s: %w: %w", o.ReservationID, ErrNotSent, err)
 	}
 	r := &pendingRow{ctx: ctx, o: o, res: make(chan error, 1)}
 	m.mu.Lock()
@@ -192,7 +195,7 @@ func (m *Materializer) Submit(ctx context.Context, o Order) error {
 	if i := slices.Index(m.pending, r); i >= 0 {
 		m.pending = slices.Delete(m.pending, i, i+1)
 		m.mu.Unlock()
-		return fmt.Errorf("ledger: materialize %s: not sent: %w", o.ReservationID, ctx.Err())
+		return fmt.Errorf("ledger: materialize %s: %w: %w", o.ReservationID, ErrNotSent, ctx.Err())
 	}
 	m.mu.Unlock()
 	return <-r.res
@@ -244,7 +247,7 @@ func (m *Materializer) work(sending *atomic.Int64) {
 		if batch == nil {
 			return
 		}
-		sending.Store(time.Now().UnixNano())
+		sending.Store(int64(time.Since(m.start)) + 1)
 		m.write(batch)
 		sending.Store(0)
 		m.mu.Lock()
@@ -318,7 +321,7 @@ func (m *Materializer) write(batch []*pendingRow) {
 	send := make([]*pendingRow, 0, len(batch))
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
-			r.res <- fmt.Errorf("ledger: materialize %s: not sent: %w", r.o.ReservationID, err)
+			r.res <- fmt.Errorf("ledger: materialize %s: %w: %w", r.o.ReservationID, ErrNotSent, err)
 			continue
 		}
 		send = append(send, r)
