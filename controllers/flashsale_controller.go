@@ -311,7 +311,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	// A new connection reached the ledger. A cached one is asked when the
 	// ledger was last found down: the phases below may stop at Redis before
 	// any ledger query, and the recovery would not show until Redis is back.
-	if conn != prev || (!conditionIs(s.fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue) && pingLedger(ctx, conn) == nil) {
+	if conn != prev || (ledgerUnreachable(s.fs) && pingLedger(ctx, conn) == nil) {
 		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
 	}
 	return false, nil
@@ -638,13 +638,20 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 	}
 	var children []client.Object
 	for _, d := range deployments {
-		// Without references (a Secret of the spec gone, or changed to
-		// values that do not connect) the sale runs on connections opened
-		// before: pods moved onto other Secrets (a secretRef renamed) would
-		// not start, so such a Deployment stays as it is. One reading the
-		// same Secrets still follows the rest of the spec (replicas, pods).
-		if s.refs == nil && !r.readsSameSecrets(ctx, d) {
-			continue
+		if s.refs == nil {
+			// Without references (a Secret of the spec gone, or changed to
+			// values that do not connect) the sale runs on connections opened
+			// before, and new pods would not start on the spec's Secrets: a
+			// live Deployment only follows the replicas, its pods stay.
+			live, err := r.liveDeployment(ctx, d)
+			if err != nil {
+				failed("Deployment", d.Name, err)
+				continue
+			}
+			if live != nil {
+				live.Spec.Replicas = d.Spec.Replicas
+				d = live
+			}
 		}
 		children = append(children, d)
 	}
@@ -658,30 +665,21 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 	return false, nil
 }
 
-// readsSameSecrets reports whether the live Deployment (or none) reads the
-// same Secret keys as desired.
-func (r *FlashSaleReconciler) readsSameSecrets(ctx context.Context, desired *appsv1.Deployment) bool {
+// liveDeployment reads the Deployment desired names, from the cache or, for
+// one that lost its labels, the API server; nil when there is none.
+func (r *FlashSaleReconciler) liveDeployment(ctx context.Context, desired *appsv1.Deployment) (*appsv1.Deployment, error) {
 	var live appsv1.Deployment
-	switch err := r.Get(ctx, client.ObjectKeyFromObject(desired), &live); {
+	err := r.Get(ctx, client.ObjectKeyFromObject(desired), &live)
+	if apierrors.IsNotFound(err) {
+		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), &live)
+	}
+	switch {
 	case apierrors.IsNotFound(err):
-		return true
+		return nil, nil
 	case err != nil:
-		return false
+		return nil, err
 	}
-	return maps.Equal(secretKeyRefs(&live), secretKeyRefs(desired))
-}
-
-// secretKeyRefs lists the Secret keys a Deployment's containers read.
-func secretKeyRefs(d *appsv1.Deployment) map[string]bool {
-	out := map[string]bool{}
-	for _, c := range d.Spec.Template.Spec.Containers {
-		for _, e := range c.Env {
-			if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
-				out[ref.SecretKeyRef.Name+"/"+ref.SecretKeyRef.Key] = true
-			}
-		}
-	}
-	return out
+	return &live, nil
 }
 
 func setPodAnnotation(d *appsv1.Deployment, key, value string) {
@@ -878,10 +876,10 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 // the replicas: a scale (an autoscaler's, every few seconds during a sale)
 // changes the generation too, and is no rollout.
 func rollingOut(d *appsv1.Deployment) bool {
-	if d.Status.ObservedGeneration < d.Generation {
-		return ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
+	if d.Status.UpdatedReplicas < d.Status.Replicas {
+		return true // a rollout under way, whatever changed since
 	}
-	return d.Status.UpdatedReplicas < d.Status.Replicas
+	return d.Status.ObservedGeneration < d.Generation && ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
 }
 
 // reportReservePods fills the scale subresource's status (the reserve pods and
@@ -1112,9 +1110,12 @@ func truncate(s string, n int) string {
 	return s[:cut] + more
 }
 
-func conditionIs(fs *flashsalev1alpha1.FlashSale, typ string, status metav1.ConditionStatus) bool {
-	c := meta.FindStatusCondition(fs.Status.Conditions, typ)
-	return c != nil && c.Status == status
+// ledgerUnreachable: LedgerHealthy says the ledger did not answer (not that
+// it refused the operator or holds another sale's data, which a ping does
+// not tell).
+func ledgerUnreachable(fs *flashsalev1alpha1.FlashSale) bool {
+	c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonUnreachable
 }
 
 // pingLedger asks the ledger for a sign of life, briefly: a ledger that hangs

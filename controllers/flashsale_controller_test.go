@@ -20,6 +20,7 @@ import (
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -892,11 +893,20 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
 		t.Fatalf("reserve while paused: %+v %v", r, err)
 	}
-	// The pods still follow the rest of the spec: they read the same Secrets.
+	// The replicas still follow the spec; the pods stay as they are, since
+	// new ones would not find the Secret.
+	before := e.deployment("rotated-reserve").Spec.Template
 	kubectl(t, "scale", "flashsale", "rotated", "-n", e.ns, "--replicas=3")
+	updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{NodeSelector: map[string]string{"pool": "drop"}}
+	})
 	testharness.Eventually(t, settle, "the reserve Deployment at 3 replicas", func() bool {
 		return *e.deployment("rotated-reserve").Spec.Replicas == 3
 	})
+	time.Sleep(2 * time.Second) // refreshes that would roll the pods
+	if after := e.deployment("rotated-reserve").Spec.Template; !equality.Semantic.DeepEqual(before, after) {
+		t.Fatalf("the reserve pods rolled while the Secret is missing: %+v", after.Spec.NodeSelector)
+	}
 	// An operator restarted meanwhile has no connections to go on with: it
 	// checks nothing, and does not present what it found before as current.
 	stop()

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -37,5 +39,32 @@ func TestFailureBackoffIsBounded(t *testing.T) {
 	}
 	if d := rl.When(req); d != maxFailureBackoff {
 		t.Fatalf("retry after %s once failures pile up, want %s", d, maxFailureBackoff)
+	}
+}
+
+// A rollout is pods of an older template still running, or a template
+// change not yet seen by the Deployment controller; a scale is none.
+func TestRollingOut(t *testing.T) {
+	d := func(gen, observed int64, spec, replicas, updated int32) *appsv1.Deployment {
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Generation: gen},
+			Spec:       appsv1.DeploymentSpec{Replicas: &spec},
+			Status:     appsv1.DeploymentStatus{ObservedGeneration: observed, Replicas: replicas, UpdatedReplicas: updated},
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		d    *appsv1.Deployment
+		want bool
+	}{
+		{"rolled out", d(2, 2, 3, 3, 3), false},
+		{"old pods running", d(2, 2, 3, 4, 2), true},
+		{"template change not seen yet", d(3, 2, 3, 3, 3), true},
+		{"scale not seen yet", d(3, 2, 5, 3, 3), false},
+		{"scale during a rollout", d(3, 2, 5, 4, 2), true},
+	} {
+		if got := rollingOut(tc.d); got != tc.want {
+			t.Errorf("%s: rollingOut %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
