@@ -421,7 +421,10 @@ func TestLedgerDown(t *testing.T) {
 // the ledger cannot record, which told every later buyer SOLD_OUT. Once the
 // ledger answers, the units taken meanwhile are sold or given back.
 func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
-	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(60), withShards(2))
+	// Batches time out after 10 s here, far from the 4 s hang: a write that
+	// timed out would leave its units held until they expire.
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(60), withShards(2),
+		withMaterializer(ledger.MaterializerConfig{Timeout: 10 * time.Second}))
 	ctx := context.Background()
 	tx, err := f.l.Pool().Begin(ctx)
 	if err != nil {
@@ -433,7 +436,7 @@ func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
 	}
 	// A buyer every 50 ms for 3.8 s: without the guard the first 60 drain
 	// the stock within 3 s and the later ones are told SOLD_OUT. The lock
-	// goes at 4 s, before the first batch's 5 s timeout.
+	// goes at 4 s.
 	var (
 		wg                             sync.WaitGroup
 		reserved, soldOut, unavailable atomic.Int64
