@@ -896,14 +896,14 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	// The replicas still follow the spec; the pods stay as they are, since
 	// new ones would not find the Secret.
 	before := e.deployment("rotated-reserve").Spec.Template
-	kubectl(t, "scale", "flashsale", "rotated", "-n", e.ns, "--replicas=3")
+	// The placement first: the reconcile that applies the scale has seen it.
 	updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) {
 		fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{NodeSelector: map[string]string{"pool": "drop"}}
 	})
+	kubectl(t, "scale", "flashsale", "rotated", "-n", e.ns, "--replicas=3")
 	testharness.Eventually(t, settle, "the reserve Deployment at 3 replicas", func() bool {
 		return *e.deployment("rotated-reserve").Spec.Replicas == 3
 	})
-	time.Sleep(2 * time.Second) // refreshes that would roll the pods
 	if after := e.deployment("rotated-reserve").Spec.Template; !equality.Semantic.DeepEqual(before, after) {
 		t.Fatalf("the reserve pods rolled while the Secret is missing: %+v", after.Spec.NodeSelector)
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,10 +45,10 @@ type Config struct {
 	SettleStuckAfter time.Duration
 	// LedgerStallAfter: while a ledger batch has been out this long, new
 	// reservations are refused (ErrUnavailable) before they take any unit;
-	// default 2 s. After a batch failed, one reservation at a time tries
-	// the ledger until one is written; the others are refused. A unit taken
-	// for a row the ledger cannot write is held until the write fails, and
-	// meanwhile other buyers are told SOLD_OUT, which they do not retry.
+	// default 2 s. After a write failed, they are refused until the ledger
+	// answers again (asked every 250 ms). A unit taken for a row the ledger
+	// cannot write is held until the write fails, and meanwhile other buyers
+	// are told SOLD_OUT, which they do not retry.
 	LedgerStallAfter time.Duration
 }
 
@@ -100,10 +101,12 @@ type Engine struct {
 	soldOut  []atomic.Int64 // unix nanos until which a shard is taken as sold out
 	minEpoch atomic.Int64   // highest epoch seen: shards with an older meta are stale
 	stuck    stuckReplays   // replays found without a ledger row, and since when
-	// ledgerFailing: the last ledger write failed; ledgerProbe: a reservation
-	// is trying the ledger meanwhile (see ledgerGate).
-	ledgerFailing, ledgerProbe atomic.Bool
-	now                        func() time.Time
+	// ledgerFailing: a ledger write failed and the ledger has not answered
+	// since (see ledgerWrote).
+	ledgerFailing atomic.Bool
+	closing       chan struct{} // closed by Close
+	closeOnce     sync.Once
+	now           func() time.Time
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.
@@ -127,12 +130,16 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 		ledger:  l,
 		mat:     l.NewMaterializer(mc),
 		soldOut: make([]atomic.Int64, cfg.Shards),
+		closing: make(chan struct{}),
 		now:     time.Now,
 	}, nil
 }
 
 // Close flushes the materializer.
-func (e *Engine) Close() { e.mat.Close() }
+func (e *Engine) Close() {
+	e.closeOnce.Do(func() { close(e.closing) })
+	e.mat.Close()
+}
 
 // Config returns the campaign configuration.
 func (e *Engine) Config() Config { return e.cfg }
@@ -198,35 +205,50 @@ func (e *ledgerError) Unwrap() []error { return []error{ErrLedger, e.err} }
 
 func ledgerFailure(op string, err error) error { return &ledgerError{op, err} }
 
-// ledgerGate decides whether a reservation may take a unit, given the
-// ledger's state: not while a batch hangs (Config.LedgerStallAfter), and
-// after a failed write only as the one probe at a time (probe: the caller
-// must call probeDone). A unit taken for a row the ledger cannot write would
-// be held, and other buyers told SOLD_OUT, until the write fails.
-func (e *Engine) ledgerGate() (ok, probe bool) {
-	if e.mat.Stalled(e.cfg.LedgerStallAfter) {
-		return false, false
-	}
-	if !e.ledgerFailing.Load() {
-		return true, false
-	}
-	if e.ledgerProbe.CompareAndSwap(false, true) {
-		return true, true
-	}
-	return false, false
+// ledgerRefuses reports whether a reservation now would take a unit the
+// ledger may not record: while a batch hangs (Config.LedgerStallAfter), or
+// after a write failed until the ledger answers again. Such a unit is held
+// until the write fails, and meanwhile other buyers are told SOLD_OUT.
+func (e *Engine) ledgerRefuses() bool {
+	return e.ledgerFailing.Load() || e.mat.Stalled(e.cfg.LedgerStallAfter)
 }
 
-func (e *Engine) probeDone() { e.ledgerProbe.Store(false) }
+// ledgerPingEvery is how often a failing ledger is asked whether it answers.
+const ledgerPingEvery = 250 * time.Millisecond
 
-// ledgerWrote records the outcome of a ledger write: a failure other than the
-// caller's own (it gave up before the row was sent), a fence (a rebuild) or
-// an engine closing makes the ledger failing until a write succeeds.
+// ledgerWrote records the outcome of a ledger write. A failure other than
+// the caller's own (it gave up before the row was sent), a fence (a
+// rebuild), a duplicate or an engine closing makes the ledger failing, and
+// starts asking it until it answers.
 func (e *Engine) ledgerWrote(err error) {
 	switch {
-	case err == nil, errors.Is(err, ledger.ErrDuplicate):
-		e.ledgerFailing.Store(false)
-	case errors.Is(err, ledger.ErrNotSent), errors.Is(err, ledger.ErrFenced), errors.Is(err, ledger.ErrClosed):
-	default:
-		e.ledgerFailing.Store(true)
+	case err == nil, errors.Is(err, ledger.ErrDuplicate), errors.Is(err, ledger.ErrNotSent),
+		errors.Is(err, ledger.ErrFenced), errors.Is(err, ledger.ErrClosed):
+		return
+	}
+	if e.ledgerFailing.CompareAndSwap(false, true) {
+		go e.waitForLedger()
+	}
+}
+
+// waitForLedger pings the ledger until it answers, then lets reservations
+// through again; in the background, so that a sale sold out or ended while
+// the ledger failed still gets its answers (no reservation would write).
+func (e *Engine) waitForLedger() {
+	tick := time.NewTicker(ledgerPingEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.closing:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 4*ledgerPingEvery)
+		err := e.ledger.Ping(ctx)
+		cancel()
+		if err == nil {
+			e.ledgerFailing.Store(false)
+			return
+		}
 	}
 }

@@ -78,12 +78,8 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	if quantity < 1 || quantity > e.cfg.MaxPerUser {
 		return ReserveResult{}, fmt.Errorf("%w: quantity must be 1..%d, got %d", ErrInvalid, e.cfg.MaxPerUser, quantity)
 	}
-	ok, probe := e.ledgerGate()
-	if !ok {
+	if e.ledgerRefuses() {
 		return ReserveResult{}, fmt.Errorf("%w: the ledger is failing or slow: no unit is taken that it could not record", ErrUnavailable)
-	}
-	if probe {
-		defer e.probeDone()
 	}
 	key := stock.ReservationKey(e.cfg.IDSecret, e.cfg.CampaignID, user, requestID)
 	home := stock.HomeShard(user, e.cfg.Shards)
