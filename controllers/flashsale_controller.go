@@ -650,6 +650,8 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 			}
 			if live != nil {
 				live.Spec.Replicas = d.Spec.Replicas
+				// Our labels too: one that lost them is outside the cache.
+				live.Labels = mergeStrings(live.Labels, d.Labels)
 				d = live
 			}
 		}

@@ -907,6 +907,15 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	if after := e.deployment("rotated-reserve").Spec.Template; !equality.Semantic.DeepEqual(before, after) {
 		t.Fatalf("the reserve pods rolled while the Secret is missing: %+v", after.Spec.NodeSelector)
 	}
+	// A Deployment that lost its labels meanwhile gets them back.
+	stripped := e.deployment("rotated-reserve")
+	delete(stripped.Labels, controllers.LabelManagedBy)
+	if err := k8s.Update(ctx, stripped); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, settle, "the managed-by label back", func() bool {
+		return e.deployment("rotated-reserve").Labels[controllers.LabelManagedBy] == controllers.ManagedBy
+	})
 	// An operator restarted meanwhile has no connections to go on with: it
 	// checks nothing, and does not present what it found before as current.
 	stop()
