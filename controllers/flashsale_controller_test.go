@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
@@ -444,51 +443,21 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 // a minute here, so only that reconcile can end the sale within the test.
 func TestSlowReconcileAcrossTheScheduleEnd(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	var late atomic.Bool
-	e.clock = func() time.Time {
-		if late.Load() {
-			return time.Now().Add(2 * time.Hour)
-		}
-		return time.Now()
-	}
+	late := e.lateClock()
 	e.statusRefresh = time.Minute
 	e.startController()
 	e.apply(e.sale("slow", 10).schedule(time.Time{}, time.Now().Add(time.Hour)))
 	e.waitFor("slow", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	release := e.holdLedger("LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE")
 	// A label change starts a reconcile, which waits for the table.
 	fs := e.get("slow")
 	fs.Labels = map[string]string{"team": "drops"}
-	if err := k8s.Update(ctx, fs); err != nil {
+	if err := k8s.Update(context.Background(), fs); err != nil {
 		t.Fatal(err)
 	}
-	watcher, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watcher.Close(ctx)
-	testharness.Eventually(t, settle, "the reconcile waiting for the ledger", func() bool {
-		var n int
-		err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n)
-		return err == nil && n > 0
-	})
+	e.waitForLockWaiter("the reconcile waiting for the ledger")
 	late.Store(true)
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	e.waitFor("slow", settle, "Completed", phaseIs(flashsalev1alpha1.PhaseCompleted))
 }
 
@@ -567,13 +536,7 @@ func TestStatusWritesFollowTheRefresh(t *testing.T) {
 func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
-	var late atomic.Bool
-	e.clock = func() time.Time {
-		if late.Load() {
-			return time.Now().Add(2 * time.Hour)
-		}
-		return time.Now()
-	}
+	late := e.lateClock()
 	e.startController()
 	e.apply(e.sale("edge", 50).schedule(time.Time{}, time.Now().Add(time.Hour)))
 	fs := e.waitFor("edge", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
@@ -581,19 +544,7 @@ func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
 	e.reserve(eng, "early")
 
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE", string(fs.UID)); err != nil {
-		t.Fatal(err)
-	}
+	release := e.holdLedger("SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE", string(fs.UID))
 	w, err := k8s.Watch(ctx, &flashsalev1alpha1.FlashSaleList{}, client.InNamespace(e.ns))
 	if err != nil {
 		t.Fatal(err)
@@ -602,30 +553,9 @@ func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
 	if err := r.RestartEmpty(); err != nil {
 		t.Fatal(err)
 	}
-	// The rebuild is under way once it waits for the row.
-	// Asked outside the transaction: one sees pg_stat_activity as it was at
-	// its first read.
-	watcher, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watcher.Close(ctx)
-	for waiting := time.Now().Add(settle); ; time.Sleep(50 * time.Millisecond) {
-		var n int
-		if err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(waiting) {
-			t.Fatal("the rebuild never waited for the campaign row")
-		}
-	}
+	e.waitForLockWaiter("the rebuild waiting for the campaign row")
 	late.Store(true)
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	deadline := time.After(settle)
 	for {
 		select {
@@ -1689,19 +1619,7 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 	e.reconcileTimeout = 10 * time.Second // 7.5 s for the phases, 2.5 s for the status write
 	e.startController()
 	timeoutsBefore := reconcileTimeouts(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	release := e.holdLedger("LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE")
 	e.waitFor("hung", settle, "LedgerHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse)
 	})
@@ -1709,9 +1627,7 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 	if n := reconcileTimeouts(t) - timeoutsBefore; n != 0 {
 		t.Fatalf("%v reconciles ran into their deadline", n)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	e.waitFor("hung", settle, "LedgerHealthy True again", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
 	})

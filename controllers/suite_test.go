@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -335,4 +336,61 @@ func (e *env) reserve(eng *engine.Engine, user string) engine.Reservation {
 func ctrlConfig(timeout time.Duration) ctrlconfig.Controller {
 	return ctrlconfig.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: manager.DefaultOptions().MaxConcurrentReconciles,
 		ReconciliationTimeout: timeout}
+}
+
+// lateClock makes the controller's clock run 2 h ahead once the returned
+// switch is set (before startController).
+func (e *env) lateClock() *atomic.Bool {
+	var late atomic.Bool
+	e.clock = func() time.Time {
+		if late.Load() {
+			return time.Now().Add(2 * time.Hour)
+		}
+		return time.Now()
+	}
+	return &late
+}
+
+// holdLedger runs sql (a lock) in a transaction on the test's ledger
+// database, and returns what commits it; it is rolled back at the end.
+func (e *env) holdLedger(sql string, args ...any) (release func()) {
+	e.t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		e.t.Fatal(err)
+	}
+	return func() {
+		e.t.Helper()
+		if err := tx.Commit(ctx); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// waitForLockWaiter waits until a session of the test's ledger database waits
+// for a lock. It asks on a connection of its own: a transaction sees
+// pg_stat_activity as it was at its first read.
+func (e *env) waitForLockWaiter(what string) {
+	e.t.Helper()
+	ctx := context.Background()
+	watcher, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer watcher.Close(ctx)
+	testharness.Eventually(e.t, settle, what, func() bool {
+		var n int
+		err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n)
+		return err == nil && n > 0
+	})
 }
