@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,8 +17,8 @@ import (
 // kubelet gives up on it (1s by default).
 const probeTimeout = 800 * time.Millisecond
 
-// Handler serves /healthz (the process runs), /readyz (ready checks Redis and
-// the ledger) and /metrics.
+// Handler serves /healthz (the process runs), /readyz (ready: the sweeper's
+// own check, ReadyOnce over Redis and the ledger) and /metrics.
 func Handler(g prometheus.Gatherer, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -34,6 +35,25 @@ func Handler(g prometheus.Gatherer, ready func(context.Context) error) http.Hand
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// ReadyOnce is check until it first succeeds, then always ready: Redis and
+// the ledger are shared by every replica, and a blip of either would fail
+// them all at once, stalling a rollout and showing the sale's sweeper down
+// after the outage is over. A sweeper that cannot reach them retries each
+// pass and says so in its log and metrics.
+func ReadyOnce(check func(context.Context) error) func(context.Context) error {
+	var ready atomic.Bool
+	return func(ctx context.Context) error {
+		if ready.Load() {
+			return nil
+		}
+		if err := check(ctx); err != nil {
+			return err
+		}
+		ready.Store(true)
+		return nil
+	}
 }
 
 // shutdownTimeout bounds draining the probe and metrics connections.

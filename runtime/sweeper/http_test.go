@@ -24,7 +24,7 @@ func TestServeProbesAndMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, ln, Handler(reg, func(context.Context) error { return readyErr }))
+		done <- Serve(ctx, ln, Handler(reg, ReadyOnce(func(context.Context) error { return readyErr })))
 	}()
 	base := "http://" + ln.Addr().String()
 	get := func(path string) (int, string) {
@@ -46,6 +46,11 @@ func TestServeProbesAndMetrics(t *testing.T) {
 	readyErr = nil // no request is in flight: no race
 	if code, _ := get("/readyz"); code != 200 {
 		t.Fatalf("/readyz %d once ready", code)
+	}
+	// Ready once, ready through an outage of the shared servers.
+	readyErr = errors.New("redis: connection refused")
+	if code, _ := get("/readyz"); code != 200 {
+		t.Fatalf("/readyz %d in an outage after being ready", code)
 	}
 	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "flashsale_sweeper_leader 1") {
 		t.Fatalf("/metrics %d:\n%s", code, body)

@@ -134,9 +134,9 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	ready := func(ctx context.Context) error {
+	ready := sweeper.ReadyOnce(func(ctx context.Context) error {
 		return errors.Join(eng.Store().Ping(ctx), l.Ping(ctx))
-	}
+	})
 	// The probe server outlives ctx until the last pass is over, so a
 	// terminating pod still reports while it finishes.
 	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
