@@ -422,14 +422,10 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		return true, nil
 	}
 	if needsRebuild {
-		// The shards open in the state of the moment they open, and the
-		// phases after this one gate and requeue from it: a rebuild of a large
-		// ledger may run across a schedule edge.
-		rep, err := eng.Rebuild(ctx, func() string {
-			s.now = r.now()
-			s.window = saleWindow(&s.fs.Spec, s.now)
-			return s.window.Gate
-		})
+		// The shards open in the state of the moment they open (applyGates
+		// recomputes the window too): a rebuild of a large ledger may run
+		// across a schedule edge.
+		rep, err := eng.Rebuild(ctx, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
 		if err != nil {
 			err = classify(err)
 			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
@@ -643,16 +639,16 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 			// values that do not connect) the sale runs on connections opened
 			// before, and new pods would not start on the spec's Secrets: a
 			// live Deployment only follows the replicas, its pods stay.
-			live, err := r.liveDeployment(ctx, d)
-			if err != nil {
-				failed("Deployment", d.Name, err)
-				continue
-			}
-			if live != nil {
+			live := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: d.Namespace}}
+			switch err := r.readLive(ctx, live); {
+			case err == nil:
 				live.Spec.Replicas = d.Spec.Replicas
 				// Our labels too: one that lost them is outside the cache.
 				live.Labels = mergeStrings(live.Labels, d.Labels)
 				d = live
+			case !apierrors.IsNotFound(err):
+				failed("Deployment", d.Name, err)
+				continue
 			}
 		}
 		children = append(children, d)
@@ -667,21 +663,15 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 	return false, nil
 }
 
-// liveDeployment reads the Deployment desired names, from the cache or, for
-// one that lost its labels, the API server; nil when there is none.
-func (r *FlashSaleReconciler) liveDeployment(ctx context.Context, desired *appsv1.Deployment) (*appsv1.Deployment, error) {
-	var live appsv1.Deployment
-	err := r.Get(ctx, client.ObjectKeyFromObject(desired), &live)
+// readLive reads the live object of obj's name into obj: from the cache, or
+// from the API server for one the cache does not hold (it holds only objects
+// with our labels: one that lost them, or is not ours, is not there).
+func (r *FlashSaleReconciler) readLive(ctx context.Context, obj client.Object) error {
+	err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	if apierrors.IsNotFound(err) {
-		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), &live)
+		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	}
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, nil
-	case err != nil:
-		return nil, err
-	}
-	return &live, nil
+	return err
 }
 
 func setPodAnnotation(d *appsv1.Deployment, key, value string) {
@@ -711,14 +701,9 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		return err
 	}
 	live := desired.DeepCopyObject().(client.Object)
-	err := r.Get(ctx, client.ObjectKeyFromObject(desired), live)
+	err := r.readLive(ctx, live)
 	if apierrors.IsNotFound(err) {
-		// The cache holds only objects with our labels: one that lost them,
-		// or is not ours, is known to the API server only.
-		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), live)
-		if apierrors.IsNotFound(err) {
-			return r.Create(ctx, desired)
-		}
+		return r.Create(ctx, desired)
 	}
 	if err != nil {
 		return err
@@ -782,19 +767,18 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	}
 	s.counts = counts
 	st := &s.fs.Status
-	before := st.DeepCopy()
+	shards := make([]flashsalev1alpha1.ShardStatus, 0, len(counts.Shards))
+	for _, sh := range counts.Shards {
+		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Reserved})
+	}
+	changed := st.Allocation != counts.Allocation || st.Available != counts.Available || st.Reserved != counts.Reserved ||
+		st.Sold != counts.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
 	st.Epoch, st.Allocation = counts.Epoch, counts.Allocation
 	st.Available, st.Reserved, st.Sold = counts.Available, counts.Reserved, counts.Sold
-	st.Shards = st.Shards[:0]
-	for _, sh := range counts.Shards {
-		st.Shards = append(st.Shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Reserved})
-	}
+	st.Shards = shards
 	// Renewed with the counts, and at least every CountsStamp: counts older
 	// than that were not read (the reads above failed, or nobody ran them).
-	now := r.now()
-	if at := st.CountsObservedAt; at == nil || now.Sub(at.Time) >= r.countsStamp() ||
-		!equality.Semantic.DeepEqual(before.Shards, st.Shards) || before.Allocation != st.Allocation ||
-		before.Available != st.Available || before.Reserved != st.Reserved || before.Sold != st.Sold {
+	if now := r.now(); changed || st.CountsObservedAt == nil || now.Sub(st.CountsObservedAt.Time) >= r.countsStamp() {
 		st.CountsObservedAt = &metav1.Time{Time: now}
 	}
 	// Pending rows in the ledger count too: Completed means nothing can change any more.

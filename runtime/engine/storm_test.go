@@ -358,8 +358,8 @@ func TestLedgerDown(t *testing.T) {
 			t.Fatalf("reserve with the ledger down: %v", err)
 		}
 	}
-	// Once a write failed, one reservation at a time tries the ledger; the
-	// others are refused before they take a unit.
+	// Once a write failed, reservations are refused before they take a unit
+	// until the ledger answers again.
 	var wg sync.WaitGroup
 	var guarded atomic.Int64
 	for i := range 20 {
