@@ -22,7 +22,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -60,7 +59,7 @@ const (
 	EnvAvailabilityCache = "FLASHSALE_AVAILABILITY_CACHE"
 	EnvShutdownTimeout   = "FLASHSALE_SHUTDOWN_TIMEOUT"
 	EnvDrainDelay        = "FLASHSALE_DRAIN_DELAY"
-	EnvLogLevel          = "FLASHSALE_LOG_LEVEL"
+	EnvLogLevel          = config.EnvLogLevel
 	EnvLedgerWriters     = "FLASHSALE_LEDGER_WRITERS"
 	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
 	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
@@ -119,7 +118,7 @@ On SIGTERM or SIGINT in-flight requests finish, then the process exits 0.`,
 			if err := opts.Complete(); err != nil {
 				return err
 			}
-			log, err := NewLogger(cmd.ErrOrStderr(), opts.LogLevel)
+			log, err := config.NewLogger(cmd.ErrOrStderr(), opts.LogLevel)
 			if err != nil {
 				return err
 			}
@@ -204,27 +203,10 @@ func (o *Options) Complete() error {
 	if s.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-body-bytes must not be negative"))
 	}
-	if _, err := parseLevel(o.LogLevel); err != nil {
+	if _, err := config.ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// NewLogger returns the JSON logger of the process.
-func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
-	l, err := parseLevel(level)
-	if err != nil {
-		return nil, err
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("--log-level must be debug, info, warn or error, got %q", s)
-	}
-	return l, nil
 }
 
 // Run serves until ctx is cancelled (SIGTERM or SIGINT), drains, and returns nil

@@ -55,6 +55,7 @@ type Options struct {
 	Listen     string
 	Kubeconfig string
 	LeaderLock string
+	LogLevel   string
 
 	envErr error
 }
@@ -80,11 +81,14 @@ which it does not need.`,
 			if opts.envErr != nil {
 				return opts.envErr
 			}
+			log, err := config.NewLogger(cmd.ErrOrStderr(), opts.LogLevel)
+			if err != nil {
+				return err
+			}
 			if err := opts.Campaign.Complete(); err != nil {
 				return err
 			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("role", "sweeper", "campaign", opts.Campaign.ID)
-			return Run(cmd.Context(), opts, log)
+			return Run(cmd.Context(), opts, log.With("role", "sweeper", "campaign", opts.Campaign.ID))
 		},
 	}
 	f := cmd.Flags()
@@ -96,6 +100,7 @@ which it does not need.`,
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file: elect the sweeper with a Lease through this API server (in a cluster the Lease is used without it)")
 	f.StringVar(&opts.LeaderLock, "leader-lock", envString(EnvLeaderLock, LockAuto),
 		"how one active sweeper is elected: auto (a Lease with --kubeconfig or in a cluster, else postgres), lease, or postgres (env "+EnvLeaderLock+")")
+	f.StringVar(&opts.LogLevel, "log-level", envString(config.EnvLogLevel, "info"), "debug, info, warn or error (env "+config.EnvLogLevel+")")
 	return cmd
 }
 

@@ -60,12 +60,20 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	t.Setenv(EnvSweepInterval, "2s")
 	t.Setenv(EnvListen, "127.0.0.1:9999")
 	t.Setenv(EnvLeaderLock, LockPostgres)
+	t.Setenv(config.EnvLogLevel, "debug")
 	cmd := NewCmd()
 	f := cmd.Flags()
-	for name, want := range map[string]string{"interval": "2s", "listen": "127.0.0.1:9999", "leader-lock": "postgres"} {
+	for name, want := range map[string]string{"interval": "2s", "listen": "127.0.0.1:9999", "leader-lock": "postgres", "log-level": "debug"} {
 		if got := f.Lookup(name).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", name, got, want)
 		}
+	}
+
+	cmd = NewCmd()
+	cmd.SetArgs([]string{"--log-level=loud"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--log-level") {
+		t.Fatalf("--log-level=loud gave %v", err)
 	}
 
 	t.Setenv(EnvSweepInterval, "soon")
