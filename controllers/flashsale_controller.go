@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -97,6 +98,8 @@ type scope struct {
 	incomplete bool
 	// refs are the referenced Secrets' values when they could all be read.
 	refs *references
+	// ledgerDown: a phase stopped because the ledger failed.
+	ledgerDown bool
 }
 
 func (s *scope) setNotReady(reason, message string) {
@@ -157,6 +160,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	pctx, cancel := phaseContext(ctx)
 	defer cancel()
 	completed, err := r.reconcilePhases(pctx, s)
+	if s.ledgerDown {
+		r.closeWithoutLedger(pctx, s)
+	}
 	if serr := r.reportReservePods(pctx, fs); serr != nil && err == nil {
 		err = serr
 	}
@@ -321,10 +327,53 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 // can be made durable or taken) and the controller retries soon.
 func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 	f := describeFailure(s.fs, err)
+	s.ledgerDown = s.ledgerDown || f.condition == flashsalev1alpha1.ConditionLedgerHealthy
 	s.condition(f.condition, metav1.ConditionFalse, f.reason, f.message)
 	s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, f.readyReason, f.message)
 	s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+err.Error())
 	s.requeueAfter(retryUnhealthy)
+}
+
+// closeTimeout bounds closeWithoutLedger.
+const closeTimeout = 5 * time.Second
+
+// closeWithoutLedger writes a closing gate (paused, ended, not yet started)
+// on the shards when a ledger failure stopped the phases before applyGates.
+// Closing needs only Redis, and the reserve pods, whose own connections may
+// still reach the ledger (a partition of the operator, its connections
+// refused by a full PostgreSQL), would otherwise go on selling a sale that
+// the pause switch or the schedule closed. Opening waits for the ledger.
+func (r *FlashSaleReconciler) closeWithoutLedger(ctx context.Context, s *scope) {
+	gate := saleWindow(&s.fs.Spec, r.now()).Gate
+	if gate == stock.StateOpen {
+		return
+	}
+	var store *stock.Store
+	switch {
+	case s.conn != nil:
+		store = s.conn.engine.Store()
+	case s.refs != nil: // the ledger did not open: Redis alone
+		rdb := s.refs.redis.Client()
+		defer func() { _ = rdb.Close() }()
+		store = stock.New(rdb, string(s.fs.UID), int(resolve(s.fs).shards))
+	default:
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, closeTimeout)
+	defer cancel()
+	// Read first, so that a sale already closed is not written every retry;
+	// an unreadable state is written anyway.
+	if states, err := store.State(ctx); err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State == stock.StateOpen }) {
+		return
+	}
+	// The epoch last reported: a shard rebuilt since (by another operator)
+	// is left to it.
+	if _, err := store.SetGate(ctx, gate, s.fs.Status.Epoch); err != nil {
+		log.FromContext(ctx).Error(err, "closing the sale without the ledger", "gate", gate)
+		return
+	}
+	s.fs.Status.Phase = salePhase(gate, s.fs.Status.Available, s.fs.Status.Reserved)
+	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard while the ledger is unreachable (closing does not need it; opening waits for it)", gate)
 }
 
 // failure is what a Redis or ledger error says in the status: the health
@@ -433,6 +482,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 			s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
 			var le *ledgerError
 			if errors.As(err, &le) {
+				s.ledgerDown = true
 				s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
 			} else {
 				s.fs.Status.Phase = flashsalev1alpha1.PhaseRebuilding

@@ -764,6 +764,83 @@ func TestLedgerRecoversWhileRedisIsDown(t *testing.T) {
 	e.waitFor("both", 30*time.Second, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
 }
 
+// The pause switch and the schedule's end close the shards while the operator
+// cannot reach the ledger, with or without connections of its own: the
+// reserve pods may still reach it and would go on selling. Opening waits for
+// the ledger.
+func TestClosingDoesNotWaitForTheLedger(t *testing.T) {
+	pg := testharness.PostgresT(t)
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), pg)
+	late := e.lateClock()
+	stop := e.startController()
+	e.apply(e.sale("unledgered", 10).schedule(time.Time{}, time.Now().Add(time.Hour)))
+	fs := e.waitFor("unledgered", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := stock.New(rdb, string(fs.UID), 4)
+	gates := func() []string {
+		states, err := store.State(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, st := range states {
+			out = append(out, st.State)
+		}
+		return out
+	}
+	every := func(want string) func() bool {
+		return func() bool { return !slices.ContainsFunc(gates(), func(g string) bool { return g != want }) }
+	}
+	ledgerDown := func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse)
+	}
+
+	// Restarted while the ledger is down: nothing of its own reaches it.
+	stop()
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+	updateSpec(t, e.ns, "unledgered", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
+	testharness.Eventually(t, settle, "every shard PAUSED", every(stock.StatePaused))
+	fs = e.waitFor("unledgered", settle, "Paused with the ledger down", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhasePaused && ledgerDown(fs)
+	})
+	if conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue) {
+		t.Fatalf("Admitting while the ledger is down: %+v", fs.Status.Conditions)
+	}
+	if !hasEvent(t, e.ns, "unledgered", controllers.ReasonGateChanged) {
+		t.Fatal("no GateChanged event")
+	}
+
+	// Unpaused: the shards stay closed until the ledger answers.
+	updateSpec(t, e.ns, "unledgered", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = false })
+	time.Sleep(3 * time.Second) // several reconciles (status refresh 1s)
+	if g := gates(); slices.Contains(g, stock.StateOpen) {
+		t.Fatalf("shards %v opened without the ledger", g)
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, 30*time.Second, "every shard OPEN once the ledger is back", every(stock.StateOpen))
+
+	// Down again, with the operator's connections open: the end closes it.
+	e.waitFor("unledgered", settle, "LedgerHealthy True", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue)
+	})
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("unledgered", settle, "LedgerHealthy False", ledgerDown)
+	late.Store(true)
+	testharness.Eventually(t, settle, "every shard ENDED past the end", every(stock.StateEnded))
+	e.waitFor("unledgered", settle, "Ended", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseEnded || fs.Status.Phase == flashsalev1alpha1.PhaseCompleted
+	})
+}
+
 func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
