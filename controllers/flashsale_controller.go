@@ -1005,7 +1005,17 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	name := types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name}
 	refs, err := readReferences(ctx, r.secrets, fs)
 	var refErr *referenceError
+	cached := r.conns.cached(name)
+	if cached != nil && cached.engine.Config().CampaignID != string(fs.UID) {
+		cached = nil // a sale of the same name, deleted since
+	}
 	switch {
+	case errors.As(err, &refErr) && cached != nil:
+		// The Secrets went with the sale (a namespace deleted, a GitOps
+		// prune): the connections opened before still clean up.
+		if err := cached.engine.Delete(ctx); err != nil {
+			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+		}
 	case errors.As(err, &refErr):
 		msg := "Redis keys and ledger campaign left in place: " + refErr.message
 		r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "%s", truncate(msg, eventNoteLimit))

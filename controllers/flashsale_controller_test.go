@@ -1205,6 +1205,113 @@ func TestDeletionWaitingForRedisSaysWhy(t *testing.T) {
 	})
 }
 
+// A sale deleted with its Secrets (a namespace deleted, a GitOps prune) is
+// cleaned up with the connections the operator opened before; after an
+// operator restart there are none, and the cleanup is skipped, saying so.
+func TestDeletionWithItsSecrets(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	stop := e.startController()
+	pruned := e.openSale("pruned", 10)
+	orphaned := e.openSale("orphaned", 10)
+	ctx := context.Background()
+	gone := func(name string) {
+		t.Helper()
+		testharness.Eventually(t, settle, name+" gone", func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &flashsalev1alpha1.FlashSale{}))
+		})
+	}
+	cleaned := func(fs *flashsalev1alpha1.FlashSale) bool {
+		t.Helper()
+		rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
+		defer rdb.Close()
+		states, err := stock.New(rdb, string(fs.UID), 4).State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := ledger.Open(ctx, e.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		c, err := l.GetCampaign(ctx, string(fs.UID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.Present }) && c.DeletedAt != nil
+	}
+	for _, name := range []string{"shop-redis", "shop-ledger", "waiting-room"} {
+		if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k8s.Delete(ctx, pruned); err != nil {
+		t.Fatal(err)
+	}
+	gone("pruned")
+	if !cleaned(pruned) {
+		t.Fatal("a sale deleted with its Secrets kept its Redis keys or ledger campaign")
+	}
+	if hasEvent(t, e.ns, "pruned", controllers.ReasonCleanupSkipped) {
+		t.Fatal("CleanupSkipped for a sale that was cleaned up")
+	}
+
+	stop()
+	e.startController()
+	if err := k8s.Delete(ctx, orphaned); err != nil {
+		t.Fatal(err)
+	}
+	gone("orphaned")
+	if !hasEvent(t, e.ns, "orphaned", controllers.ReasonCleanupSkipped) {
+		t.Fatal("no CleanupSkipped event")
+	}
+	if cleaned(orphaned) {
+		t.Fatal("cleaned up without connections")
+	}
+}
+
+// A deletion while the ledger is down closes the sale and waits: the Redis
+// keys stay (every retry would scan a shared keyspace again) until the
+// campaign can be marked deleted.
+func TestDeletionWaitsForTheLedger(t *testing.T) {
+	pg := testharness.PostgresT(t)
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), pg)
+	e.startController()
+	fs := e.openSale("waiting", 10)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := stock.New(rdb, string(fs.UID), 4)
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	if !hasEvent(t, e.ns, "waiting", controllers.ReasonCleanupFailed) {
+		t.Fatal("no event while the deletion waits for the ledger")
+	}
+	time.Sleep(2 * time.Second) // retries
+	states, err := store.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range states {
+		if !st.Present || st.State != stock.StateEnded {
+			t.Fatalf("shard %d while the deletion waits for the ledger: present %v, %s", st.Index, st.Present, st.State)
+		}
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, 30*time.Second, "the FlashSale gone", func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "waiting"}, &flashsalev1alpha1.FlashSale{}))
+	})
+	if n, err := store.DeleteAll(ctx); err != nil || n != 0 {
+		t.Fatalf("%d Redis keys left (%v)", n, err)
+	}
+}
+
 // Each sale gets its own reservation id key in an immutable Secret owned by
 // it, read by the reserve pods: rotating the admission key during the sale
 // leaves it, and with it the ids, as they were. A sale whose reserve pods ran

@@ -591,16 +591,22 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 func (e *Engine) Delete(ctx context.Context) error {
 	// Marked deleted only after its keys were: a deletion retried (the
 	// children's deletion failed) does not scan a big shared Redis again.
-	if c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID); err == nil && c.DeletedAt != nil {
+	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
+	if err == nil && c.DeletedAt != nil {
 		return nil
 	}
-	if _, err := e.store.SetGate(ctx, stock.StateEnded, 0); err != nil {
-		return err
+	if _, gerr := e.store.SetGate(ctx, stock.StateEnded, 0); gerr != nil {
+		return gerr
+	}
+	if err != nil && !errors.Is(err, ledger.ErrCampaignNotFound) {
+		// Closed, and the keyspace scan waits for the ledger: every retry
+		// of a deletion that cannot mark the campaign would scan it again.
+		return ledgerFailure("read campaign", err)
 	}
 	if _, err := e.store.DeleteAll(ctx); err != nil {
 		return err
 	}
-	err := e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID)
+	err = e.ledger.MarkCampaignDeleted(ctx, e.cfg.CampaignID)
 	if err != nil && !errors.Is(err, ledger.ErrCampaignNotFound) {
 		return ledgerFailure("mark campaign deleted", err)
 	}
