@@ -126,6 +126,10 @@ func TestAgainstTheAPIServer(t *testing.T) {
 			{"nodeSelector key with two slashes", func(f *v1alpha1.FlashSale) {
 				f.Spec.Pods = &v1alpha1.PodsSpec{NodeSelector: map[string]string{"a/b/c": "x"}}
 			}, "pods.nodeSelector keys must be label keys"},
+			// A name client-go cannot put in a path would block deletion.
+			{"secret name with a slash", func(f *v1alpha1.FlashSale) { f.Spec.Redis.SecretRef.Name = "shop/redis" }, "spec.redis.secretRef.name in body should match"},
+			{"secret name in capitals", func(f *v1alpha1.FlashSale) { f.Spec.Postgres.SecretRef.Name = "Ledger" }, "spec.postgres.secretRef.name in body should match"},
+			{"secret name ..", func(f *v1alpha1.FlashSale) { f.Spec.Admission.SecretRef.Name = ".." }, "spec.admission.secretRef.name in body should match"},
 			{"priorityClassName with a space", func(f *v1alpha1.FlashSale) {
 				f.Spec.Pods = &v1alpha1.PodsSpec{PriorityClassName: "drop critical"}
 			}, "pods.priorityClassName must be a PriorityClass name"},

@@ -352,6 +352,8 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"spec.redis: Required value"},
 		{"missing ledger secret name", nil, with(nil, "postgres", "secretRef", "name"),
 			"spec.postgres.secretRef.name: Required value"},
+		{"secret name with a percent sign", nil, with("redis%2f", "redis", "secretRef", "name"),
+			"spec.redis.secretRef.name in body should match"},
 		{"negative replicas", nil, with(int64(-1), "reservation", "replicas"),
 			"spec.reservation.replicas in body should be greater than or equal to 0"},
 		{"unknown toleration operator", nil, tolerations(map[string]any{"key": "drop", "operator": "In"}),
