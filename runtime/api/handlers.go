@@ -149,7 +149,7 @@ func (s *Server) checkout(w http.ResponseWriter, r *http.Request) string {
 		writeJSON(w, http.StatusOK, OrderBody{OrderID: req.ReservationID, Status: "confirmed"})
 		return okConfirmed
 	case ledger.CheckoutConflict:
-		return errorf(http.StatusConflict, CodeConflict, "this reservation was already paid with another payment token").write(w)
+		return errorf(http.StatusConflict, CodeConflict, "this reservation was already paid with another payment token: this payment sold nothing and must be voided").write(w)
 	case ledger.CheckoutExpired:
 		return errorf(http.StatusGone, CodeExpired,
 			"the reservation expired or was cancelled before payment: nothing was sold, the payment must be voided").write(w)

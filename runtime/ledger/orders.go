@@ -148,7 +148,9 @@ const (
 	CheckoutCommitted CheckoutOutcome = iota + 1
 	// CheckoutAlreadyCommitted: committed earlier with the same payment token (idempotent retry).
 	CheckoutAlreadyCommitted
-	// CheckoutConflict: committed earlier with another payment token.
+	// CheckoutConflict: committed earlier with another payment token. This
+	// token is recorded in flashsale_late_payments (order_status COMMITTED):
+	// a second payment for one order must be voided too.
 	CheckoutConflict
 	// CheckoutExpired: expired by the database clock, or cancelled or
 	// abandoned; NOT committed. The payment token is recorded in
@@ -200,14 +202,16 @@ func (l *Ledger) Checkout(ctx context.Context, campaignID, reservationID, userID
 		switch {
 		case o.Status == StatusCommitted && o.PaymentToken == paymentToken:
 			return CheckoutAlreadyCommitted, o, nil
-		case o.Status == StatusCommitted:
-			return CheckoutConflict, o, nil
 		case o.Status == StatusPending && !expired:
 			continue // inserted after the update looked; try again
 		}
-		// Expired, cancelled or abandoned: the money must go back.
+		// Paid with another token, expired, cancelled or abandoned: this
+		// payment sold nothing, and the money must go back.
 		if _, err := l.pool.Exec(ctx, sqlRecordLatePayment, reservationID, campaignID, userID, paymentToken, string(o.Status)); err != nil {
 			return 0, Order{}, fmt.Errorf("ledger: record late payment %s: %w", reservationID, err)
+		}
+		if o.Status == StatusCommitted {
+			return CheckoutConflict, o, nil
 		}
 		return CheckoutExpired, o, nil
 	}

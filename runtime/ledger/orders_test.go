@@ -74,8 +74,16 @@ func TestCheckout(t *testing.T) {
 		t.Errorf("committed order %+v", got)
 	}
 	check(c.ID, o.ReservationID, "alice", "pay-1", CheckoutAlreadyCommitted)
-	if got := check(c.ID, o.ReservationID, "alice", "pay-2", CheckoutConflict); got.PaymentToken != "pay-1" {
-		t.Errorf("conflict changed the token: %+v", got)
+	if lp := latePayments(t, l, o.ReservationID); len(lp) != 0 {
+		t.Errorf("late payments for a paid reservation: %v", lp)
+	}
+	for range 2 { // a second payment is recorded for voiding, once
+		if got := check(c.ID, o.ReservationID, "alice", "pay-2", CheckoutConflict); got.PaymentToken != "pay-1" {
+			t.Errorf("conflict changed the token: %+v", got)
+		}
+	}
+	if lp := latePayments(t, l, o.ReservationID); !slices.Equal(lp, []string{"COMMITTED"}) {
+		t.Errorf("late payments after a second payment: %v", lp)
 	}
 	check(c.ID, o.ReservationID, "mallory", "pay-1", CheckoutNotFound)
 	stored, _ := l.GetOrder(ctx, o.ReservationID)
