@@ -114,7 +114,9 @@ func (s *Server) reserve(w http.ResponseWriter, r *http.Request) string {
 func closedError(reason string) *apiError {
 	switch reason {
 	case stock.StateNotStarted:
-		return errorf(http.StatusTooEarly, CodeNotStarted, "the sale has not started yet")
+		// With a pace: some clients take 425 for a TLS early-data refusal
+		// and retry at once.
+		return errorf(http.StatusTooEarly, CodeNotStarted, "the sale has not started yet").retry(retryClosed)
 	case stock.StatePaused:
 		return errorf(http.StatusServiceUnavailable, CodePaused, "the sale is paused").retry(retryClosed)
 	case stock.StateEnded:

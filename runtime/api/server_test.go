@@ -173,7 +173,7 @@ func TestClosedGates(t *testing.T) {
 		retryAfter bool
 		avail      string
 	}{
-		{stock.StateNotStarted, http.StatusTooEarly, CodeNotStarted, false, StatusNotStarted},
+		{stock.StateNotStarted, http.StatusTooEarly, CodeNotStarted, true, StatusNotStarted},
 		{stock.StatePaused, http.StatusServiceUnavailable, CodePaused, true, StatusPaused},
 		{stock.StateEnded, http.StatusGone, CodeEnded, false, StatusEnded},
 	} {
