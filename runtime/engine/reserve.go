@@ -54,7 +54,7 @@ type ReserveResult struct {
 	Reservation Reservation // Reserved and Replayed
 	Reason      string      // Closed: the gate state or NO_META, STALE_EPOCH
 	Held        int64       // Limit: units the user already holds
-	Calls       int         // reserve script calls made (home + steals)
+	Calls       int         // reserve script calls made (home + steals), also with an error
 }
 
 // Reserve takes quantity units for a user; requestID is the client's idempotency key.
@@ -93,7 +93,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	}
 	r, err := e.store.Reserve(ctx, req)
 	if err != nil {
-		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return ReserveResult{Calls: 1}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	e.seeEpoch(r.Epoch)
 	res := ReserveResult{Calls: 1}
@@ -119,7 +119,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 		e.markSoldOut(home)
 		return e.steal(ctx, res, req)
 	default:
-		return ReserveResult{}, fmt.Errorf("reserve: unexpected script code %v", r.Code)
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("reserve: unexpected script code %v", r.Code)
 	}
 	return res, nil
 }
@@ -140,7 +140,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		res.Calls++
 		if err != nil {
 			_ = unclaim()
-			return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		e.seeEpoch(r.Epoch)
 		switch r.Code {
@@ -157,7 +157,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 				// The claim vanished (the home shard lost its data): this reservation has
 				// no quota behind it, so give the unit back rather than risk the limit.
 				e.release(ctx, t, req.Key)
-				return ReserveResult{}, fmt.Errorf("%w: the user's quota on shard %d was lost", ErrUnavailable, home)
+				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: the user's quota on shard %d was lost", ErrUnavailable, home)
 			}
 			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
 		case stock.SoldOut:
@@ -166,7 +166,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		// Closed or sold out there: try the next shard.
 	}
 	if err := unclaim(); err != nil {
-		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	res.Outcome = OutcomeSoldOut
 	return res, nil
@@ -200,10 +200,10 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 		e.release(ctx, shard, key)
 		return e.fromLedger(ctx, res, o.ReservationID, user)
 	case errors.Is(err, ledger.ErrAmbiguous):
-		return ReserveResult{}, fmt.Errorf("%w: ledger commit outcome unknown, the reservation will expire: %v", ErrUnavailable, err)
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: ledger commit outcome unknown, the reservation will expire: %v", ErrUnavailable, err)
 	default:
 		e.release(ctx, shard, key)
-		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 }
 
@@ -226,7 +226,7 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 			return e.answerFromOrder(res, o, user), nil
 		}
 		if !errors.Is(err, ledger.ErrNotFound) {
-			return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		if e.now().After(deadline) {
 			if out, done, err := e.abandonStuck(ctx, res, shard, key, user); done || err != nil {
@@ -237,7 +237,7 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 		}
 		select {
 		case <-ctx.Done():
-			return ReserveResult{}, ctx.Err()
+			return ReserveResult{Calls: res.Calls}, ctx.Err()
 		case <-time.After(replayPoll):
 		}
 	}
@@ -327,7 +327,7 @@ func (s *stuckReplays) forget(id string) {
 func (e *Engine) fromLedger(ctx context.Context, res ReserveResult, id, user string) (ReserveResult, error) {
 	o, err := e.ledger.GetOrder(ctx, id)
 	if err != nil {
-		return ReserveResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return e.answerFromOrder(res, o, user), nil
 }

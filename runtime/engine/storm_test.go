@@ -352,10 +352,14 @@ func TestLedgerDown(t *testing.T) {
 	}
 	for i := range 5 {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := f.e.Reserve(c, fmt.Sprintf("olga-%d", i), "r", 1)
+		r, err := f.e.Reserve(c, fmt.Sprintf("olga-%d", i), "r", 1)
 		cancel()
 		if !errors.Is(err, engine.ErrUnavailable) {
 			t.Fatalf("reserve with the ledger down: %v", err)
+		}
+		if i == 0 && r.Calls != 1 {
+			// The first ran the script before its write failed: the metric counts it.
+			t.Fatalf("%d script calls reported for a reservation whose write failed", r.Calls)
 		}
 	}
 	// Once a write failed, reservations are refused before they take a unit
