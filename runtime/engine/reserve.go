@@ -258,15 +258,17 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 // reservation was made) can make a young reservation look old.
 func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int, key, user string) (_ ReserveResult, done bool, _ error) {
 	id := stock.FormatID(shard, key)
-	if e.stuck.since(id, e.now(), e.cfg.SettleStuckAfter) < e.cfg.SettleStuckAfter {
-		return res, false, nil
-	}
 	r, found, err := e.store.GetReservation(ctx, shard, key)
 	if err != nil {
 		return res, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	if !found || r.Status != stock.ResReserved || r.User != user {
 		e.stuck.forget(id)
+		return res, false, nil
+	}
+	// Timed per reservation, not per id: the same request retried after its
+	// reservation was given back places a new one, which starts young.
+	if e.stuck.since(id, r.ExpiryMs, e.now(), e.cfg.SettleStuckAfter) < e.cfg.SettleStuckAfter {
 		return res, false, nil
 	}
 	got, err := e.ledger.RecordAbandoned(ctx, []ledger.Order{{
@@ -286,27 +288,34 @@ func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int,
 }
 
 // stuckReplays remembers when each replay without a ledger row was first
-// seen. It holds at most maxStuckReplays entries; older ones are dropped.
+// seen, and the expiry of the reservation seen. It holds at most
+// maxStuckReplays entries; older ones are dropped.
 type stuckReplays struct {
 	mu    sync.Mutex
-	first map[string]time.Time
+	first map[string]stuckReplay
+}
+
+type stuckReplay struct {
+	seen     time.Time
+	expiryMs int64
 }
 
 const maxStuckReplays = 10_000
 
-// since returns how long id has been seen stuck (0 the first time).
-func (s *stuckReplays) since(id string, now time.Time, after time.Duration) time.Duration {
+// since returns how long the reservation id with this expiry has been seen
+// stuck (0 the first time, and when id now holds another reservation).
+func (s *stuckReplays) since(id string, expiryMs int64, now time.Time, after time.Duration) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t, ok := s.first[id]; ok {
-		return now.Sub(t)
+	if t, ok := s.first[id]; ok && t.expiryMs == expiryMs {
+		return now.Sub(t.seen)
 	}
 	if s.first == nil {
-		s.first = map[string]time.Time{}
+		s.first = map[string]stuckReplay{}
 	}
-	if len(s.first) >= maxStuckReplays {
+	if _, ok := s.first[id]; !ok && len(s.first) >= maxStuckReplays {
 		for k, t := range s.first {
-			if now.Sub(t) > 4*after {
+			if now.Sub(t.seen) > 4*after {
 				delete(s.first, k)
 			}
 		}
@@ -314,7 +323,7 @@ func (s *stuckReplays) since(id string, now time.Time, after time.Duration) time
 			return 0 // full of recent ones: this one waits for the sweeper
 		}
 	}
-	s.first[id] = now
+	s.first[id] = stuckReplay{now, expiryMs}
 	return 0
 }
 

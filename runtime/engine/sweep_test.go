@@ -219,6 +219,19 @@ func TestReplayOfAStuckReservationSettlesIt(t *testing.T) {
 		if _, err := f.l.GetOrder(ctx, young); !errors.Is(err, ledger.ErrNotFound) {
 			t.Fatalf("the young one was settled: %v", err)
 		}
+		// Yuri's reservation is given back without a replay seeing it (its
+		// write failed), and the same request places a new one: that one is
+		// young, whatever the engine saw under the same id before.
+		home := stock.HomeShard("yuri", f.cfg.Shards)
+		if _, err := f.e.Store().Release(ctx, home, stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, "yuri", "r")); err != nil {
+			t.Fatal(err)
+		}
+		if again := place("yuri"); again != young {
+			t.Fatalf("id %s, then %s", young, again)
+		}
+		if r := f.reserve("yuri", "r", 1); r.Outcome != engine.OutcomeBusy {
+			t.Fatalf("retry of a new reservation under an id seen stuck before: %s, want BUSY", r.Outcome)
+		}
 		if r := f.reserve("sven", "r", 1); r.Outcome != engine.OutcomeExpired {
 			t.Fatalf("retry of a stuck reservation: %s, want EXPIRED", r.Outcome)
 		}
