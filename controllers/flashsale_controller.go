@@ -416,10 +416,17 @@ func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
 func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, error) {
 	eng := s.conn.engine
 	lost, why := false, ""
+	// firstSeed: the sale never showed as seeded. Shards missing then are most
+	// likely a first seeding cut short (an operator restart, a Redis refusal
+	// fixed since): they are written from the ledger as a rebuild would, and
+	// reported as data loss only if the ledger shows the sale had taken
+	// reservations.
+	firstSeed := false
 	res, err := eng.SeedSale(ctx, s.window.Gate, s.fs.Status.Epoch > 0)
 	switch {
 	case errors.Is(err, engine.ErrNeedsRebuild):
 		lost, why = true, err.Error()
+		firstSeed = s.fs.Status.Epoch == 0 && !meta.IsStatusConditionTrue(s.fs.Status.Conditions, flashsalev1alpha1.ConditionSeeded)
 	case errors.Is(err, engine.ErrLedgerMismatch):
 		// Neither seeded nor rebuilt: either would trust a ledger that does
 		// not hold what was sold. Pods writing to it are fenced (no campaign).
@@ -457,7 +464,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		phase = ""
 	}
 	needsRebuild := lost || phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding
-	if needsRebuild && phase != flashsalev1alpha1.PhaseFailClosed && phase != flashsalev1alpha1.PhaseRebuilding {
+	if needsRebuild && !firstSeed && phase != flashsalev1alpha1.PhaseFailClosed && phase != flashsalev1alpha1.PhaseRebuilding {
 		// Close every shard at once (shards without meta already refuse), say so, and
 		// rebuild on the next reconcile, right after this status is written.
 		_, _ = eng.Store().SetGate(ctx, stock.StateFailClosed, 0)
@@ -493,6 +500,15 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		}
 		s.epoch = rep.Epoch
 		s.conn.rebuiltEpoch = rep.Epoch
+		s.fs.Status.Phase = salePhase(rep.Gate, rep.Available, rep.Reserved)
+		if firstSeed && rep.Reserved == 0 && rep.Sold == 0 {
+			s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d), completing a first seeding that was cut short (%s)",
+				s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
+			return r.afterSeed(ctx, s, ids, srv)
+		}
+		if firstSeed {
+			s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
+		}
 		s.fs.Status.LastRebuild = &flashsalev1alpha1.RebuildStatus{
 			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
 			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold,
@@ -501,12 +517,18 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		if why == "" {
 			s.fs.Status.LastRebuild.Reason = "resumed after the sale failed closed"
 		}
-		// What the rebuilt shards say, until observe recomputes it: a later
-		// phase that stops early must not leave the phase blank.
-		s.fs.Status.Phase = salePhase(rep.Gate, rep.Available, rep.Reserved)
+		// The phase above is what the rebuilt shards say, until observe
+		// recomputes it: a later phase that stops early must not leave it blank.
 		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d",
 			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
 	}
+	return r.afterSeed(ctx, s, ids, srv)
+}
+
+// afterSeed records the Redis servers that hold the verified shards, stamps
+// shards seeded before metas recorded their server, and reports Redis health.
+func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, ids map[string]string, srv stock.ServerCheck) (bool, error) {
+	eng := s.conn.engine
 	s.conn.rememberRunIDs(ids)
 	s.fs.Status.RedisServers = redisServers(ids)
 	// Shards seeded before metas recorded their server get it now, verified.
@@ -1056,13 +1078,19 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 			return err
 		}
 	}
+	// The connections go once the finalizer is off: a retry after a failed
+	// patch (a conflict) still finds them, and does not skip a cleanup that
+	// is already done.
+	if err := r.setFinalizer(ctx, fs, false); err != nil {
+		return err
+	}
 	r.conns.drop(name)
 	r.secrets.forget(
 		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Redis.SecretRef.Name},
 		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Postgres.SecretRef.Name},
 		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Admission.SecretRef.Name},
 		types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)})
-	return r.setFinalizer(ctx, fs, false)
+	return nil
 }
 
 // setFinalizer adds or removes the finalizer with a patch of the finalizers

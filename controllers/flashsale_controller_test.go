@@ -1205,6 +1205,44 @@ func TestDeletionWaitingForRedisSaysWhy(t *testing.T) {
 	})
 }
 
+// A first seeding cut short (the operator restarted between the ledger's
+// campaign and the last shard, or Redis refused a script until its ACL was
+// fixed) is completed from the ledger, and reported as a seeding, not as
+// Redis data loss: a sale that never opened does not fail closed.
+func TestFirstSeedingCutShortIsCompleted(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	fs := e.apply(e.sale("half", 10))
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, _, err := l.EnsureCampaign(ctx, ledger.Campaign{ID: string(fs.UID), Namespace: e.ns, Name: fs.Name, SKU: fs.Spec.SKU, Allocation: 10, Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if _, err := stock.New(rdb, string(fs.UID), 4).Seed(ctx, 0, c.ShardAllocations[0], c.Epoch, stock.StateOpen, c.LastChangeID); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+	fs = e.waitFor("half", settle, "Open, seeded", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && conditionIs(fs, flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue)
+	})
+	if fs.Status.Available != 10 || fs.Status.LastRebuild != nil {
+		t.Fatalf("status after a first seeding completed: available %d, lastRebuild %+v", fs.Status.Available, fs.Status.LastRebuild)
+	}
+	if !hasEvent(t, e.ns, "half", controllers.ReasonSeeded) {
+		t.Fatal("no Seeded event")
+	}
+	if n := countEvents(t, e.ns, "half", controllers.ReasonRedisDataLost); n != 0 {
+		t.Fatalf("%d RedisDataLost events for a sale that never opened", n)
+	}
+}
+
 // A sale deleted with its Secrets (a namespace deleted, a GitOps prune) is
 // cleaned up with the connections the operator opened before; after an
 // operator restart there are none, and the cleanup is skipped, saying so.
