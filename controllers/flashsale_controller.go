@@ -56,6 +56,11 @@ const (
 	replaceTimeout = 5 * time.Second
 	retryUnhealthy = 3 * time.Second
 	idleRefresh    = 5 * time.Minute
+	// scheduledRefresh is the refresh of a sale that has not started: nothing
+	// can be sold, a GitOps pipeline may hold many such sales for days, and
+	// the start's own requeue comes at the edge (where a data loss found
+	// first is rebuilt before the shards open).
+	scheduledRefresh = 10 * time.Second
 	// DefaultCountsStamp is how often status.countsObservedAt is renewed
 	// while the counts do not change: often enough to tell stale counts, and
 	// one status write a minute for a quiet sale.
@@ -879,6 +884,8 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	switch {
 	case st.Phase == flashsalev1alpha1.PhaseCompleted:
 		s.requeueAfter(idleRefresh)
+	case st.Phase == flashsalev1alpha1.PhaseScheduled:
+		s.requeueAfter(max(r.statusRefresh(), scheduledRefresh))
 	default:
 		s.requeueAfter(r.statusRefresh())
 	}

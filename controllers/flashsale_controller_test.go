@@ -529,6 +529,35 @@ func TestStatusWritesFollowTheRefresh(t *testing.T) {
 	e.waitFor("busy", settle, "the counts", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Reserved == int64(reserved) })
 }
 
+// A sale that has not started is refreshed every 10 s, not at the live
+// refresh: a GitOps pipeline may hold many drops scheduled days ahead.
+func TestScheduledSaleIsRefreshedSlowly(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.countsStamp = 100 * time.Millisecond // every refresh writes the status
+	e.startController()
+	e.apply(e.sale("later", 10).schedule(time.Now().Add(time.Hour), time.Time{}))
+	e.waitFor("later", settle, "Scheduled", phaseIs(flashsalev1alpha1.PhaseScheduled))
+	time.Sleep(time.Second) // the creation's own reconciles
+	ctx := context.Background()
+	w, err := k8s.Watch(ctx, &flashsalev1alpha1.FlashSaleList{}, client.InNamespace(e.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var writes atomic.Int64
+	go func() {
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Modified {
+				writes.Add(1)
+			}
+		}
+	}()
+	time.Sleep(5 * time.Second)
+	if n := writes.Load(); n > 2 {
+		t.Fatalf("%d status writes in 5 s for a sale that starts in an hour", n)
+	}
+}
+
 // A rebuild that runs across the schedule's end opens the shards ended, and
 // the status of that reconcile says so: the shards open in the state of the
 // moment they open, not of the moment the reconcile began. Here the rebuild
