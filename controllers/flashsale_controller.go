@@ -621,7 +621,12 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 	changed, err := eng.ApplyAllocation(ctx, want)
 	switch {
 	case errors.Is(err, engine.ErrBelowHeld):
-		counts, _ := eng.Counts(ctx)
+		counts, cerr := eng.Counts(ctx)
+		if cerr != nil {
+			// The refusal is sure; its counts are not: no message with zeros.
+			r.unhealthy(s, classify(cerr))
+			return true, nil
+		}
 		refuse(counts.Sold, counts.Reserved)
 		return false, nil
 	case errors.Is(err, engine.ErrAllocationPending):
