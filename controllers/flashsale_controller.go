@@ -637,6 +637,12 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		s.incomplete = true
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
+	case errors.Is(err, stock.ErrRebuilt), errors.Is(err, ledger.ErrEpochChanged):
+		// A rebuild ran meanwhile (another operator's, during a leadership
+		// handover): the change is applied over its result at the next try.
+		s.incomplete = true
+		s.requeueAfter(retryUnhealthy)
+		return false, nil
 	case err != nil:
 		r.unhealthy(s, classify(err))
 		return true, nil

@@ -344,7 +344,13 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 }
 
 // applyRecordedChanges applies every change the ledger holds and Redis does not.
+// The epoch is read first: a rebuild that starts after it is refused to the
+// changes (stock.ErrRebuilt), and includes them in its own snapshot.
 func (e *Engine) applyRecordedChanges(ctx context.Context) (bool, error) {
+	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
+	if err != nil {
+		return false, ledgerFailure("campaign", err)
+	}
 	changes, err := e.ledger.UnappliedChanges(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return false, ledgerFailure("unapplied changes", err)
@@ -359,7 +365,7 @@ func (e *Engine) applyRecordedChanges(ctx context.Context) (bool, error) {
 			if !increase {
 				stockDelta, settled = 0, -d
 			}
-			n, err := e.store.Adjust(ctx, shard, ch.ID, d, stockDelta, settled)
+			n, err := e.store.Adjust(ctx, shard, c.Epoch, ch.ID, d, stockDelta, settled)
 			if err != nil {
 				return false, err
 			}
@@ -414,7 +420,7 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 		if withdrawn == need {
 			break
 		}
-		moved, total, err := e.store.Withdraw(ctx, s.Index, need-withdrawn)
+		moved, total, err := e.store.Withdraw(ctx, s.Index, c.Epoch, need-withdrawn)
 		if err != nil {
 			return err
 		}
@@ -438,7 +444,7 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 	if sum != need {
 		return fmt.Errorf("%w: withdrawn %d units, expected %d", ErrAllocationPending, sum, need)
 	}
-	if _, err := e.ledger.RecordAllocationDecrease(ctx, e.cfg.CampaignID, c.Allocation, target, deltas); err != nil {
+	if _, err := e.ledger.RecordAllocationDecrease(ctx, e.cfg.CampaignID, c.Epoch, c.Allocation, target, deltas); err != nil {
 		if errors.Is(err, ledger.ErrBelowHeld) {
 			// Sold or reserved meanwhile: the decrease cannot happen; give the units back.
 			if gerr := e.giveBackWithdrawn(ctx, -1); gerr != nil {
@@ -466,7 +472,7 @@ func (e *Engine) giveBackWithdrawn(ctx context.Context, n int64) error {
 			give = min(give, n)
 			n -= give
 		}
-		if _, _, err := e.store.Withdraw(ctx, s.Index, -give); err != nil {
+		if _, _, err := e.store.Withdraw(ctx, s.Index, 0, -give); err != nil {
 			return err
 		}
 	}

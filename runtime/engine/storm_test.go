@@ -946,6 +946,52 @@ func serverRunID(t *testing.T, rdb redis.UniversalClient) string {
 }
 
 // Restock adds the delta exactly once, also when repeated or resumed.
+// An allocation change meets a rebuild started by another operator (a
+// leadership handover while one was mid-reconcile). The rebuild writes each
+// shard from its own snapshot of the ledger, so a change applied under it
+// would be undone (a restock lost for good) or miss it (a decrease whose
+// withdrawn units the rebuild put back, then sold: an oversell). Such a change
+// is refused, and applied once the rebuild is done.
+func TestAllocationChangeDuringARebuildIsRefused(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(100), withShards(4))
+	ctx := context.Background()
+	reserveMany(t, f, "held", 10)
+	camp, err := f.l.GetCampaign(ctx, f.cfg.CampaignID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other operator's rebuild has bumped the epoch; its shards are not written yet.
+	if _, err := f.l.BeginRebuild(ctx, f.cfg.CampaignID, 0); err != nil {
+		t.Fatal(err)
+	}
+	before := f.counts()
+	if _, err := f.e.ApplyAllocation(ctx, 140); !errors.Is(err, stock.ErrRebuilt) {
+		t.Fatalf("a restock during a rebuild: %v, want ErrRebuilt", err)
+	}
+	if c := f.counts(); c.Available != before.Available || c.Withdrawn != 0 {
+		t.Fatalf("the refused restock changed the shards: %+v, before %+v", c, before)
+	}
+	// Units withdrawn under the old epoch cannot be recorded as a decrease.
+	if _, _, err := f.e.Store().Withdraw(ctx, 0, camp.Epoch+1, 5); !errors.Is(err, stock.ErrRebuilt) {
+		t.Fatalf("a withdrawal under the new epoch from a shard of the old: %v", err)
+	}
+	if _, err := f.l.RecordAllocationDecrease(ctx, f.cfg.CampaignID, camp.Epoch, 140, 120, []int64{-5, -5, -5, -5}); !errors.Is(err, ledger.ErrEpochChanged) {
+		t.Fatalf("a decrease withdrawn under the old epoch: %v, want ErrEpochChanged", err)
+	}
+	// The rebuild done, the restock recorded meanwhile is applied once.
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := f.e.ApplyAllocation(ctx, 140); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := f.assertConserved(); c.Allocation != 140 || c.Available != 130 {
+		t.Fatalf("counts after the rebuild and the restock: %+v", c)
+	}
+}
+
 func TestRestockExactlyOnce(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		f := newFixture(t, rdb, withAllocation(10), withShards(3))
@@ -1166,12 +1212,16 @@ func TestAllocationDecreaseCrashedAfterRecording(t *testing.T) {
 			ctx := context.Background()
 			reserveMany(t, f, "held", 10)
 			// What withdrawForDecrease does for 100 -> 80, up to the crash.
+			camp, err := f.l.GetCampaign(ctx, f.cfg.CampaignID)
+			if err != nil {
+				t.Fatal(err)
+			}
 			for shard := range 4 {
-				if moved, _, err := f.e.Store().Withdraw(ctx, shard, 5); err != nil || moved != 5 {
+				if moved, _, err := f.e.Store().Withdraw(ctx, shard, camp.Epoch, 5); err != nil || moved != 5 {
 					t.Fatalf("withdraw from shard %d: %d %v", shard, moved, err)
 				}
 			}
-			if _, err := f.l.RecordAllocationDecrease(ctx, f.cfg.CampaignID, 100, 80, []int64{-5, -5, -5, -5}); err != nil {
+			if _, err := f.l.RecordAllocationDecrease(ctx, f.cfg.CampaignID, camp.Epoch, 100, 80, []int64{-5, -5, -5, -5}); err != nil {
 				t.Fatal(err)
 			}
 

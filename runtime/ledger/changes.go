@@ -164,13 +164,20 @@ var ErrBelowHeld = errors.New("allocation below the units sold and reserved")
 const sqlHeldUnits = `SELECT coalesce(sum(quantity), 0)::bigint FROM flashsale_orders
 WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')`
 
+// ErrEpochChanged refuses a decrease whose units were withdrawn under an
+// epoch a rebuild has replaced since: the rebuild put them back into stock.
+var ErrEpochChanged = errors.New("the campaign was rebuilt since the units were withdrawn")
+
+const sqlCampaignEpoch = `SELECT epoch FROM flashsale_campaigns WHERE campaign_id = $1`
+
 // RecordAllocationDecrease records a decrease from → to whose units Redis has
-// already withdrawn from stock, shardDeltas (≤ 0) per shard. In one transaction
-// with the campaign row locked it checks that the allocation is still from and
-// that the committed and pending units fit in to (ErrBelowHeld otherwise), then
-// lowers the shard allocations and the campaign's. The change stays unapplied
-// until Redis settles it (the withdrawn units become the shards' new allocation).
-func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string, from, to int64, shardDeltas []int64) (Change, error) {
+// already withdrawn from stock, shardDeltas (≤ 0) per shard, under epoch. In one
+// transaction with the campaign row locked it checks that the allocation is
+// still from, the epoch still epoch (ErrEpochChanged otherwise), and that the
+// committed and pending units fit in to (ErrBelowHeld otherwise), then lowers
+// the shard allocations and the campaign's. The change stays unapplied until
+// Redis settles it (the withdrawn units become the shards' new allocation).
+func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string, epoch, from, to int64, shardDeltas []int64) (Change, error) {
 	ch := Change{CampaignID: campaignID, FromAllocation: from, ToAllocation: to, ShardDeltas: shardDeltas}
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var current int64
@@ -189,9 +196,15 @@ func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string
 			}
 			sum += d
 		}
+		var now int64
+		if err := tx.QueryRow(ctx, sqlCampaignEpoch, campaignID).Scan(&now); err != nil {
+			return err
+		}
 		switch {
 		case deleted:
 			return fmt.Errorf("%w: %s is deleted", ErrCampaignNotFound, campaignID)
+		case now != epoch:
+			return fmt.Errorf("%w: epoch %d, the units were withdrawn under %d", ErrEpochChanged, now, epoch)
 		case current != from:
 			return fmt.Errorf("allocation is %d, not %d: changed meanwhile", current, from)
 		case to >= from || to < 0:

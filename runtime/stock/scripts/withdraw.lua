@@ -6,11 +6,17 @@
 -- KEYS[1] stock  KEYS[2] meta
 -- ARGV[1] units: > 0 to withdraw at most this many (less when the stock is lower),
 --                < 0 to give back at most this many withdrawn units
+-- ARGV[2] the ledger's epoch the caller read (0: any)
 --
 -- Returns {units moved (withdrawn > 0, given back < 0), units withdrawn now in total},
--- or {0, -1} when there is no meta (rebuild first)
-if redis.call('EXISTS', KEYS[2]) == 0 then
+-- {0, -1} when there is no meta (rebuild first), or {0, -2} when the shard is
+-- being rebuilt or was rebuilt at another epoch (read the ledger again)
+local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
+if not cur[1] then
   return {0, -1}
+end
+if cur[1] == 'REBUILDING' or (tonumber(ARGV[2]) ~= 0 and tonumber(cur[2]) ~= tonumber(ARGV[2])) then
+  return {0, -2}
 end
 local n = tonumber(ARGV[1])
 local wd = tonumber(redis.call('HGET', KEYS[2], 'wd') or '0')
