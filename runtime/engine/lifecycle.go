@@ -219,7 +219,9 @@ func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport
 // shardPlan is what one shard must hold after a rebuild.
 type shardPlan struct {
 	stock, committed, pendingUnits int64
-	pending                        []stock.Reservation
+	// restore: the pending reservations, and the committed ones (a retried
+	// reserve of a paid request replays from its hash).
+	restore []stock.Reservation
 	users                          map[string]string // users hash fields of users homed here
 }
 
@@ -237,15 +239,17 @@ func planRebuild(c ledger.Campaign, orders []ledger.Order) []shardPlan {
 		key := o.ReservationID[len(strconv.Itoa(o.Shard))+1:]
 		home := stock.HomeShard(o.UserID, c.Shards)
 		p := &plans[o.Shard]
+		r := stock.Reservation{
+			Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: stock.ResReserved,
+			ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home, CreatedMs: o.CreatedAt.UnixMilli(),
+		}
 		if o.Status == ledger.StatusCommitted {
 			p.committed += int64(o.Quantity)
+			r.Status = stock.ResCommitted
 		} else {
 			p.pendingUnits += int64(o.Quantity)
-			p.pending = append(p.pending, stock.Reservation{
-				Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: stock.ResReserved,
-				ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home,
-			})
 		}
+		p.restore = append(p.restore, r)
 		held[home][o.UserID] += int64(o.Quantity)
 		if o.Shard != home {
 			plans[home].users["p:"+key] = strconv.Itoa(o.Shard) + "|" + strconv.FormatInt(o.ExpiresAt.UnixMilli(), 10)
@@ -256,7 +260,7 @@ func planRebuild(c ledger.Campaign, orders []ledger.Order) []shardPlan {
 			plans[i].users[u] = strconv.FormatInt(n, 10)
 		}
 		plans[i].stock = c.ShardAllocations[i] - plans[i].committed - plans[i].pendingUnits
-		sort.Slice(plans[i].pending, func(a, b int) bool { return plans[i].pending[a].Key < plans[i].pending[b].Key })
+		sort.Slice(plans[i].restore, func(a, b int) bool { return plans[i].restore[a].Key < plans[i].restore[b].Key })
 	}
 	return plans
 }
@@ -269,8 +273,8 @@ func (e *Engine) rebuildShard(ctx context.Context, i int, c ledger.Campaign, p s
 	if err := e.store.RebuildBegin(ctx, i, c.Epoch); err != nil {
 		return err
 	}
-	for j := 0; j < len(p.pending); j += rebuildBatch {
-		if err := e.store.RebuildRestore(ctx, i, c.Epoch, p.pending[j:min(j+rebuildBatch, len(p.pending))]); err != nil {
+	for j := 0; j < len(p.restore); j += rebuildBatch {
+		if err := e.store.RebuildRestore(ctx, i, c.Epoch, p.restore[j:min(j+rebuildBatch, len(p.restore))]); err != nil {
 			return err
 		}
 	}

@@ -1378,6 +1378,40 @@ func TestSeedAfterLossIsARebuild(t *testing.T) {
 	}
 }
 
+// I4 across a rebuild: a paid request retried after Redis lost its data
+// replays its reservation, as before the loss, instead of answering
+// LIMIT_EXCEEDED (the rebuilt quota counts the paid unit) or taking a unit
+// for a moment (with room in the quota). Its hash is restored as committed.
+func TestPaidRequestReplaysAfterARebuild(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, limit := range []int{1, 2} {
+			f := newFixture(t, rdb, withAllocation(10), withShards(2), withMaxPerUser(limit))
+			ctx := context.Background()
+			r := f.reserve("paula", "r", 1)
+			if r.Outcome != engine.OutcomeReserved {
+				t.Fatal(r.Outcome)
+			}
+			if co, err := f.e.Checkout(ctx, "paula", r.Reservation.ID, "pay-1"); err != nil || co.Outcome != ledger.CheckoutCommitted {
+				t.Fatalf("checkout: %+v %v", co, err)
+			}
+			if _, err := f.e.Store().DeleteAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+				t.Fatal(err)
+			}
+			before := f.counts()
+			again := f.reserve("paula", "r", 1)
+			if again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != r.Reservation.ID {
+				t.Fatalf("maxPerUser %d: the paid request retried after a rebuild: %+v, want REPLAYED %s", limit, again, r.Reservation.ID)
+			}
+			if c := f.assertConserved(); c.Available != before.Available || c.Sold != 1 || c.Reserved != 0 {
+				t.Fatalf("maxPerUser %d: counts %+v, before the retry %+v", limit, c, before)
+			}
+		}
+	})
+}
+
 // TestOvertakenRebuildWritesNothing: two rebuilds of one shard overlap (two
 // managers that both believed they led). Once the newer one has begun, the
 // older one's reservations, quota fields and meta are refused, so nothing

@@ -520,6 +520,9 @@ type Reservation struct {
 	ExpiryMs int64
 	Epoch    int64
 	Home     int
+	// CreatedMs is when a committed reservation was made (RebuildRestore:
+	// its hash lives the backstop TTL from then, as it would have).
+	CreatedMs int64
 }
 
 // GetReservation reads a reservation hash; ok is false when it does not exist.
@@ -842,27 +845,39 @@ func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
 	return rebuildBeginScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Users(), k.Claims()}, epoch, k.ResPrefix()).Err()
 }
 
-// RebuildRestore recreates still-valid pending reservations on shard n, being
-// rebuilt under epoch.
+// RebuildRestore recreates reservations on shard n, being rebuilt under epoch:
+// pending ones (ResReserved) and committed ones (ResCommitted). A committed one
+// whose hash would have outlived the backstop TTL since CreatedMs is skipped.
 func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Reservation) error {
 	k := s.shards[n]
-	// A reservation made under a longer TTL than the campaign's current one
-	// still holds its unit until its own expiry: its hash must outlive that.
-	backstop := s.backstop
 	now := time.Now().UnixMilli()
-	for _, r := range rs {
-		if left := time.Duration(r.ExpiryMs-now) * time.Millisecond; left > 0 {
-			backstop = max(backstop, addCapped(s.backstop, left))
-		}
-	}
 	keys := []string{k.Meta(), k.Index()}
-	args := []any{int64(backstop / time.Second), epoch}
+	args := []any{epoch}
+	restored := 0
 	for _, r := range rs {
+		// A reservation made under a longer TTL than the campaign's current one
+		// still holds its unit until its own expiry: its hash must outlive that.
+		ttl := s.backstop
+		if left := time.Duration(r.ExpiryMs-now) * time.Millisecond; left > 0 {
+			ttl = max(ttl, addCapped(s.backstop, left))
+		}
+		if r.Status == ResCommitted {
+			ttl = s.backstop - time.Duration(now-r.CreatedMs)*time.Millisecond
+			if ttl < time.Second {
+				continue
+			}
+		} else if r.Status != ResReserved {
+			return fmt.Errorf("restore on shard %d: reservation %s has status %q", n, r.Key, r.Status)
+		}
 		keys = append(keys, k.Res(r.Key))
-		args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home)
+		args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home, r.Status, int64(ttl/time.Second))
+		restored++
+	}
+	if restored == 0 {
+		return nil
 	}
 	got, err := rebuildRestoreScript.Run(ctx, s.rdb, keys, args...).Int()
-	if err == nil && got != len(rs) {
+	if err == nil && got != restored {
 		err = fmt.Errorf("restore on shard %d: shard is not being rebuilt under epoch %d", n, epoch)
 	}
 	return err

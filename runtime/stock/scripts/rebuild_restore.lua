@@ -1,26 +1,32 @@
--- rebuild_restore.lua: recreate still-valid pending reservations of a shard being
--- rebuilt, so checkout and the sweeper keep working on them. Called in batches.
+-- rebuild_restore.lua: recreate the reservations of a shard being rebuilt: the
+-- still-valid pending ones, so checkout and the sweeper keep working on them, and
+-- the committed ones whose hash would still exist, so a retried reserve of a paid
+-- request replays it. Called in batches.
 --
 -- KEYS[1] meta  KEYS[2] index  KEYS[3..] res hashes, one per reservation
--- ARGV[1] backstop TTL seconds
--- ARGV[2] the rebuild's epoch
--- ARGV[3..] six values per reservation: key, user, qty, expiry ms, epoch, home shard
+-- ARGV[1] the rebuild's epoch
+-- ARGV[2..] eight values per reservation: key, user, qty, expiry ms, epoch, home shard,
+--           status (R pending: indexed for the sweeper and counted as reserved;
+--           C committed: neither), TTL of the hash in seconds
 --
 -- Returns the number restored, or -1 when the shard is not being rebuilt under
 -- this epoch
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
-if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[2]) then
+if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   return -1
 end
 local n = #KEYS - 2
 local units = 0
 for i = 1, n do
-  local a = 2 + (i - 1) * 6
-  local key, user, qty, expiry, epoch, home = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
-  redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', 'R', 'e', expiry, 'p', epoch, 'h', home)
-  redis.call('EXPIRE', KEYS[2 + i], ARGV[1])
-  redis.call('ZADD', KEYS[2], expiry, key)
-  units = units + tonumber(qty)
+  local a = 1 + (i - 1) * 8
+  local key, user, qty, expiry, epoch, home, status, ttl =
+    ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
+  redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', status, 'e', expiry, 'p', epoch, 'h', home)
+  redis.call('EXPIRE', KEYS[2 + i], ttl)
+  if status == 'R' then
+    redis.call('ZADD', KEYS[2], expiry, key)
+    units = units + tonumber(qty)
+  end
 end
 redis.call('HINCRBY', KEYS[1], 'rsv', units)
 return n
