@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -135,6 +136,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		_, err := e.store.Quota(cctx, home, stock.QuotaUnclaim, req.User, req.Key, req.Quantity, 0, 0)
 		return err
 	}
+	closed := "" // why the first closed shard probed refused
 	for _, t := range e.stealOrder(home) {
 		req.Shard, req.Mode = t, stock.ModeSteal
 		r, err := e.store.Reserve(ctx, req)
@@ -163,6 +165,8 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
 		case stock.SoldOut:
 			e.markSoldOut(t)
+		case stock.Closed:
+			closed = cmp.Or(closed, r.Status)
 		}
 		// Closed or sold out there: try the next shard.
 	}
@@ -170,6 +174,11 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	res.Outcome = OutcomeSoldOut
+	if closed != "" {
+		// A closed shard may still hold stock (being rebuilt, unverified after
+		// a failover): SOLD_OUT, which clients do not retry, would be wrong.
+		res.Outcome, res.Reason = OutcomeClosed, closed
+	}
 	return res, nil
 }
 

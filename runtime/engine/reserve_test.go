@@ -279,6 +279,40 @@ func TestSoldOutStealsAtMostProbes(t *testing.T) {
 	})
 }
 
+// The buyer's shard sold out and the others closed for a rebuild (or
+// unverified after a failover): they may hold stock, so the answer is CLOSED,
+// which clients retry, not SOLD_OUT, which they do not. The claimed quota goes
+// back either way.
+func TestStealingFromClosedShardsIsNotSoldOut(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(2), withShards(2), withSteal(1))
+		ctx := context.Background()
+		home := stock.HomeShard("iris", 2)
+		for i := 0; ; i++ {
+			if u := fmt.Sprintf("neighbour-%d", i); stock.HomeShard(u, 2) == home {
+				if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != home {
+					t.Fatalf("%s: %+v", u, r)
+				}
+				break
+			}
+		}
+		if err := rdb.HSet(ctx, f.e.Store().Keys(1-home).Meta(), "state", stock.StateFailClosed).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r := f.reserve("iris", "r", 1)
+		if r.Outcome != engine.OutcomeClosed || r.Reason != stock.StateFailClosed {
+			t.Fatalf("home sold out, the other shard closed: %+v, want CLOSED %s", r, stock.StateFailClosed)
+		}
+		if err := rdb.HSet(ctx, f.e.Store().Keys(1-home).Meta(), "state", stock.StateOpen).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if r := f.reserve("iris", "r2", 1); r.Outcome != engine.OutcomeReserved {
+			t.Fatalf("once the shard opened: %+v (the quota must have gone back)", r)
+		}
+		f.assertConserved()
+	})
+}
+
 func TestReservationIDsAreServerDerived(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10))
 	a := f.reserve("henry", "k", 1)
