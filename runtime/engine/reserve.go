@@ -115,7 +115,6 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	case stock.Closed:
 		res.Outcome, res.Reason = OutcomeClosed, r.Status
 	case stock.Busy:
-		e.reapStaleClaim(ctx, home, key, r.Extra)
 		res.Outcome = OutcomeBusy
 	case stock.Claimed:
 		e.markSoldOut(home)
@@ -295,29 +294,6 @@ func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int,
 	e.stuck.forget(id)
 	out, err := e.fromLedger(ctx, res, id, user)
 	return out, true, err
-}
-
-// reapStaleClaim gives back the quota of a claim that this engine has seen
-// for Config.SettleStuckAfter: no request is left that could place it (a
-// request's deadline is far shorter). Its process died, or lost the script's
-// answer, and a retried call found the claim as BUSY. The buyer's quota would
-// otherwise be held, and every retry answered BUSY, until the sweeper's turn
-// after TTL and grace. The next retry places the request afresh. A claim
-// confirmed placed meanwhile, or a newer one, is left alone; as with stuck
-// replays, the time is this process's own.
-func (e *Engine) reapStaleClaim(ctx context.Context, home int, key string, claimedAt int64) {
-	if claimedAt <= 0 {
-		return
-	}
-	id := "claim:" + stock.FormatID(home, key)
-	if e.stuck.since(id, claimedAt, e.now(), e.cfg.SettleStuckAfter) < e.cfg.SettleStuckAfter {
-		return
-	}
-	cctx, cancel := detached(ctx)
-	defer cancel()
-	if _, _, err := e.store.ReapClaim(cctx, home, key, time.UnixMilli(claimedAt)); err == nil {
-		e.stuck.forget(id)
-	}
 }
 
 // stuckReplays remembers when each replay without a ledger row was first

@@ -250,54 +250,6 @@ func TestReplayOfAStuckReservationSettlesIt(t *testing.T) {
 	})
 }
 
-// A claim whose request is gone (its process died, or lost the script's
-// answer and a retried call found the claim) holds the buyer's quota and
-// answers BUSY to every retry. Once the engine has seen that claim for
-// SettleStuckAfter, the quota goes back and the next retry places the
-// request, without waiting for the sweeper's turn after TTL and grace.
-func TestStaleClaimIsGivenBack(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		const after = 1500 * time.Millisecond
-		f := newFixture(t, rdb, withAllocation(4), withShards(4), withTTL(time.Hour, 0), withSettleStuckAfter(after))
-		ctx := context.Background()
-		home := stock.HomeShard("zoe", f.cfg.Shards)
-		// Zoe's home shard sold out to a neighbour.
-		for i := 0; ; i++ {
-			if u := fmt.Sprintf("neighbour-%d", i); stock.HomeShard(u, f.cfg.Shards) == home {
-				if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != home {
-					t.Fatalf("%s: %+v", u, r)
-				}
-				break
-			}
-		}
-		// A request of hers claimed her quota there, and was lost.
-		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, "zoe", "r")
-		if r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{
-			Shard: home, Home: home, Mode: stock.ModeClaim, User: "zoe", Key: key, Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL,
-		}); err != nil || r.Code != stock.Claimed {
-			t.Fatalf("claim: %+v %v", r, err)
-		}
-		if r := f.reserve("zoe", "r", 1); r.Outcome != engine.OutcomeBusy {
-			t.Fatalf("retry while the claim is young: %s, want BUSY", r.Outcome)
-		}
-		if r := f.reserve("zoe", "r2", 1); r.Outcome != engine.OutcomeLimit {
-			t.Fatalf("another request while the claim holds the quota: %s, want LIMIT_EXCEEDED", r.Outcome)
-		}
-		time.Sleep(after)
-		f.reserve("zoe", "r", 1) // seen stuck long enough: given back
-		r := f.reserve("zoe", "r", 1)
-		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == home {
-			t.Fatalf("retry after the stale claim: %+v, want RESERVED on another shard", r)
-		}
-		if r := f.reserve("zoe", "r3", 1); r.Outcome != engine.OutcomeLimit {
-			t.Fatalf("the quota counted twice or not at all: %s, want LIMIT_EXCEEDED", r.Outcome)
-		}
-		if c := f.counts(); c.Available != 2 || c.Reserved != 2 || !c.Conserved() {
-			t.Fatalf("counts %+v", c)
-		}
-	})
-}
-
 // Failure matrix: a sweeper died between its SQL cancel and the Redis release. The
 // next pass finds CANCELLED_BY_SWEEPER and still releases.
 func TestSweeperDiedBetweenSQLAndRedis(t *testing.T) {

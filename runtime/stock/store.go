@@ -138,7 +138,7 @@ type ShardResult struct {
 	Code     Code
 	ExpiryMs int64  // Redis clock, ms since the Unix epoch
 	Epoch    int64  // the shard's epoch
-	Extra    int64  // stock left (Reserved), shard (Replay, -1 = this one), units held (Limit), claimed at in ms (Busy)
+	Extra    int64  // stock left (Reserved), shard (Replay, -1 = this one), units held (Limit)
 	Status   string // R/C (Replay) or the closed reason (Closed)
 }
 

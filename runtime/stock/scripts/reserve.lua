@@ -47,8 +47,7 @@
 --   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING,
 --               STALE_EPOCH, UNVERIFIED
 --   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim)
---   7 BUSY      the same request is being placed on another shard right now (or its
---               claim was left behind); extra = when it was claimed (ms, Redis clock)
+--   7 BUSY      the same request is being placed on another shard right now
 local server = 'SERVER_RUN_ID'
 local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv')
 if not state[1] then
@@ -77,8 +76,7 @@ if mode ~= 'steal' then
   local ptr = redis.call('HGET', KEYS[5], 'p:' .. key)
   if ptr then
     if string.sub(ptr, 1, 1) == 'c' then
-      local _, _, at = string.find(ptr, '^c|(%d+)|')
-      return {7, 0, epoch, tonumber(at) or 0, ''}
+      return {7, 0, epoch, 0, ''}
     end
     local sep = string.find(ptr, '|', 1, true)
     return {2, tonumber(string.sub(ptr, sep + 1)), epoch, tonumber(string.sub(ptr, 1, sep - 1)), 'R'}
