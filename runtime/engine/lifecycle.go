@@ -439,6 +439,15 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 	if states, err = e.store.State(ctx); err != nil {
 		return err
 	}
+	// Units counted here must have been withdrawn under the ledger's epoch: a
+	// shard still at another (a rebuild started since, its turn not come yet)
+	// would be rewritten from the rebuild's snapshot, its withdrawal dropped
+	// and the units back in stock after the ledger took them out.
+	for _, s := range states {
+		if s.State == stock.StateRebuilding || s.Epoch != c.Epoch {
+			return fmt.Errorf("shard %d (%s, epoch %d, the ledger's %d): %w", s.Index, s.State, s.Epoch, c.Epoch, stock.ErrRebuilt)
+		}
+	}
 	deltas := make([]int64, len(states))
 	var sum int64
 	for _, s := range states {

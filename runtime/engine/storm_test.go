@@ -978,6 +978,10 @@ func TestAllocationChangeDuringARebuildIsRefused(t *testing.T) {
 	if _, err := f.l.RecordAllocationDecrease(ctx, f.cfg.CampaignID, camp.Epoch, 140, 120, []int64{-5, -5, -5, -5}); !errors.Is(err, ledger.ErrEpochChanged) {
 		t.Fatalf("a decrease withdrawn under the old epoch: %v, want ErrEpochChanged", err)
 	}
+	// A decrease through the engine is refused too.
+	if _, err := f.e.ApplyAllocation(ctx, 60); !errors.Is(err, stock.ErrRebuilt) {
+		t.Fatalf("a decrease during a rebuild: %v, want ErrRebuilt", err)
+	}
 	// The rebuild done, the restock recorded meanwhile is applied once.
 	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
 		t.Fatal(err)
@@ -989,6 +993,36 @@ func TestAllocationChangeDuringARebuildIsRefused(t *testing.T) {
 	}
 	if c := f.assertConserved(); c.Allocation != 140 || c.Available != 130 {
 		t.Fatalf("counts after the rebuild and the restock: %+v", c)
+	}
+}
+
+// A decrease that finds units withdrawn on a shard the rebuild has not
+// rewritten yet (an earlier attempt's, pending) must not record them: the
+// rebuild drops that withdrawal and the units come back into stock.
+func TestDecreaseDoesNotCountWithdrawalsARebuildDrops(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(100), withShards(4))
+	ctx := context.Background()
+	camp, err := f.l.GetCampaign(ctx, f.cfg.CampaignID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.e.Store().Withdraw(ctx, 0, camp.Epoch, 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.l.BeginRebuild(ctx, f.cfg.CampaignID, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Shards 1–3 already rewritten by the rebuild; shard 0 waits its turn.
+	for shard := 1; shard < 4; shard++ {
+		if err := f.rdb.HSet(ctx, f.e.Store().Keys(shard).Meta(), "epoch", camp.Epoch+1).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.e.ApplyAllocation(ctx, 80); !errors.Is(err, stock.ErrRebuilt) {
+		t.Fatalf("a decrease counting a withdrawal the rebuild drops: %v, want ErrRebuilt", err)
+	}
+	if c, err := f.l.GetCampaign(ctx, f.cfg.CampaignID); err != nil || c.Allocation != 100 {
+		t.Fatalf("ledger allocation %d (%v), want 100: nothing recorded", c.Allocation, err)
 	}
 }
 
