@@ -61,6 +61,8 @@ const (
 	// the start's own requeue comes at the edge (where a data loss found
 	// first is rebuilt before the shards open).
 	scheduledRefresh = 10 * time.Second
+	// DefaultPhaseTimeout bounds each phase of a reconcile but a rebuild.
+	DefaultPhaseTimeout = 15 * time.Second
 	// DefaultCountsStamp is how often status.countsObservedAt is renewed
 	// while the counts do not change: often enough to tell stale counts, and
 	// one status write a minute for a quiet sale.
@@ -74,6 +76,7 @@ type FlashSaleReconciler struct {
 	Clock         func() time.Time
 	Image         string        // image of the reserve and sweeper pods
 	StatusRefresh time.Duration // while a sale is live
+	PhaseTimeout  time.Duration // DefaultPhaseTimeout when 0
 	CountsStamp   time.Duration // DefaultCountsStamp when 0
 
 	conns connections
@@ -105,6 +108,12 @@ type scope struct {
 	refs *references
 	// ledgerDown: a phase stopped because the ledger failed.
 	ledgerDown bool
+	// closed is the closing gate every shard holds, when this reconcile
+	// wrote it ahead of the ledger phases (closeFirst).
+	closed string
+	// unbounded is the reconcile's context without the phase bound, for
+	// the rebuild.
+	unbounded context.Context
 }
 
 func (s *scope) setNotReady(reason, message string) {
@@ -165,8 +174,16 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	pctx, cancel := phaseContext(ctx)
 	defer cancel()
 	completed, err := r.reconcilePhases(pctx, s)
-	if s.ledgerDown {
-		r.closeWithoutLedger(pctx, s)
+	if s.ledgerDown && s.conn == nil && s.refs != nil {
+		// The connections did not open because the ledger did not: close
+		// through Redis alone.
+		rdb := s.refs.redis.Client()
+		s.closed = r.closeShards(ctx, s, stock.New(rdb, string(s.fs.UID), int(resolve(s.fs).shards)))
+		_ = rdb.Close()
+	}
+	if !completed && s.closed != "" {
+		// observe did not run: the phase says what the shards hold.
+		s.fs.Status.Phase = closedPhase(s.closed, s.fs.Status.Phase)
 	}
 	if serr := r.reportReservePods(pctx, fs); serr != nil && err == nil {
 		err = serr
@@ -220,21 +237,37 @@ func keepTransitionTimes(before, after []metav1.Condition) {
 
 // reconcilePhases runs the phases in order until one is done early (it set a
 // condition and a requeue) or fails; completed reports that every phase ran.
+//
+// Each phase is bounded by PhaseTimeout, except a rebuild (it reads every
+// live order): a Redis or ledger that hangs shows as unreachable within it
+// instead of at the reconcile's deadline, and the next reconcile, which
+// closes the shards first when the spec asks for it, comes that much sooner.
 func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) (completed bool, err error) {
+	s.unbounded = ctx
 	for _, phase := range []func(context.Context, *scope) (bool, error){
 		r.connect,
+		r.closeFirst,
 		r.ensureStock,
 		r.applyAllocation,
 		r.applyGates,
 		r.reconcileChildren,
 		r.observe,
 	} {
-		done, err := phase(ctx, s)
+		pctx, cancel := context.WithTimeout(ctx, r.phaseTimeout())
+		done, err := phase(pctx, s)
+		cancel()
 		if err != nil || done {
 			return false, err
 		}
 	}
 	return true, nil
+}
+
+func (r *FlashSaleReconciler) phaseTimeout() time.Duration {
+	if r.PhaseTimeout > 0 {
+		return r.PhaseTimeout
+	}
+	return DefaultPhaseTimeout
 }
 
 func (r *FlashSaleReconciler) now() time.Time {
@@ -339,46 +372,70 @@ func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 	s.requeueAfter(retryUnhealthy)
 }
 
-// closeTimeout bounds closeWithoutLedger.
+// closeTimeout bounds a closing gate written ahead of the ledger phases.
 const closeTimeout = 5 * time.Second
 
-// closeWithoutLedger writes a closing gate (paused, ended, not yet started)
-// on the shards when a ledger failure stopped the phases before applyGates.
-// Closing needs only Redis, and the reserve pods, whose own connections may
-// still reach the ledger (a partition of the operator, its connections
-// refused by a full PostgreSQL), would otherwise go on selling a sale that
-// the pause switch or the schedule closed. Opening waits for the ledger.
-func (r *FlashSaleReconciler) closeWithoutLedger(ctx context.Context, s *scope) {
+// closeFirst writes the closing gate the spec asks for (paused, ended, not
+// yet started) before any phase that needs the ledger. Closing needs only
+// Redis, and a ledger that hangs or refuses the operator while the reserve
+// pods may still reach it (a partition of the operator, its connections
+// refused by a full PostgreSQL) must not keep a paused or ended sale
+// selling. Opening waits for the ledger (applyGates).
+func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, error) {
+	s.closed = r.closeShards(ctx, s, s.conn.engine.Store())
+	return false, nil
+}
+
+// closeShards writes the spec's closing gate on every shard when one is
+// OPEN, and returns the gate when every shard holds it. A shard being
+// rebuilt is left to the rebuild, which opens it in the gate of its moment;
+// shards closed otherwise (failed closed) are left as they are.
+func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *stock.Store) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
 	if gate == stock.StateOpen {
-		return
+		return ""
 	}
-	var store *stock.Store
-	switch {
-	case s.conn != nil:
-		store = s.conn.engine.Store()
-	case s.refs != nil: // the ledger did not open: Redis alone
-		rdb := s.refs.redis.Client()
-		defer func() { _ = rdb.Close() }()
-		store = stock.New(rdb, string(s.fs.UID), int(resolve(s.fs).shards))
-	default:
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, closeTimeout)
+	// A context of its own: the reconcile's may be spent on a hung ledger.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 	defer cancel()
-	// Read first, so that a sale already closed is not written every retry;
-	// an unreadable state is written anyway.
-	if states, err := store.State(ctx); err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State == stock.StateOpen }) {
-		return
+	states, err := store.State(ctx)
+	if err == nil {
+		switch {
+		case !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != gate }):
+			return gate
+		case !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State == stock.StateOpen }):
+			return ""
+		}
 	}
-	// The epoch last reported: a shard rebuilt since (by another operator)
-	// is left to it.
-	if _, err := store.SetGate(ctx, gate, s.fs.Status.Epoch); err != nil {
-		log.FromContext(ctx).Error(err, "closing the sale without the ledger", "gate", gate)
-		return
+	// Any epoch: closing is right whoever seeded or rebuilt the shard.
+	out, err := store.SetGate(ctx, gate, 0)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "closing the sale", "gate", gate)
+		return ""
 	}
-	s.fs.Status.Phase = salePhase(gate, s.fs.Status.Available, s.fs.Status.Reserved)
-	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard while the ledger is unreachable (closing does not need it; opening waits for it)", gate)
+	if i := slices.IndexFunc(out, func(n int) bool { return n != stock.GateSet }); i >= 0 {
+		log.FromContext(ctx).Info("a shard was not closed (no meta, or being rebuilt)", "gate", gate, "shard", i, "outcome", out[i])
+		return ""
+	}
+	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", gate)
+	return gate
+}
+
+// closedPhase is the phase of shards closed by gate when observe could not
+// run: not Completed (that needs the counts) unless it was already, and a
+// failed-closed sale stays so until it is rebuilt.
+func closedPhase(gate string, cur flashsalev1alpha1.FlashSalePhase) flashsalev1alpha1.FlashSalePhase {
+	switch {
+	case cur == flashsalev1alpha1.PhaseFailClosed || cur == flashsalev1alpha1.PhaseRebuilding:
+		return cur
+	case gate == stock.StatePaused:
+		return flashsalev1alpha1.PhasePaused
+	case gate == stock.StateNotStarted:
+		return flashsalev1alpha1.PhaseScheduled
+	case cur == flashsalev1alpha1.PhaseCompleted:
+		return cur
+	}
+	return flashsalev1alpha1.PhaseEnded
 }
 
 // failure is what a Redis or ledger error says in the status: the health
@@ -486,7 +543,8 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		// The shards open in the state of the moment they open (applyGates
 		// recomputes the window too): a rebuild of a large ledger may run
 		// across a schedule edge.
-		rep, err := eng.Rebuild(ctx, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
+		// Not bounded by the phase: a rebuild reads every live order.
+		rep, err := eng.Rebuild(s.unbounded, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
 		if err != nil {
 			err = classify(err)
 			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
@@ -503,6 +561,11 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 			s.requeueAfter(retryUnhealthy)
 			return true, nil
 		}
+		// The rest of the phase gets a bound of its own: the rebuild may
+		// have outlasted the phase's.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(s.unbounded, r.phaseTimeout())
+		defer cancel()
 		s.epoch = rep.Epoch
 		s.conn.rebuiltEpoch = rep.Epoch
 		s.fs.Status.Phase = salePhase(rep.Gate, rep.Available, rep.Reserved)
@@ -640,6 +703,8 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 	case errors.Is(err, stock.ErrRebuilt), errors.Is(err, ledger.ErrEpochChanged):
 		// A rebuild ran meanwhile (another operator's, during a leadership
 		// handover): the change is applied over its result at the next try.
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRetried,
+			fmt.Sprintf("allocation %d: retried after a rebuild of the shards: %v", want, err))
 		s.incomplete = true
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
@@ -1069,6 +1134,14 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
 			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: config.DeriveIDSecret(refs.admissionKey),
 		})
+		var le *ledgerError
+		if errors.As(err, &le) {
+			// The deletion waits for the ledger; the sale is ended meanwhile,
+			// through Redis alone.
+			rdb := refs.redis.Client()
+			_, _ = stock.New(rdb, string(fs.UID), int(set.shards)).SetGate(ctx, stock.StateEnded, 0)
+			_ = rdb.Close()
+		}
 		if err != nil {
 			return err
 		}

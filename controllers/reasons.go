@@ -41,6 +41,7 @@ const (
 	ReasonAllocationRefused = "AllocationBelowSoldAndReserved"
 	ReasonAllocationPending = "AllocationDecreasePending"
 	ReasonAllocationLowered = "AllocationLowered"
+	ReasonAllocationRetried = "RebuiltMeanwhile"
 	ReasonGateChanged       = "GateChanged"
 	ReasonOpen              = "Open"
 	ReasonSoldOut           = "SoldOut"

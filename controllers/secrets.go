@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
@@ -64,6 +65,11 @@ func (e *referenceError) Error() string { return e.message }
 func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale) (references, error) {
 	s := resolve(fs)
 	get := func(what, name string) (*corev1.Secret, error) {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			// Stored before the CRD refused such names: the API client
+			// cannot ask for it, and would fail every retry the same way.
+			return nil, &referenceError{ReasonSecretNotFound, fmt.Sprintf("%s Secret name %q is not a Secret name: %s", what, name, strings.Join(errs, "; "))}
+		}
 		var sec corev1.Secret
 		err := c.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: name}, &sec)
 		if apierrors.IsNotFound(err) {

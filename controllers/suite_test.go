@@ -70,6 +70,8 @@ type env struct {
 	mgr ctrl.Manager
 	// reconcileTimeout, when set, bounds each reconcile (--reconcile-timeout).
 	reconcileTimeout time.Duration
+	// phaseTimeout, when set, bounds each phase of a reconcile.
+	phaseTimeout time.Duration
 	// clock, when set, is the controller's clock.
 	clock func() time.Time
 	// countsStamp, when set, renews status.countsObservedAt this often.
@@ -159,6 +161,7 @@ func (e *env) startController() (stop func()) {
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         "flashsale-operator:test",
 		StatusRefresh: cmp.Or(e.statusRefresh, time.Second),
+		PhaseTimeout:  e.phaseTimeout,
 		Clock:         e.clock,
 		CountsStamp:   e.countsStamp,
 	}

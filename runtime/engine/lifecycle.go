@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -90,6 +91,11 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 		}
 	}
 	if present == len(states) {
+		// A rebuild cut short (its process died) leaves shards REBUILDING at
+		// the ledger's epoch: nothing else would ever finish them.
+		if i := slices.IndexFunc(states, func(s stock.ShardState) bool { return s.State == stock.StateRebuilding }); i >= 0 {
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: shard %d was left being rebuilt", ErrNeedsRebuild, i)
+		}
 		if unverified := stock.Unverified(states); len(unverified) > 0 {
 			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, shardList(unverified))
 		}
@@ -610,11 +616,13 @@ func (e *Engine) Check(ctx context.Context, epoch int64) (Health, error) {
 func (e *Engine) Delete(ctx context.Context) error {
 	// Marked deleted only after its keys were: a deletion retried (the
 	// children's deletion failed) does not scan a big shared Redis again.
+	// Closed first: that needs Redis alone, and the ledger may hang.
+	_, gerr := e.store.SetGate(ctx, stock.StateEnded, 0)
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	if err == nil && c.DeletedAt != nil {
 		return nil
 	}
-	if _, gerr := e.store.SetGate(ctx, stock.StateEnded, 0); gerr != nil {
+	if gerr != nil {
 		return gerr
 	}
 	if err != nil && !errors.Is(err, ledger.ErrCampaignNotFound) {

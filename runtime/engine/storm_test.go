@@ -1446,6 +1446,33 @@ func TestPaidRequestReplaysAfterARebuild(t *testing.T) {
 	})
 }
 
+// A rebuild cut short after it began on every shard (its process died, a
+// leadership handover) leaves them REBUILDING at the ledger's new epoch.
+// Seeding must not take that for a live sale: nothing else would finish them.
+func TestRebuildCutShortIsFinished(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10), withShards(2))
+	ctx := context.Background()
+	f.reserve("rita", "r", 1)
+	snap, err := f.l.BeginRebuild(ctx, f.cfg.CampaignID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for shard := range 2 {
+		if err := f.e.Store().RebuildBegin(ctx, shard, snap.Campaign.Epoch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
+		t.Fatalf("seeding over shards left being rebuilt: %v, want ErrNeedsRebuild", err)
+	}
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Available != 9 || c.Reserved != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
 // TestOvertakenRebuildWritesNothing: two rebuilds of one shard overlap (two
 // managers that both believed they led). Once the newer one has begun, the
 // older one's reservations, quota fields and meta are refused, so nothing
