@@ -61,8 +61,9 @@ const (
 	// the start's own requeue comes at the edge (where a data loss found
 	// first is rebuilt before the shards open).
 	scheduledRefresh = 10 * time.Second
-	// DefaultPhaseTimeout bounds each phase of a reconcile but a rebuild.
-	DefaultPhaseTimeout = 15 * time.Second
+	// DefaultPhaseTimeout bounds each phase of a reconcile but a rebuild
+	// (--phase-timeout): well above a count of tens of millions of orders.
+	DefaultPhaseTimeout = 30 * time.Second
 	// DefaultCountsStamp is how often status.countsObservedAt is renewed
 	// while the counts do not change: often enough to tell stale counts, and
 	// one status write a minute for a quiet sale.
@@ -408,7 +409,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		}
 	}
 	// Any epoch: closing is right whoever seeded or rebuilt the shard.
-	out, err := store.SetGate(ctx, gate, 0)
+	out, err := store.CloseOpen(ctx, gate)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "closing the sale", "gate", gate)
 		return ""
@@ -417,7 +418,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		log.FromContext(ctx).Info("a shard was not closed (no meta, or being rebuilt)", "gate", gate, "shard", i, "outcome", out[i])
 		return ""
 	}
-	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", gate)
+	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
 	return gate
 }
 
@@ -529,7 +530,10 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 	if needsRebuild && !firstSeed && phase != flashsalev1alpha1.PhaseFailClosed && phase != flashsalev1alpha1.PhaseRebuilding {
 		// Close every shard at once (shards without meta already refuse), say so, and
 		// rebuild on the next reconcile, right after this status is written.
-		_, _ = eng.Store().SetGate(ctx, stock.StateFailClosed, 0)
+		// On a context of its own: a slow ledger may have spent the phase's.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		_, _ = eng.Store().SetGate(cctx, stock.StateFailClosed, 0)
+		cancel()
 		s.fs.Status.Phase = flashsalev1alpha1.PhaseFailClosed
 		msg := "Redis lost the sale's state (" + why + "); every shard refuses reservations until the stock is rebuilt from the ledger"
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, msg)
@@ -729,6 +733,9 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 	// have waited on a slow ledger across a schedule edge.
 	s.now = r.now()
 	s.window = saleWindow(&s.fs.Spec, s.now)
+	if s.window.Gate != s.closed {
+		s.closed = "" // the schedule moved on since closeFirst
+	}
 	states, err := s.conn.engine.Store().State(ctx)
 	if err != nil {
 		r.unhealthy(s, err)
@@ -1129,7 +1136,11 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		return err
 	default:
 		set := resolve(fs)
-		conn, err := r.conns.get(ctx, name, refs, engine.Config{
+		// Bounded: a ledger that hangs must not keep the sale selling until
+		// the reconcile's deadline; it is ended through Redis below.
+		gctx, cancel := context.WithTimeout(ctx, r.phaseTimeout())
+		defer cancel()
+		conn, err := r.conns.get(gctx, name, refs, engine.Config{
 			CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
 			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
 			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: config.DeriveIDSecret(refs.admissionKey),
@@ -1138,9 +1149,11 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		if errors.As(err, &le) {
 			// The deletion waits for the ledger; the sale is ended meanwhile,
 			// through Redis alone.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 			rdb := refs.redis.Client()
-			_, _ = stock.New(rdb, string(fs.UID), int(set.shards)).SetGate(ctx, stock.StateEnded, 0)
+			_, _ = stock.New(rdb, string(fs.UID), int(set.shards)).SetGate(cctx, stock.StateEnded, 0)
 			_ = rdb.Close()
+			cancel()
 		}
 		if err != nil {
 			return err

@@ -879,19 +879,39 @@ func TestClosingDoesNotWaitForTheLedger(t *testing.T) {
 // that wait on the ledger, within seconds, not at the reconcile's deadline.
 func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	e.phaseTimeout = 3 * time.Second
+	e.statusRefresh = time.Minute // no refresh of its own meanwhile
+	e.phaseTimeout = 10 * time.Second
 	e.startController()
 	fs := e.openSale("stalled", 10)
 	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	store := stock.New(rdb, string(fs.UID), 4)
+	every := func(want string) func() bool {
+		return func() bool {
+			states, err := store.State(context.Background())
+			return err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != want })
+		}
+	}
+	time.Sleep(2 * time.Second) // the creation's own reconciles are over
 	release := e.holdLedger("LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE")
-	defer release()
-	time.Sleep(2 * time.Second) // a refresh is now waiting on the lock
 	updateSpec(t, e.ns, "stalled", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
-	testharness.Eventually(t, settle, "every shard PAUSED while the ledger hangs", func() bool {
-		states, err := store.State(context.Background())
-		return err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != stock.StatePaused })
+	// Sooner than any step waiting on the ledger could give up.
+	testharness.Eventually(t, 5*time.Second, "every shard PAUSED while the ledger hangs", every(stock.StatePaused))
+
+	// A deletion while it hangs ends the sale once the reconcile waiting on
+	// the ledger has given up (one sale is reconciled once at a time), and
+	// waits.
+	ctx := context.Background()
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, 15*time.Second, "every shard ENDED while the ledger hangs", every(stock.StateEnded))
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stalled"}, &flashsalev1alpha1.FlashSale{}); err != nil {
+		t.Fatalf("deleted while the ledger hangs: %v", err)
+	}
+	release()
+	testharness.Eventually(t, settle, "the FlashSale gone", func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stalled"}, &flashsalev1alpha1.FlashSale{}))
 	})
 }
 

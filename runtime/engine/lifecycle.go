@@ -228,7 +228,7 @@ type shardPlan struct {
 	// restore: the pending reservations, and the committed ones (a retried
 	// reserve of a paid request replays from its hash).
 	restore []stock.Reservation
-	users                          map[string]string // users hash fields of users homed here
+	users   map[string]string // users hash fields of users homed here
 }
 
 func planRebuild(c ledger.Campaign, orders []ledger.Order) []shardPlan {

@@ -439,19 +439,43 @@ var ErrBadState = errors.New("unknown gate state")
 
 // SetGate writes the gate state of every shard and returns the per-shard outcome
 // (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
+// A shard that fails does not stop the others (on a Redis Cluster with a
+// master down, the shards of the other masters still close); the error names
+// every shard that failed.
 func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
+	return s.setGate(ctx, state, epoch, "")
+}
+
+// CloseOpen is SetGate of a closing state on the shards that are OPEN only:
+// shards closed otherwise (failed closed) keep their state.
+func (s *Store) CloseOpen(ctx context.Context, state string) ([]int, error) {
+	if state == StateOpen {
+		return nil, fmt.Errorf("%w: CloseOpen with %q", ErrBadState, state)
+	}
+	return s.setGate(ctx, state, 0, StateOpen)
+}
+
+func (s *Store) setGate(ctx context.Context, state string, epoch int64, from string) ([]int, error) {
 	switch state {
 	case StateOpen, StateNotStarted, StatePaused, StateEnded, StateFailClosed:
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrBadState, state)
 	}
 	out := make([]int, len(s.shards))
+	var errs []error
 	for i, k := range s.shards {
-		n, err := gateScript.Run(ctx, s.rdb, []string{k.Meta()}, state, epoch).Int()
+		n, err := gateScript.Run(ctx, s.rdb, []string{k.Meta()}, state, epoch, from).Int()
 		if err != nil {
-			return nil, fmt.Errorf("gate shard %d: %w", i, err)
+			errs = append(errs, fmt.Errorf("gate shard %d: %w", i, err))
+			if ctx.Err() != nil {
+				break // no time left for the others
+			}
+			continue
 		}
 		out[i] = n
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return out, nil
 }

@@ -77,6 +77,8 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// ReconcileTimeout bounds one reconcile of one sale.
 	ReconcileTimeout time.Duration
+	// PhaseTimeout bounds each step of a reconcile but a rebuild.
+	PhaseTimeout time.Duration
 }
 
 // EnvImage names the operator's own image; config/manager sets it.
@@ -92,6 +94,7 @@ func DefaultOptions() Options {
 		StatusRefresh:           controllers.DefaultStatusRefresh,
 		MaxConcurrentReconciles: 8,
 		ReconcileTimeout:        10 * time.Minute,
+		PhaseTimeout:            controllers.DefaultPhaseTimeout,
 	}
 }
 
@@ -143,6 +146,8 @@ func NewCmd() *cobra.Command {
 		"sales reconciled at once: one whose Redis or PostgreSQL hangs does not hold up the others' gates and status")
 	f.DurationVar(&opts.ReconcileTimeout, "reconcile-timeout", opts.ReconcileTimeout,
 		"longest one reconcile of one sale may take before it is abandoned and retried; a rebuild reads every live order and a deletion scans the Redis keyspace, so raise it for sales of tens of millions of units or a Redis of ~10^8 keys")
+	f.DurationVar(&opts.PhaseTimeout, "phase-timeout", opts.PhaseTimeout,
+		"longest each step of a reconcile but a rebuild may take (opening connections, counting the orders, writing the Deployments): a Redis or PostgreSQL that hangs shows as unreachable within it; raise it for sales whose counts take longer")
 
 	// --kubeconfig and the zap logging flags are Go flags.
 	goflags := goflag.NewFlagSet("manager", goflag.ContinueOnError)
@@ -161,6 +166,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if opts.MaxConcurrentReconciles < 1 || opts.ReconcileTimeout < time.Second {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1 (got %d) and --reconcile-timeout at least 1s (got %s)",
 			opts.MaxConcurrentReconciles, opts.ReconcileTimeout)
+	}
+	if opts.PhaseTimeout < time.Second {
+		return fmt.Errorf("--phase-timeout must be at least 1s, got %s", opts.PhaseTimeout)
 	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -186,6 +194,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         opts.Image,
 		StatusRefresh: opts.StatusRefresh,
+		PhaseTimeout:  opts.PhaseTimeout,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FlashSale controller: %w", err)
 	}

@@ -328,4 +328,9 @@ func TestRunRefusesBadConcurrencySettings(t *testing.T) {
 			t.Fatalf("Run = %v", err)
 		}
 	}
+	opts := DefaultOptions()
+	opts.PhaseTimeout = 0
+	if err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts); err == nil || !strings.Contains(err.Error(), "--phase-timeout") {
+		t.Fatalf("Run with --phase-timeout 0 = %v", err)
+	}
 }

@@ -3,6 +3,8 @@
 -- KEYS[1] meta
 -- ARGV[1] state: OPEN | NOT_STARTED | PAUSED | ENDED | FAIL_CLOSED
 -- ARGV[2] epoch the caller believes current (0: any)
+-- ARGV[3] optional: change the shard only when its state is this one (a shard
+--         in another state is left as it is and counts as set)
 --
 -- Returns 1 set (or already so), 0 no meta (the shard lost its data: rebuild first),
 --        -1 the meta carries another epoch (the caller is stale), -2 being rebuilt
@@ -15,6 +17,9 @@ if cur[1] == 'REBUILDING' then
 end
 if tonumber(ARGV[2]) ~= 0 and tonumber(cur[2]) ~= tonumber(ARGV[2]) then
   return -1
+end
+if ARGV[3] and ARGV[3] ~= '' and cur[1] ~= ARGV[3] then
+  return 1
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1])
 return 1
