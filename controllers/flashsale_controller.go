@@ -387,19 +387,22 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 	return false, nil
 }
 
-// closeShards writes the spec's closing gate on every shard when one is
-// OPEN, and returns the gate when every shard holds it. A shard being
-// rebuilt is left to the rebuild, which opens it in the gate of its moment;
-// shards closed otherwise (failed closed) are left as they are.
+// closeShards writes the spec's closing gate on every shard that is OPEN,
+// and returns the gate when no shard is left OPEN (the others hold it, or
+// are closed otherwise: failed closed, or not started yet). A shard being
+// rebuilt is left to the rebuild, which opens it in the gate of its moment.
 func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *stock.Store) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
 	if gate == stock.StateOpen {
 		return ""
 	}
-	// A context of its own: the reconcile's may be spent on a hung ledger.
+	// Contexts of their own: the reconcile's may be spent on a hung ledger,
+	// and a read that hangs must not spend the write's time.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout/2)
+	states, err := store.State(rctx)
+	rcancel()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 	defer cancel()
-	states, err := store.State(ctx)
 	if err == nil {
 		switch {
 		case !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != gate }):
@@ -748,6 +751,9 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 		if err := s.conn.engine.SetGate(ctx, s.window.Gate, s.epoch); err != nil {
 			r.unhealthy(s, err)
 			return true, nil
+		}
+		if s.window.Gate != stock.StateOpen {
+			s.closed = s.window.Gate
 		}
 		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)
 		break

@@ -881,7 +881,7 @@ func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.statusRefresh = time.Minute // no refresh of its own meanwhile
 	e.phaseTimeout = 10 * time.Second
-	e.startController()
+	stop := e.startController()
 	fs := e.openSale("stalled", 10)
 	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -898,17 +898,21 @@ func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 	// Sooner than any step waiting on the ledger could give up.
 	testharness.Eventually(t, 5*time.Second, "every shard PAUSED while the ledger hangs", every(stock.StatePaused))
 
-	// A deletion while it hangs ends the sale once the reconcile waiting on
-	// the ledger has given up (one sale is reconciled once at a time), and
-	// waits.
+	// Restarted while it hangs, even to open a connection (the migrations'
+	// table locked too): a deletion ends the sale through Redis once the
+	// steps waiting on the ledger have given up, and waits.
+	stop()
+	releaseMigrations := e.holdLedger("LOCK TABLE flashsale_schema_migrations IN ACCESS EXCLUSIVE MODE")
+	e.startController()
 	ctx := context.Background()
 	if err := k8s.Delete(ctx, fs); err != nil {
 		t.Fatal(err)
 	}
-	testharness.Eventually(t, 15*time.Second, "every shard ENDED while the ledger hangs", every(stock.StateEnded))
+	testharness.Eventually(t, 30*time.Second, "every shard ENDED while the ledger hangs", every(stock.StateEnded))
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stalled"}, &flashsalev1alpha1.FlashSale{}); err != nil {
 		t.Fatalf("deleted while the ledger hangs: %v", err)
 	}
+	releaseMigrations()
 	release()
 	testharness.Eventually(t, settle, "the FlashSale gone", func() bool {
 		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stalled"}, &flashsalev1alpha1.FlashSale{}))

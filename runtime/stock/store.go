@@ -439,9 +439,10 @@ var ErrBadState = errors.New("unknown gate state")
 
 // SetGate writes the gate state of every shard and returns the per-shard outcome
 // (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
-// A shard that fails does not stop the others (on a Redis Cluster with a
-// master down, the shards of the other masters still close); the error names
-// every shard that failed.
+// Opening goes shard by shard and stops at the first that fails. Closing
+// writes every shard at once (gateParallel in flight), so that on a Redis
+// Cluster a master that is down or hangs holds up only its own shards; the
+// error names every shard that failed.
 func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
 	return s.setGate(ctx, state, epoch, "")
 }
@@ -462,23 +463,42 @@ func (s *Store) setGate(ctx context.Context, state string, epoch int64, from str
 		return nil, fmt.Errorf("%w: %q", ErrBadState, state)
 	}
 	out := make([]int, len(s.shards))
-	var errs []error
-	for i, k := range s.shards {
-		n, err := gateScript.Run(ctx, s.rdb, []string{k.Meta()}, state, epoch, from).Int()
+	gate := func(i int) error {
+		n, err := gateScript.Run(ctx, s.rdb, []string{s.shards[i].Meta()}, state, epoch, from).Int()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("gate shard %d: %w", i, err))
-			if ctx.Err() != nil {
-				break // no time left for the others
-			}
-			continue
+			return fmt.Errorf("gate shard %d: %w", i, err)
 		}
 		out[i] = n
+		return nil
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	if state == StateOpen {
+		for i := range s.shards {
+			if err := gate(i); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	errs := make([]error, len(s.shards))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, gateParallel)
+	for i := range s.shards {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = gate(i)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
+
+// gateParallel bounds the gate writes in flight when closing.
+const gateParallel = 32
 
 // ErrRebuilt refuses an allocation change on a shard that is being rebuilt,
 // or was rebuilt at another epoch than the ledger's the caller read: the

@@ -328,9 +328,11 @@ func TestRunRefusesBadConcurrencySettings(t *testing.T) {
 			t.Fatalf("Run = %v", err)
 		}
 	}
-	opts := DefaultOptions()
-	opts.PhaseTimeout = 0
-	if err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts); err == nil || !strings.Contains(err.Error(), "--phase-timeout") {
-		t.Fatalf("Run with --phase-timeout 0 = %v", err)
+	for _, phase := range []time.Duration{0, 10 * time.Minute} {
+		opts := DefaultOptions()
+		opts.PhaseTimeout = phase
+		if err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts); err == nil || !strings.Contains(err.Error(), "--phase-timeout") {
+			t.Fatalf("Run with --phase-timeout %s = %v", phase, err)
+		}
 	}
 }
