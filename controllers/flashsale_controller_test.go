@@ -914,9 +914,7 @@ func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 	}
 	releaseMigrations()
 	release()
-	testharness.Eventually(t, settle, "the FlashSale gone", func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stalled"}, &flashsalev1alpha1.FlashSale{}))
-	})
+	e.waitGone("stalled", settle)
 }
 
 func TestMissingSecretOrKeyIsNamed(t *testing.T) {
@@ -1086,9 +1084,7 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	if err := k8s.Delete(ctx, fs); err != nil {
 		t.Fatal(err)
 	}
-	testharness.Eventually(t, settle, "the FlashSale gone", func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash"}, &flashsalev1alpha1.FlashSale{}))
-	})
+	e.waitGone("clash", settle)
 	var d appsv1.Deployment
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash-reserve"}, &d); err != nil || !d.DeletionTimestamp.IsZero() {
 		t.Fatalf("the Deployment that was not the sale's was deleted with it: %v", err)
@@ -1278,9 +1274,7 @@ func TestDeletionWaitingForRedisSaysWhy(t *testing.T) {
 	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testharness.Eventually(t, 30*time.Second, "the FlashSale gone", func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stuck"}, &flashsalev1alpha1.FlashSale{}))
-	})
+	e.waitGone("stuck", 30*time.Second)
 }
 
 // A first seeding cut short (the operator restarted between the ledger's
@@ -1330,12 +1324,6 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 	pruned := e.openSale("pruned", 10)
 	orphaned := e.openSale("orphaned", 10)
 	ctx := context.Background()
-	gone := func(name string) {
-		t.Helper()
-		testharness.Eventually(t, settle, name+" gone", func() bool {
-			return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: name}, &flashsalev1alpha1.FlashSale{}))
-		})
-	}
 	cleaned := func(fs *flashsalev1alpha1.FlashSale) bool {
 		t.Helper()
 		rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
@@ -1363,7 +1351,7 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 	if err := k8s.Delete(ctx, pruned); err != nil {
 		t.Fatal(err)
 	}
-	gone("pruned")
+	e.waitGone("pruned", settle)
 	if !cleaned(pruned) {
 		t.Fatal("a sale deleted with its Secrets kept its Redis keys or ledger campaign")
 	}
@@ -1376,7 +1364,7 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 	if err := k8s.Delete(ctx, orphaned); err != nil {
 		t.Fatal(err)
 	}
-	gone("orphaned")
+	e.waitGone("orphaned", settle)
 	if !hasEvent(t, e.ns, "orphaned", controllers.ReasonCleanupSkipped) {
 		t.Fatal("no CleanupSkipped event")
 	}
@@ -1420,9 +1408,7 @@ func TestDeletionWaitsForTheLedger(t *testing.T) {
 	if err := pg.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testharness.Eventually(t, 30*time.Second, "the FlashSale gone", func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "waiting"}, &flashsalev1alpha1.FlashSale{}))
-	})
+	e.waitGone("waiting", 30*time.Second)
 	if n, err := store.DeleteAll(ctx); err != nil || n != 0 {
 		t.Fatalf("%d Redis keys left (%v)", n, err)
 	}
@@ -1455,9 +1441,7 @@ func TestDeletionAfterARestartWithTheLedgerDown(t *testing.T) {
 	if err := pg.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testharness.Eventually(t, 30*time.Second, "the FlashSale gone", func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "restarted"}, &flashsalev1alpha1.FlashSale{}))
-	})
+	e.waitGone("restarted", 30*time.Second)
 	if n, err := store.DeleteAll(ctx); err != nil || n != 0 {
 		t.Fatalf("%d Redis keys left (%v)", n, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -271,6 +272,14 @@ func (e *env) waitFor(name string, timeout time.Duration, what string, cond func
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// waitGone waits until the FlashSale is deleted (its finalizer done).
+func (e *env) waitGone(name string, timeout time.Duration) {
+	e.t.Helper()
+	testharness.Eventually(e.t, timeout, name+" gone", func() bool {
+		return apierrors.IsNotFound(k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, &flashsalev1alpha1.FlashSale{}))
+	})
 }
 
 func conditionIs(fs *flashsalev1alpha1.FlashSale, typ string, status metav1.ConditionStatus) bool {
