@@ -387,9 +387,10 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 	return false, nil
 }
 
-// closeShards writes the spec's closing gate on every shard that is OPEN,
-// and returns the gate when no shard is left OPEN (the others hold it, or
-// are closed otherwise: failed closed, or not started yet). A shard being
+// closeShards writes the spec's closing gate on every shard that is OPEN
+// (shards closed otherwise keep their state: failed closed, or a gate the
+// schedule has moved past, which applyGates writes once the ledger answers),
+// and returns the gate when every shard is known to hold it. A shard being
 // rebuilt is left to the rebuild, which opens it in the gate of its moment.
 func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *stock.Store) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
@@ -403,13 +404,17 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	rcancel()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 	defer cancel()
+	// held: once the open shards are closed, every shard holds the gate (the
+	// others did already). Not known when the state could not be read.
+	held := false
 	if err == nil {
-		switch {
-		case !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != gate }):
-			return gate
-		case !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State == stock.StateOpen }):
+		if !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State == stock.StateOpen }) {
+			if !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != gate }) {
+				return gate
+			}
 			return ""
 		}
+		held = !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != stock.StateOpen && st.State != gate })
 	}
 	// Any epoch: closing is right whoever seeded or rebuilt the shard.
 	out, err := store.CloseOpen(ctx, gate)
@@ -422,6 +427,9 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		return ""
 	}
 	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
+	if !held {
+		return ""
+	}
 	return gate
 }
 

@@ -895,8 +895,10 @@ func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 	time.Sleep(2 * time.Second) // the creation's own reconciles are over
 	release := e.holdLedger("LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE")
 	updateSpec(t, e.ns, "stalled", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
-	// Sooner than any step waiting on the ledger could give up.
-	testharness.Eventually(t, 5*time.Second, "every shard PAUSED while the ledger hangs", every(stock.StatePaused))
+	// Nothing else would close it while the ledger hangs: the operator's
+	// connections are open, so no step fails to open them. (The window
+	// allows for a reconcile already waiting on the ledger.)
+	testharness.Eventually(t, 2*e.phaseTimeout, "every shard PAUSED while the ledger hangs", every(stock.StatePaused))
 
 	// Restarted while it hangs, even to open a connection (the migrations'
 	// table locked too): a deletion ends the sale through Redis once the
@@ -908,7 +910,7 @@ func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 	if err := k8s.Delete(ctx, fs); err != nil {
 		t.Fatal(err)
 	}
-	testharness.Eventually(t, 30*time.Second, "every shard ENDED while the ledger hangs", every(stock.StateEnded))
+	testharness.Eventually(t, 3*e.phaseTimeout+15*time.Second, "every shard ENDED while the ledger hangs", every(stock.StateEnded))
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "stalled"}, &flashsalev1alpha1.FlashSale{}); err != nil {
 		t.Fatalf("deleted while the ledger hangs: %v", err)
 	}

@@ -209,8 +209,11 @@ func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport
 	}
 	rep.Gate = gate()
 	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
-		// Shards are written one by one: close again those that opened.
-		_, _ = e.store.SetGate(ctx, stock.StateFailClosed, 0)
+		// Shards are written one by one: close again those that opened, on
+		// a context of its own (the open may have failed on a spent one).
+		cctx, cancel := detached(ctx)
+		_, _ = e.store.SetGate(cctx, stock.StateFailClosed, 0)
+		cancel()
 		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
 	}
 	for _, p := range plans {

@@ -440,9 +440,9 @@ var ErrBadState = errors.New("unknown gate state")
 // SetGate writes the gate state of every shard and returns the per-shard outcome
 // (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
 // Opening goes shard by shard and stops at the first that fails. Closing
-// writes every shard at once (gateParallel in flight), so that on a Redis
-// Cluster a master that is down or hangs holds up only its own shards; the
-// error names every shard that failed.
+// writes every shard at once, so that on a Redis Cluster a master that is
+// down or hangs holds up only its own shards; the error names the first few
+// shards that failed and counts the rest.
 func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
 	return s.setGate(ctx, state, epoch, "")
 }
@@ -481,24 +481,30 @@ func (s *Store) setGate(ctx context.Context, state string, epoch int64, from str
 	}
 	errs := make([]error, len(s.shards))
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, gateParallel)
 	for i := range s.shards {
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer wg.Done()
 			errs[i] = gate(i)
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	var failed []error
+	for _, err := range errs {
+		if err != nil {
+			failed = append(failed, err)
+		}
 	}
-	return out, nil
+	// A short error: it ends up in the sale's conditions.
+	const shown = 4
+	switch {
+	case len(failed) == 0:
+		return out, nil
+	case len(failed) > shown:
+		return nil, fmt.Errorf("%w (and %d more shards)", errors.Join(failed[:shown]...), len(failed)-shown)
+	}
+	return nil, errors.Join(failed...)
 }
-
-// gateParallel bounds the gate writes in flight when closing.
-const gateParallel = 32
 
 // ErrRebuilt refuses an allocation change on a shard that is being rebuilt,
 // or was rebuilt at another epoch than the ledger's the caller read: the
