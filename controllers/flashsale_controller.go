@@ -178,9 +178,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if s.ledgerDown && s.conn == nil && s.refs != nil {
 		// The connections did not open because the ledger did not: close
 		// through Redis alone.
-		rdb := s.refs.redis.Client()
-		s.closed = r.closeShards(ctx, s, stock.New(rdb, string(s.fs.UID), int(resolve(s.fs).shards)))
-		_ = rdb.Close()
+		store, done := redisOnly(s.fs, s.refs)
+		s.closed = r.closeShards(ctx, s, store)
+		done()
 	}
 	if !completed && s.closed != "" {
 		// observe did not run: the phase says what the shards hold.
@@ -376,6 +376,20 @@ func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
 // closeTimeout bounds a closing gate written ahead of the ledger phases.
 const closeTimeout = 5 * time.Second
 
+// closingContext bounds a closing gate write by closeTimeout, whatever is
+// left of ctx: the reconcile's may be spent on a hung ledger.
+func closingContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+}
+
+// redisOnly is the sale's Store on a Redis client of its own, for closing
+// the sale when its connections did not open because the ledger did not;
+// done closes the client.
+func redisOnly(fs *flashsalev1alpha1.FlashSale, refs *references) (store *stock.Store, done func()) {
+	rdb := refs.redis.Client()
+	return stock.New(rdb, string(fs.UID), int(resolve(fs).shards)), func() { _ = rdb.Close() }
+}
+
 // closeFirst writes the closing gate the spec asks for (paused, ended, not
 // yet started) before any phase that needs the ledger. Closing needs only
 // Redis, and a ledger that hangs or refuses the operator while the reserve
@@ -397,24 +411,29 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	if gate == stock.StateOpen {
 		return ""
 	}
-	// Contexts of their own: the reconcile's may be spent on a hung ledger,
-	// and a read that hangs must not spend the write's time.
+	// The read has a context of its own: one that hangs must not spend the
+	// write's time.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout/2)
 	states, err := store.State(rctx)
 	rcancel()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	ctx, cancel := closingContext(ctx)
 	defer cancel()
-	// held: once the open shards are closed, every shard holds the gate (the
-	// others did already). Not known when the state could not be read.
-	held := false
-	if err == nil {
-		if !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State == stock.StateOpen }) {
-			if !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != gate }) {
-				return gate
-			}
-			return ""
+	// others: every shard that is not OPEN holds the gate already. Not known
+	// when the state could not be read.
+	open, others := false, err == nil
+	for _, st := range states {
+		switch {
+		case st.State == stock.StateOpen:
+			open = true
+		case st.State != gate:
+			others = false
 		}
-		held = !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != stock.StateOpen && st.State != gate })
+	}
+	if err == nil && !open {
+		if others {
+			return gate
+		}
+		return ""
 	}
 	// Any epoch: closing is right whoever seeded or rebuilt the shard.
 	out, err := store.CloseOpen(ctx, gate)
@@ -427,7 +446,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		return ""
 	}
 	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
-	if !held {
+	if !others {
 		return ""
 	}
 	return gate
@@ -542,7 +561,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		// Close every shard at once (shards without meta already refuse), say so, and
 		// rebuild on the next reconcile, right after this status is written.
 		// On a context of its own: a slow ledger may have spent the phase's.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		cctx, cancel := closingContext(ctx)
 		_, _ = eng.Store().SetGate(cctx, stock.StateFailClosed, 0)
 		cancel()
 		s.fs.Status.Phase = flashsalev1alpha1.PhaseFailClosed
@@ -1163,10 +1182,10 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		if errors.As(err, &le) {
 			// The deletion waits for the ledger; the sale is ended meanwhile,
 			// through Redis alone.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-			rdb := refs.redis.Client()
-			_, _ = stock.New(rdb, string(fs.UID), int(set.shards)).SetGate(cctx, stock.StateEnded, 0)
-			_ = rdb.Close()
+			cctx, cancel := closingContext(ctx)
+			store, done := redisOnly(fs, &refs)
+			_, _ = store.SetGate(cctx, stock.StateEnded, 0)
+			done()
 			cancel()
 		}
 		if err != nil {

@@ -320,16 +320,19 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 	if target < 0 {
 		return false, fmt.Errorf("%w: allocation %d is negative", ErrInvalid, target)
 	}
-	// Changes already recorded are settled first: a recorded decrease owns the
-	// units withdrawn for it, and the give-backs below would otherwise put them
-	// back into stock before the decrease takes them out of the allocation.
-	changed, err := e.applyRecordedChanges(ctx)
-	if err != nil {
-		return false, err
-	}
+	// The epoch is read first: a rebuild that starts after it refuses the
+	// changes below (stock.ErrRebuilt) and includes them in its own snapshot.
+	// Applying recorded changes moves neither the allocation nor the epoch.
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return false, ledgerFailure("campaign", err)
+	}
+	// Changes already recorded are settled first: a recorded decrease owns the
+	// units withdrawn for it, and the give-backs below would otherwise put them
+	// back into stock before the decrease takes them out of the allocation.
+	changed, err := e.applyRecordedChanges(ctx, c.Epoch)
+	if err != nil {
+		return false, err
 	}
 	switch {
 	case target > c.Allocation:
@@ -352,18 +355,13 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 			return false, err
 		}
 	}
-	applied, err := e.applyRecordedChanges(ctx)
+	applied, err := e.applyRecordedChanges(ctx, c.Epoch)
 	return changed || applied, err
 }
 
-// applyRecordedChanges applies every change the ledger holds and Redis does not.
-// The epoch is read first: a rebuild that starts after it is refused to the
-// changes (stock.ErrRebuilt), and includes them in its own snapshot.
-func (e *Engine) applyRecordedChanges(ctx context.Context) (bool, error) {
-	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
-	if err != nil {
-		return false, ledgerFailure("campaign", err)
-	}
+// applyRecordedChanges applies every change the ledger holds and Redis does
+// not, under epoch, the ledger's as the caller read it before the changes.
+func (e *Engine) applyRecordedChanges(ctx context.Context, epoch int64) (bool, error) {
 	changes, err := e.ledger.UnappliedChanges(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return false, ledgerFailure("unapplied changes", err)
@@ -378,7 +376,7 @@ func (e *Engine) applyRecordedChanges(ctx context.Context) (bool, error) {
 			if !increase {
 				stockDelta, settled = 0, -d
 			}
-			n, err := e.store.Adjust(ctx, shard, c.Epoch, ch.ID, d, stockDelta, settled)
+			n, err := e.store.Adjust(ctx, shard, epoch, ch.ID, d, stockDelta, settled)
 			if err != nil {
 				return false, err
 			}

@@ -23,7 +23,7 @@ type Change struct {
 }
 
 const (
-	sqlLockCampaignAllocation = `SELECT allocation, shards, deleted_at IS NOT NULL
+	sqlLockCampaignAllocation = `SELECT allocation, shards, deleted_at IS NOT NULL, epoch
 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`
 
 	sqlShardAllocations = `SELECT allocation FROM flashsale_shards WHERE campaign_id = $1 ORDER BY shard`
@@ -74,10 +74,10 @@ func (l *Ledger) PlanAllocationIncrease(ctx context.Context, campaignID string, 
 	var ch Change
 	var planned bool
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		var current int64
+		var current, now int64 // now: the epoch, unused here
 		var shards int
 		var deleted bool
-		if err := tx.QueryRow(ctx, sqlLockCampaignAllocation, campaignID).Scan(&current, &shards, &deleted); err != nil {
+		if err := tx.QueryRow(ctx, sqlLockCampaignAllocation, campaignID).Scan(&current, &shards, &deleted, &now); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("%w: %s", ErrCampaignNotFound, campaignID)
 			}
@@ -168,8 +168,6 @@ WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')`
 // epoch a rebuild has replaced since: the rebuild put them back into stock.
 var ErrEpochChanged = errors.New("the campaign was rebuilt since the units were withdrawn")
 
-const sqlCampaignEpoch = `SELECT epoch FROM flashsale_campaigns WHERE campaign_id = $1`
-
 // RecordAllocationDecrease records a decrease from → to whose units Redis has
 // already withdrawn from stock, shardDeltas (≤ 0) per shard, under epoch. In one
 // transaction with the campaign row locked it checks that the allocation is
@@ -180,10 +178,10 @@ const sqlCampaignEpoch = `SELECT epoch FROM flashsale_campaigns WHERE campaign_i
 func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string, epoch, from, to int64, shardDeltas []int64) (Change, error) {
 	ch := Change{CampaignID: campaignID, FromAllocation: from, ToAllocation: to, ShardDeltas: shardDeltas}
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		var current int64
+		var current, now int64 // now: the campaign's epoch
 		var shards int
 		var deleted bool
-		if err := tx.QueryRow(ctx, sqlLockCampaignAllocation, campaignID).Scan(&current, &shards, &deleted); err != nil {
+		if err := tx.QueryRow(ctx, sqlLockCampaignAllocation, campaignID).Scan(&current, &shards, &deleted, &now); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("%w: %s", ErrCampaignNotFound, campaignID)
 			}
@@ -195,10 +193,6 @@ func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string
 				return fmt.Errorf("a decrease cannot add %d units to a shard", d)
 			}
 			sum += d
-		}
-		var now int64
-		if err := tx.QueryRow(ctx, sqlCampaignEpoch, campaignID).Scan(&now); err != nil {
-			return err
 		}
 		switch {
 		case deleted:
