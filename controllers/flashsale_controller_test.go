@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -1357,6 +1358,16 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 	if !cleaned(pruned) {
 		t.Fatal("a sale deleted with its Secrets kept its Redis keys or ledger campaign")
 	}
+	// A reconcile queued by the children's deletion can read the sale from
+	// a cache that still holds it with its finalizer.
+	old := pruned.DeepCopy()
+	old.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	old.Finalizers = []string{controllers.Finalizer}
+	e.stale.Store(old)
+	if _, err := e.reconciler.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pruned)}); err != nil {
+		t.Fatalf("reconcile of a sale the cache still holds: %v", err)
+	}
+	e.stale.Store(nil)
 	if hasEvent(t, e.ns, "pruned", controllers.ReasonCleanupSkipped) {
 		t.Fatal("CleanupSkipped for a sale that was cleaned up")
 	}

@@ -67,8 +67,12 @@ type env struct {
 	dsn       string
 	// deploymentUpdates counts the controller's Updates of Deployments.
 	deploymentUpdates atomic.Int64
-	// mgr is the running controller's manager (startController).
-	mgr ctrl.Manager
+	// mgr is the running controller's manager, and reconciler its
+	// reconciler (startController).
+	mgr        ctrl.Manager
+	reconciler *controllers.FlashSaleReconciler
+	// stale, when set, is what the controller's client reads for that sale.
+	stale atomic.Pointer[flashsalev1alpha1.FlashSale]
 	// reconcileTimeout, when set, bounds each reconcile (--reconcile-timeout).
 	reconcileTimeout time.Duration
 	// phaseTimeout, when set, bounds each phase of a reconcile.
@@ -81,13 +85,25 @@ type env struct {
 	statusRefresh time.Duration
 }
 
-// countingClient counts the Updates of Deployments that go through it.
-type countingClient struct {
+// testClient counts the Updates of Deployments that go through it, and can
+// answer a Get of one FlashSale with an old copy, as a cache that lags does.
+type testClient struct {
 	client.Client
 	deploymentUpdates *atomic.Int64
+	stale             *atomic.Pointer[flashsalev1alpha1.FlashSale]
 }
 
-func (c countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+func (c testClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if fs, ok := obj.(*flashsalev1alpha1.FlashSale); ok {
+		if old := c.stale.Load(); old != nil && client.ObjectKeyFromObject(old) == key {
+			old.DeepCopyInto(fs)
+			return nil
+		}
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c testClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	if _, ok := obj.(*appsv1.Deployment); ok {
 		c.deploymentUpdates.Add(1)
 	}
@@ -158,7 +174,7 @@ func (e *env) startController() (stop func()) {
 		e.t.Fatal(err)
 	}
 	r := &controllers.FlashSaleReconciler{
-		Client:        countingClient{mgr.GetClient(), &e.deploymentUpdates},
+		Client:        testClient{mgr.GetClient(), &e.deploymentUpdates, &e.stale},
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         "flashsale-operator:test",
 		StatusRefresh: cmp.Or(e.statusRefresh, time.Second),
@@ -170,6 +186,7 @@ func (e *env) startController() (stop func()) {
 		e.t.Fatal(err)
 	}
 	e.mgr = mgr
+	e.reconciler = r
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
