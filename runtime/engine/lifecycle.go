@@ -321,8 +321,8 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 		return false, fmt.Errorf("%w: allocation %d is negative", ErrInvalid, target)
 	}
 	// The epoch is read first: a rebuild that starts after it refuses the
-	// changes below (stock.ErrRebuilt) and includes them in its own snapshot.
-	// Applying recorded changes moves neither the allocation nor the epoch.
+	// withdrawals below (stock.ErrRebuilt). Applying recorded changes moves
+	// neither the allocation nor the epoch, and reads its own.
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return false, ledgerFailure("campaign", err)
@@ -330,7 +330,7 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 	// Changes already recorded are settled first: a recorded decrease owns the
 	// units withdrawn for it, and the give-backs below would otherwise put them
 	// back into stock before the decrease takes them out of the allocation.
-	changed, err := e.applyRecordedChanges(ctx, c.Epoch)
+	changed, err := e.applyRecordedChanges(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -355,14 +355,14 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 			return false, err
 		}
 	}
-	applied, err := e.applyRecordedChanges(ctx, c.Epoch)
+	applied, err := e.applyRecordedChanges(ctx)
 	return changed || applied, err
 }
 
 // applyRecordedChanges applies every change the ledger holds and Redis does
-// not, under epoch, the ledger's as the caller read it before the changes.
-func (e *Engine) applyRecordedChanges(ctx context.Context, epoch int64) (bool, error) {
-	changes, err := e.ledger.UnappliedChanges(ctx, e.cfg.CampaignID)
+// not, under the epoch read with them (see ledger.UnappliedChanges).
+func (e *Engine) applyRecordedChanges(ctx context.Context) (bool, error) {
+	epoch, changes, err := e.ledger.UnappliedChanges(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return false, ledgerFailure("unapplied changes", err)
 	}

@@ -996,6 +996,83 @@ func TestAllocationChangeDuringARebuildIsRefused(t *testing.T) {
 	}
 }
 
+// A restock planned after another operator's rebuild took its snapshot, by
+// an engine that read the epoch before the rebuild began, must not reach the
+// shards the rebuild has not rewritten yet: the rebuild would overwrite them,
+// and the change, marked applied, would never be in Redis.
+func TestRestockPlannedAfterARebuildSnapshot(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(100), withShards(4))
+	ctx := context.Background()
+	reserveMany(t, f, "held", 10)
+	before := f.counts()
+	lock, err := pgx.ConnectConfig(ctx, f.l.Pool().Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close(ctx)
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The engine reads the epoch, then waits for this lock to list the
+	// changes; the rebuild bumps the epoch, then waits for it to absorb them.
+	if _, err := tx.Exec(ctx, `LOCK TABLE flashsale_allocation_changes IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	waiters := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var got int
+			if err := f.l.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sessions wait for the lock, want %d", got, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	applied := make(chan error, 1)
+	go func() {
+		_, err := f.e.ApplyAllocation(ctx, 140)
+		applied <- err
+	}()
+	waiters(1)
+	rebuilt := make(chan error, 1)
+	go func() {
+		_, err := f.l.BeginRebuild(ctx, f.cfg.CampaignID, 0)
+		rebuilt <- err
+	}()
+	waiters(2)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-rebuilt; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-applied; !errors.Is(err, stock.ErrRebuilt) {
+		t.Fatalf("a restock planned after the rebuild's snapshot, on shards of the old epoch: %v, want ErrRebuilt", err)
+	}
+	if c := f.counts(); c.Available != before.Available {
+		t.Fatalf("the refused restock changed the shards: %+v, before %+v", c, before)
+	}
+	// The rebuild done, the restock is applied once.
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.ApplyAllocation(ctx, 140); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Allocation != 140 || c.Available != 130 {
+		t.Fatalf("counts after the rebuild and the restock: %+v", c)
+	}
+}
+
 // A decrease that finds units withdrawn on a shard the rebuild has not
 // rewritten yet (an earlier attempt's, pending) must not record them: the
 // rebuild drops that withdrawal and the units come back into stock.

@@ -44,6 +44,8 @@ WHERE campaign_id = $1`
 	sqlUnappliedChanges = `SELECT ` + changeColumns + ` FROM flashsale_allocation_changes
 WHERE campaign_id = $1 AND applied_at IS NULL ORDER BY change_id`
 
+	sqlCampaignEpoch = `SELECT epoch FROM flashsale_campaigns WHERE campaign_id = $1`
+
 	sqlMarkChangeApplied = `UPDATE flashsale_allocation_changes SET applied_at = COALESCE(applied_at, now())
 WHERE change_id = $1`
 )
@@ -128,21 +130,39 @@ func (l *Ledger) PlanAllocationIncrease(ctx context.Context, campaignID string, 
 }
 
 // UnappliedChanges lists the campaign's changes that Redis does not hold
-// yet, oldest first.
-func (l *Ledger) UnappliedChanges(ctx context.Context, campaignID string) ([]Change, error) {
-	rows, err := l.pool.Query(ctx, sqlUnappliedChanges, campaignID)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: unapplied changes %s: %w", campaignID, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Change, error) {
-		var c Change
-		err := r.Scan(&c.ID, &c.CampaignID, &c.FromAllocation, &c.ToAllocation, &c.ShardDeltas, &c.CreatedAt, &c.AppliedAt)
-		return c, err
+// yet, oldest first, with the campaign's epoch read from the same snapshot.
+// A change applied under that epoch is safe: either a rebuild's epoch bump
+// is in the snapshot, and shards it has not rewritten yet refuse the epoch,
+// or the change was recorded before the bump, and the rebuild's own
+// snapshot holds it. An epoch read earlier, apart from the changes, could
+// predate a rebuild whose snapshot misses a change listed here; the shards
+// the rebuild had not reached would take the change, and the rebuild would
+// then overwrite it.
+func (l *Ledger) UnappliedChanges(ctx context.Context, campaignID string) (int64, []Change, error) {
+	var epoch int64
+	var out []Change
+	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, sqlCampaignEpoch, campaignID).Scan(&epoch); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: %s", ErrCampaignNotFound, campaignID)
+			}
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlUnappliedChanges, campaignID)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Change, error) {
+			var c Change
+			err := r.Scan(&c.ID, &c.CampaignID, &c.FromAllocation, &c.ToAllocation, &c.ShardDeltas, &c.CreatedAt, &c.AppliedAt)
+			return c, err
+		})
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ledger: unapplied changes %s: %w", campaignID, err)
+		return 0, nil, fmt.Errorf("ledger: unapplied changes %s: %w", campaignID, err)
 	}
-	return out, nil
+	return epoch, out, nil
 }
 
 // MarkChangeApplied records that Redis holds the change's units. Repeating it

@@ -55,7 +55,7 @@ func TestPlanAllocationIncrease(t *testing.T) {
 		}
 	}
 
-	pending, err := l.UnappliedChanges(ctx, c.ID)
+	_, pending, err := l.UnappliedChanges(ctx, c.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestPlanAllocationIncrease(t *testing.T) {
 	if err := l.MarkChangeApplied(ctx, ch.ID); err != nil { // repeatable
 		t.Fatal(err)
 	}
-	if pending, _ := l.UnappliedChanges(ctx, c.ID); len(pending) != 3 || pending[0].ID == ch.ID {
+	if _, pending, _ := l.UnappliedChanges(ctx, c.ID); len(pending) != 3 || pending[0].ID == ch.ID {
 		t.Errorf("unapplied after marking %d: %+v", ch.ID, pending)
 	}
 	if err := l.MarkChangeApplied(ctx, 1<<40); !errors.Is(err, ErrNotFound) {
@@ -116,7 +116,7 @@ func TestPlanAllocationIncreaseConcurrent(t *testing.T) {
 	if got.Allocation != 1234 || sum(got.ShardAllocations) != 1234 {
 		t.Fatalf("campaign %+v", got)
 	}
-	pending, _ := l.UnappliedChanges(testCtx(t), c.ID)
+	_, pending, _ := l.UnappliedChanges(testCtx(t), c.ID)
 	if len(pending) != 1 || sum(pending[0].ShardDeltas) != 234 {
 		t.Fatalf("changes %+v", pending)
 	}

@@ -88,7 +88,7 @@ func TestBeginRebuildAbsorbsPlannedChanges(t *testing.T) {
 	if !slices.Equal(snap.Campaign.ShardAllocations, []int64{5, 5, 5}) || snap.Campaign.Allocation != 15 {
 		t.Errorf("snapshot campaign %+v", snap.Campaign)
 	}
-	if pending, err := l.UnappliedChanges(ctx, c.ID); err != nil || len(pending) != 0 {
+	if _, pending, err := l.UnappliedChanges(ctx, c.ID); err != nil || len(pending) != 0 {
 		t.Errorf("unapplied after rebuild: %v %v", pending, err)
 	}
 	// A change planned after the rebuild is Redis's to apply.
@@ -96,8 +96,16 @@ func TestBeginRebuildAbsorbsPlannedChanges(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if pending, _ := l.UnappliedChanges(ctx, c.ID); len(pending) != 1 || pending[0].ID != ch.ID {
+	epoch, pending, _ := l.UnappliedChanges(ctx, c.ID)
+	if len(pending) != 1 || pending[0].ID != ch.ID {
 		t.Errorf("unapplied %v, want change %d", pending, ch.ID)
+	}
+	// It is applied under the epoch read with it: the rebuild's.
+	if epoch != snap.Campaign.Epoch {
+		t.Errorf("unapplied changes read with epoch %d, rebuild's is %d", epoch, snap.Campaign.Epoch)
+	}
+	if _, _, err := l.UnappliedChanges(ctx, "no-such-campaign"); !errors.Is(err, ErrCampaignNotFound) {
+		t.Errorf("unapplied changes of an unknown campaign: %v", err)
 	}
 }
 
