@@ -15,7 +15,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-const shortTTL = 400 * time.Millisecond
+const shortTTL = 1500 * time.Millisecond
 
 // reserveMany makes n reservations by n users and returns their ids.
 func reserveMany(t *testing.T, f *fixture, prefix string, n int) []string {
