@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 // fakeAPI is an in-memory reserve API with the routes and answers of
@@ -401,12 +402,13 @@ func TestStormFailsOverToTheNextURL(t *testing.T) {
 	f := newFakeAPI(100)
 	srv := httptest.NewServer(f.handler())
 	defer srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// A port from the harness's reserved range: nothing else binds it while
+	// the test runs, as an ephemeral port closed again could be.
+	port, err := testharness.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	dead := fmt.Sprintf("http://127.0.0.1:%d", port)
 	cfg := baseConfig(dead, srv.URL)
 	cfg.Buyers, cfg.RetryRatio, cfg.CheckoutRatio, cfg.CancelRatio, cfg.AbandonRatio = 300, 0, 1, 0, 0
 	res, err := Run(context.Background(), cfg)
