@@ -20,7 +20,7 @@ func TestScheduledDropOpensPausesEndsAndCompletes(t *testing.T) {
 	t.Parallel()
 	ns := namespaceName("scheduled")
 	newNamespace(t, ns, env.Redis.Addr())
-	start := time.Now().Add(20 * time.Second).UTC().Truncate(time.Second)
+	start := time.Now().Add(45 * time.Second).UTC().Truncate(time.Second)
 	s := applySale(t, ns, "scheduled.yaml", map[string]any{
 		"Start": start.Format(time.RFC3339), "End": start.Add(time.Hour).Format(time.RFC3339),
 	})

@@ -85,7 +85,7 @@ func TestRedisLostMidStormIsRebuiltFromTheLedger(t *testing.T) {
 	}
 	phases := watchPhases(t, ns, s.name)
 
-	st := s.startStorm(t, "--buyers", "100000", "--duration", "10s", "--concurrency", "16",
+	st := s.startStorm(t, "--buyers", "100000", "--duration", "20s", "--concurrency", "16",
 		"--checkout-ratio", "0.8", "--cancel-ratio", "0.2", "--settle", "60s")
 	time.Sleep(3 * time.Second)
 	if err := rs.RestartEmpty(); err != nil {
