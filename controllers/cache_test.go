@@ -75,14 +75,8 @@ func TestChildThatLostItsLabelsIsTakenBack(t *testing.T) {
 	e.openSale("strip", 10)
 	ctx := context.Background()
 	key := types.NamespacedName{Namespace: e.ns, Name: "strip-reserve"}
-	var d appsv1.Deployment
-	if err := k8s.Get(ctx, key, &d); err != nil {
-		t.Fatal(err)
-	}
-	delete(d.Labels, controllers.LabelManagedBy)
-	if err := k8s.Update(ctx, &d); err != nil {
-		t.Fatal(err)
-	}
+	update(t, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}},
+		func(d *appsv1.Deployment) { delete(d.Labels, controllers.LabelManagedBy) })
 	testharness.Eventually(t, settle, "the managed-by label back", func() bool {
 		var d appsv1.Deployment
 		return k8s.Get(ctx, key, &d) == nil && d.Labels[controllers.LabelManagedBy] == controllers.ManagedBy

@@ -195,9 +195,10 @@ func kubectl(t *testing.T, args ...string) string {
 func TestScheduleGatesAndLifecycle(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	now := time.Now()
-	start, end := now.Add(4*time.Second), now.Add(9*time.Second)
-	e.apply(e.sale("scheduled", 50).schedule(start, end))
+	// An hour ahead at first, so a slow first reconcile still sees a
+	// scheduled sale; then moved to a few seconds from now, as a pipeline
+	// that brings a drop forward does.
+	e.apply(e.sale("scheduled", 50).schedule(time.Now().Add(time.Hour), time.Now().Add(2*time.Hour)))
 	fs := e.waitFor("scheduled", settle, "Scheduled", phaseIs(flashsalev1alpha1.PhaseScheduled))
 	// Children exist ahead of the start, so pods are warm before the drop.
 	var d appsv1.Deployment
@@ -208,6 +209,14 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 	r, err := eng.Reserve(context.Background(), "early", "r", 1)
 	if err != nil || r.Outcome != "CLOSED" || r.Reason != stock.StateNotStarted {
 		t.Fatalf("before start: %+v %v", r, err)
+	}
+	start := time.Now().Add(4 * time.Second).Truncate(time.Second) // as the API stores it
+	end := start.Add(5 * time.Second)
+	updateSpec(t, e.ns, "scheduled", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Schedule.Start, fs.Spec.Schedule.End = &metav1.Time{Time: start}, &metav1.Time{Time: end}
+	})
+	if r, err := eng.Reserve(context.Background(), "early", "r2", 1); err != nil || r.Outcome != "CLOSED" || r.Reason != stock.StateNotStarted {
+		t.Fatalf("before the start brought forward: %+v %v", r, err)
 	}
 	fs = e.waitFor("scheduled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 	if late := time.Since(start); late > 2*time.Second {
@@ -223,8 +232,8 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 		t.Fatalf("cancel: %v %v", c.Outcome, err)
 	}
 	fs = e.waitFor("scheduled", settle, "Completed", phaseIs(flashsalev1alpha1.PhaseCompleted))
-	if fs.Generation != 1 {
-		t.Fatalf("the controller changed the spec: generation %d", fs.Generation)
+	if fs.Generation != 2 {
+		t.Fatalf("the controller changed the spec: generation %d after one update", fs.Generation)
 	}
 	if !hasEvent(t, e.ns, "scheduled", controllers.ReasonPhaseChanged) {
 		t.Fatal("no PhaseChanged event")
@@ -387,10 +396,12 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	lost := time.Now()
 	if err := r.RestartEmpty(); err != nil {
 		t.Fatal(err)
 	}
+	// The loss can be seen once Redis answers again; a reconcile that found
+	// it down in between retries within retryUnhealthy (3 s).
+	lost := time.Now()
 	var sawFailClosed time.Duration
 	deadline := time.After(settle)
 	for sawFailClosed == 0 {
@@ -451,11 +462,7 @@ func TestSlowReconcileAcrossTheScheduleEnd(t *testing.T) {
 	e.waitFor("slow", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 	release := e.holdLedger("LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE")
 	// A label change starts a reconcile, which waits for the table.
-	fs := e.get("slow")
-	fs.Labels = map[string]string{"team": "drops"}
-	if err := k8s.Update(context.Background(), fs); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e.get("slow"), func(fs *flashsalev1alpha1.FlashSale) { fs.Labels = map[string]string{"team": "drops"} })
 	e.waitForLockWaiter("the reconcile waiting for the ledger")
 	late.Store(true)
 	release()
@@ -538,7 +545,7 @@ func TestScheduledSaleIsRefreshedSlowly(t *testing.T) {
 	e.startController()
 	e.apply(e.sale("later", 10).schedule(time.Now().Add(time.Hour), time.Time{}))
 	e.waitFor("later", settle, "Scheduled", phaseIs(flashsalev1alpha1.PhaseScheduled))
-	time.Sleep(time.Second) // the creation's own reconciles
+	time.Sleep(3 * time.Second) // the creation's own reconciles, on a slow machine too
 	ctx := context.Background()
 	w, err := k8s.Watch(ctx, &flashsalev1alpha1.FlashSaleList{}, client.InNamespace(e.ns))
 	if err != nil {
@@ -994,11 +1001,7 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 		t.Fatalf("the reserve pods rolled while the Secret is missing: %+v", after.Spec.NodeSelector)
 	}
 	// A Deployment that lost its labels meanwhile gets them back.
-	stripped := e.deployment("rotated-reserve")
-	delete(stripped.Labels, controllers.LabelManagedBy)
-	if err := k8s.Update(ctx, stripped); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e.deployment("rotated-reserve"), func(d *appsv1.Deployment) { delete(d.Labels, controllers.LabelManagedBy) })
 	testharness.Eventually(t, settle, "the managed-by label back", func() bool {
 		return e.deployment("rotated-reserve").Labels[controllers.LabelManagedBy] == controllers.ManagedBy
 	})
@@ -1072,9 +1075,14 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 	// refresh): one event says so, not one per reconcile.
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	ctx := context.Background()
-	for i := range 6 {
-		e.reserve(eng, fmt.Sprintf("buyer-%d", i))
+	// Until shortly before the end, however long the sale took to open.
+	bought := 0
+	for ; bought < 6 && time.Until(end) > 2*time.Second; bought++ {
+		e.reserve(eng, fmt.Sprintf("buyer-%d", bought))
 		time.Sleep(700 * time.Millisecond)
+	}
+	if bought == 0 {
+		t.Fatal("the sale opened less than 2 s before its end")
 	}
 	if n := countEvents(t, e.ns, "clash", controllers.ReasonChildrenFailed); n != 1 {
 		t.Fatalf("%d ChildrenFailed events while the same child failed", n)
@@ -1673,17 +1681,12 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("quiet", 10)
-	ctx := context.Background()
 	get := e.deployment
 	time.Sleep(time.Second)
 	// The Deployment controller's revision annotation (no such controller runs
 	// here): a rewrite that dropped it would change the object every time.
 	for _, name := range []string{"quiet-reserve", "quiet-sweeper"} {
-		d := get(name)
-		d.Annotations["deployment.kubernetes.io/revision"] = "1"
-		if err := k8s.Update(ctx, d); err != nil {
-			t.Fatal(err)
-		}
+		update(t, get(name), func(d *appsv1.Deployment) { d.Annotations["deployment.kubernetes.io/revision"] = "1" })
 	}
 	updates := e.deploymentUpdates.Load()
 	before := map[string]string{}
@@ -1700,15 +1703,13 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 		t.Fatalf("%d Deployment updates sent while nothing changed", n)
 	}
 
-	d := get("quiet-reserve")
-	d.Annotations["deployment.kubernetes.io/revision"] = "7"
-	d.Labels["team"] = "checkout"
-	if err := k8s.Update(ctx, d); err != nil {
-		t.Fatal(err)
-	}
+	update(t, get("quiet-reserve"), func(d *appsv1.Deployment) {
+		d.Annotations["deployment.kubernetes.io/revision"] = "7"
+		d.Labels["team"] = "checkout"
+	})
 	updateSpec(t, e.ns, "quiet", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Reservation.Replicas = ptr.To[int32](3) })
 	testharness.Eventually(t, settle, "the reserve Deployment scaled", func() bool { return *get("quiet-reserve").Spec.Replicas == 3 })
-	d = get("quiet-reserve")
+	d := get("quiet-reserve")
 	if d.Annotations["deployment.kubernetes.io/revision"] != "7" || d.Labels["team"] != "checkout" {
 		t.Fatalf("others' metadata lost: annotations %v, labels %v", d.Annotations, d.Labels)
 	}
@@ -1732,7 +1733,6 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	s.fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100u")}}
 	e.apply(s)
 	e.waitFor("placed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
-	ctx := context.Background()
 	get := e.deployment
 	for _, name := range []string{"placed-reserve", "placed-sweeper"} {
 		spec := get(name).Spec.Template.Spec
@@ -1769,11 +1769,9 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	})
 	untouched("removed")
 
-	d := get("placed-reserve")
-	d.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "policy", Operator: corev1.TolerationOpExists}}
-	if err := k8s.Update(ctx, d); err != nil {
-		t.Fatal(err)
-	}
+	update(t, get("placed-reserve"), func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "policy", Operator: corev1.TolerationOpExists}}
+	})
 	untouched("a toleration added by someone else")
 	if tol := get("placed-reserve").Spec.Template.Spec.Tolerations; len(tol) != 1 || tol[0].Key != "policy" {
 		t.Fatalf("someone else's toleration: %+v", tol)
@@ -1948,11 +1946,11 @@ func TestHungLedgerQueryIsReportedBeforeTheReconcileDeadline(t *testing.T) {
 	})
 	// Seeded without a bound (migrations, children); bounded from here on.
 	stop()
-	e.reconcileTimeout = 10 * time.Second // 7.5 s for the phases, 2.5 s for the status write
+	e.reconcileTimeout = 16 * time.Second // 12 s for the phases, 4 s for the status write
 	e.startController()
 	timeoutsBefore := reconcileTimeouts(t)
 	release := e.holdLedger("LOCK TABLE flashsale_campaigns IN ACCESS EXCLUSIVE MODE")
-	e.waitFor("hung", settle, "LedgerHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
+	e.waitFor("hung", 2*e.reconcileTimeout, "LedgerHealthy False", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse)
 	})
 	// The phases gave up before the reconcile's own deadline did.

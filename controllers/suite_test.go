@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -65,7 +66,7 @@ type env struct {
 	ns        string
 	redisAddr string
 	dsn       string
-	// deploymentUpdates counts the controller's Updates of Deployments.
+	// deploymentUpdates counts the controller's Updates of Deployments that were written.
 	deploymentUpdates atomic.Int64
 	// mgr is the running controller's manager, and reconciler its
 	// reconciler (startController).
@@ -103,11 +104,14 @@ func (c testClient) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 	return c.Client.Get(ctx, key, obj, opts...)
 }
 
+// Update counts only the updates that were written: one sent from a stale
+// copy is refused (a conflict) and changes nothing.
 func (c testClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	if _, ok := obj.(*appsv1.Deployment); ok {
+	err := c.Client.Update(ctx, obj, opts...)
+	if _, ok := obj.(*appsv1.Deployment); ok && err == nil {
 		c.deploymentUpdates.Add(1)
 	}
-	return c.Client.Update(ctx, obj, opts...)
+	return err
 }
 
 func randomSuffix() string {
@@ -266,6 +270,23 @@ func (e *env) openSale(name string, allocation int64) *flashsalev1alpha1.FlashSa
 }
 
 // deployment reads a Deployment of the test's namespace from the API server.
+// update writes a change to obj's current version, read again after a
+// conflict: the controller writes the same objects.
+func update[T client.Object](t *testing.T, obj T, change func(T)) {
+	t.Helper()
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		change(obj)
+		return k8s.Update(ctx, obj)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (e *env) deployment(name string) *appsv1.Deployment {
 	e.t.Helper()
 	var d appsv1.Deployment
