@@ -55,7 +55,11 @@ const (
 	// ones still work (a Secret or the spec changed).
 	replaceTimeout = 5 * time.Second
 	retryUnhealthy = 3 * time.Second
-	idleRefresh    = 5 * time.Minute
+	// conflictRetry is the wait before a reconcile whose status write met a
+	// newer version of the sale runs again: the cache is usually a few
+	// milliseconds behind.
+	conflictRetry = 100 * time.Millisecond
+	idleRefresh   = 5 * time.Minute
 	// scheduledRefresh is the refresh of a sale that has not started: nothing
 	// can be sold, a GitOps pipeline may hold many such sales for days, and
 	// the start's own requeue comes at the edge (where a data loss found
@@ -205,6 +209,10 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), statusWriteTime)
 	defer wcancel()
 	if werr := r.writeStatus(wctx, before, s); werr != nil {
+		if apierrors.IsConflict(werr) && err == nil {
+			// Not an error: the cache has not caught up with a write yet.
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
 	return s.result, err
@@ -1098,7 +1106,11 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 			// columns show 0 rather than nothing.
 			err = r.Status().Update(ctx, s.fs)
 		} else {
-			err = r.Status().Patch(ctx, s.fs, client.MergeFrom(before))
+			// Guarded by the resourceVersion: a reconcile that read the sale
+			// from a cache behind the last status write (a child's event
+			// queued it meanwhile) would write conditions and emit events
+			// computed from the older status. It is refused and runs again.
+			err = r.Status().Patch(ctx, s.fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 		}
 		if err != nil {
 			return err

@@ -501,6 +501,44 @@ func TestCountsSayHowOldTheyAre(t *testing.T) {
 	}
 }
 
+// A reconcile that reads the sale from a cache behind its last status write
+// does not write over it: its conditions and events would come from the
+// older status (here Redis unreachable an hour ago, which would be written
+// as recovered just now).
+func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("behind", 10)
+	old := e.get("behind")
+	hourAgo := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
+	meta.SetStatusCondition(&old.Status.Conditions, metav1.Condition{Type: flashsalev1alpha1.ConditionRedisHealthy,
+		Status: metav1.ConditionFalse, Reason: controllers.ReasonUnreachable, Message: "no answer", LastTransitionTime: hourAgo})
+	// A newer version of the sale exists.
+	update(t, e.get("behind"), func(fs *flashsalev1alpha1.FlashSale) { fs.Annotations = map[string]string{"note": "newer"} })
+	healthy := func() metav1.Time {
+		t.Helper()
+		c := meta.FindStatusCondition(e.get("behind").Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			t.Fatalf("RedisHealthy %+v", c)
+		}
+		return c.LastTransitionTime
+	}
+	since := healthy()
+	time.Sleep(time.Until(since.Add(1100 * time.Millisecond))) // a rewrite would show in the stored second
+	e.stale.Store(old)
+	_, err := e.reconciler.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(old)})
+	e.stale.Store(nil)
+	if err != nil {
+		t.Fatalf("reconcile from a stale copy: %v", err)
+	}
+	if now := healthy(); !now.Equal(&since) {
+		t.Fatalf("RedisHealthy rewritten from a stale copy: True since %s, was since %s", now, since)
+	}
+	if hasEvent(t, e.ns, "behind", controllers.ReasonRedisRecovered) {
+		t.Fatal("RedisRecovered emitted from a stale copy")
+	}
+}
+
 // While reservations move the counts, the status is written about once per
 // refresh (1 s here), not once per reconcile that each write would start.
 func TestStatusWritesFollowTheRefresh(t *testing.T) {

@@ -269,7 +269,6 @@ func (e *env) openSale(name string, allocation int64) *flashsalev1alpha1.FlashSa
 	return e.waitFor(name, settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 }
 
-// deployment reads a Deployment of the test's namespace from the API server.
 // update writes a change to obj's current version, read again after a
 // conflict: the controller writes the same objects.
 func update[T client.Object](t *testing.T, obj T, change func(T)) {
@@ -287,6 +286,7 @@ func update[T client.Object](t *testing.T, obj T, change func(T)) {
 	}
 }
 
+// deployment reads a Deployment of the test's namespace from the API server.
 func (e *env) deployment(name string) *appsv1.Deployment {
 	e.t.Helper()
 	var d appsv1.Deployment
