@@ -1106,11 +1106,7 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 			// columns show 0 rather than nothing.
 			err = r.Status().Update(ctx, s.fs)
 		} else {
-			// Guarded by the resourceVersion: a reconcile that read the sale
-			// from a cache behind the last status write (a child's event
-			// queued it meanwhile) would write conditions and emit events
-			// computed from the older status. It is refused and runs again.
-			err = r.Status().Patch(ctx, s.fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+			err = r.patchStatus(ctx, before, s.fs)
 		}
 		if err != nil {
 			return err
@@ -1124,6 +1120,29 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 		logger.Info(e.message, "event", e.kind, "reason", e.reason)
 	}
 	return nil
+}
+
+// patchStatus writes fs's status as a patch from before, guarded by the
+// resourceVersion: a reconcile that read the sale from a cache behind the
+// last status write (a child's event queued it meanwhile) would write
+// conditions and emit events computed from the older status; it gets the
+// conflict and runs again. A conflict with a change that left the status as
+// it was read (the spec, labels, finalizers) is no reason to drop what this
+// reconcile found, such as a rebuild it did: the patch is sent again on the
+// newer version.
+func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flashsalev1alpha1.FlashSale) error {
+	err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	if !apierrors.IsConflict(err) {
+		return err
+	}
+	live := &flashsalev1alpha1.FlashSale{}
+	if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID ||
+		!equality.Semantic.DeepEqual(live.Status, before.Status) {
+		return err
+	}
+	newer := before.DeepCopy()
+	newer.ResourceVersion = live.ResourceVersion
+	return r.Status().Patch(ctx, fs, client.MergeFromWithOptions(newer, client.MergeFromWithOptimisticLock{}))
 }
 
 // healthEvents says when Redis or the ledger stops answering, or refuses the

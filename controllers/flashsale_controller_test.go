@@ -539,6 +539,37 @@ func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 	}
 }
 
+// A change that leaves the status as it was (here another tool's finalizer)
+// made while a reconcile runs does not cost that reconcile its status write:
+// what it found (new counts here, a rebuild in earnest) is written.
+func TestStatusIsWrittenOverAChangeThatLeftItAlone(t *testing.T) {
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.countsStamp = 100 * time.Millisecond // every reconcile writes the status
+	e.statusRefresh = time.Minute          // and none runs unless asked
+	e.startController()
+	e.openSale("edited", 10)
+	time.Sleep(2 * time.Second) // the creation's own reconciles
+	read := e.get("edited")
+	const hold = "example.com/hold"
+	update(t, e.get("edited"), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, hold) })
+	defer update(t, e.get("edited"), func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Finalizers = slices.DeleteFunc(fs.Finalizers, func(f string) bool { return f == hold })
+	})
+	if now := e.get("edited"); !equality.Semantic.DeepEqual(now.Status, read.Status) || now.ResourceVersion == read.ResourceVersion {
+		t.Fatal("the status changed, or the finalizer did not: the test needs the status as it was read")
+	}
+	time.Sleep(time.Until(read.Status.CountsObservedAt.Add(1100 * time.Millisecond))) // a new stamp shows in the stored second
+	e.stale.Store(read)
+	_, err := e.reconciler.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(read)})
+	e.stale.Store(nil)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if got := e.get("edited").Status.CountsObservedAt; !got.After(read.Status.CountsObservedAt.Time) {
+		t.Fatalf("countsObservedAt %s, read as %s: the status was not written", got, read.Status.CountsObservedAt)
+	}
+}
+
 // While reservations move the counts, the status is written about once per
 // refresh (1 s here), not once per reconcile that each write would start.
 func TestStatusWritesFollowTheRefresh(t *testing.T) {
