@@ -131,13 +131,14 @@ func (l *Ledger) PlanAllocationIncrease(ctx context.Context, campaignID string, 
 
 // UnappliedChanges lists the campaign's changes that Redis does not hold
 // yet, oldest first, with the campaign's epoch read from the same snapshot.
-// A change applied under that epoch is safe: either a rebuild's epoch bump
-// is in the snapshot, and shards it has not rewritten yet refuse the epoch,
-// or the change was recorded before the bump, and the rebuild's own
-// snapshot holds it. An epoch read earlier, apart from the changes, could
-// predate a rebuild whose snapshot misses a change listed here; the shards
-// the rebuild had not reached would take the change, and the rebuild would
-// then overwrite it.
+// A change applied under that epoch is safe. The rebuild's epoch bump and
+// the recording of a change both lock the campaign row, so a change listed
+// here either committed before the bump, and the rebuild absorbs it into
+// its own snapshot, or after it, and then the snapshot holds the bump too:
+// shards the rebuild has not rewritten yet refuse that epoch. An epoch read
+// earlier, apart from the changes, could predate a rebuild whose snapshot
+// misses a change listed here; the shards the rebuild had not reached would
+// take the change, and the rebuild would then overwrite it.
 func (l *Ledger) UnappliedChanges(ctx context.Context, campaignID string) (int64, []Change, error) {
 	var epoch int64
 	var out []Change
