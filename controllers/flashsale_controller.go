@@ -125,10 +125,22 @@ func (s *scope) setNotReady(reason, message string) {
 	s.notReady = &metav1.Condition{Reason: reason, Message: message}
 }
 
-type event struct{ kind, reason, message string }
+type event struct {
+	kind, reason, message string
+	// fromStatus: decided by comparing with the status the reconcile read
+	// (a phase change, a condition that starts failing), not by something
+	// it did. Such an event is not sent when that status turns out stale.
+	fromStatus bool
+}
 
+// event records what the reconcile did, sent once the status is written.
 func (s *scope) event(kind, reason, format string, args ...any) {
-	s.events = append(s.events, event{kind, reason, fmt.Sprintf(format, args...)})
+	s.events = append(s.events, event{kind: kind, reason: reason, message: fmt.Sprintf(format, args...)})
+}
+
+// statusEvent records a change found against the status the reconcile read.
+func (s *scope) statusEvent(kind, reason, format string, args ...any) {
+	s.events = append(s.events, event{kind: kind, reason: reason, message: fmt.Sprintf(format, args...), fromStatus: true})
 }
 
 func (s *scope) condition(typ string, status metav1.ConditionStatus, reason, message string) {
@@ -209,8 +221,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), statusWriteTime)
 	defer wcancel()
 	if werr := r.writeStatus(wctx, before, s); werr != nil {
-		if apierrors.IsConflict(werr) && err == nil {
+		if errors.Is(werr, errStaleStatus) && err == nil {
 			// Not an error: the cache has not caught up with a write yet.
+			log.FromContext(ctx).V(1).Info("status read from a stale copy; reconciling again", "after", conflictRetry)
 			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, errors.Join(err, werr)
@@ -532,7 +545,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		// Neither seeded nor rebuilt: either would trust a ledger that does
 		// not hold what was sold. Pods writing to it are fenced (no campaign).
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonLedgerMismatch {
-			s.event(corev1.EventTypeWarning, ReasonLedgerMismatch, "%s", err.Error())
+			s.statusEvent(corev1.EventTypeWarning, ReasonLedgerMismatch, "%s", err.Error())
 		}
 		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, err.Error())
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerMismatch, err.Error())
@@ -650,7 +663,7 @@ func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, ids map[s
 	// gated and observed: only seeding and rebuilding are refused on it.
 	if err := srv.Evicting; err != nil {
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != ReasonEvictionPolicy {
-			s.event(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
+			s.statusEvent(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
 		}
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, err.Error())
 		s.setNotReady(ReasonRedisEvictionPolicy, err.Error())
@@ -701,7 +714,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		// every reservation.
 		if cond := meta.FindStatusCondition(s.fs.Status.Conditions, ConditionAllocationApplied); cond == nil ||
 			cond.Reason != ReasonAllocationRefused || cond.ObservedGeneration != s.fs.Generation {
-			s.event(corev1.EventTypeWarning, ReasonAllocationRefused, "%s", msg)
+			s.statusEvent(corev1.EventTypeWarning, ReasonAllocationRefused, "%s", msg)
 		}
 		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRefused, msg)
 		s.setNotReady(ReasonAllocationRefused, msg)
@@ -812,7 +825,7 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		// One event when it starts failing: the status changes with every
 		// refresh during a sale, so repeats would not fold into one.
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonChildrenFailed {
-			s.event(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
+			s.statusEvent(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
 		}
 		s.setNotReady(ReasonChildrenFailed, msg)
 		s.requeueAfter(retryUnhealthy)
@@ -1092,10 +1105,11 @@ func (r *FlashSaleReconciler) reportReservePods(ctx context.Context, fs *flashsa
 // a longer one is refused and the event lost.
 const eventNoteLimit = 1024
 
-// writeStatus patches the status once, only when it changed, then emits the events.
+// writeStatus patches the status, only when it changed, then emits the
+// events.
 func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsalev1alpha1.FlashSale, s *scope) error {
 	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
-		s.event(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
+		s.statusEvent(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
 	}
 	s.healthEvents(before.Status.Conditions)
 	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
@@ -1108,41 +1122,71 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 		} else {
 			err = r.patchStatus(ctx, before, s.fs)
 		}
+		if errors.Is(err, errStaleStatus) {
+			// What this reconcile did is still said; the rest comes from
+			// the next reconcile, on a fresher copy.
+			r.emit(ctx, s, false)
+		}
 		if err != nil {
 			return err
 		}
 	}
-	// Logged too: events expire after an hour, and the log is the timeline
-	// of an incident after that.
-	logger := log.FromContext(ctx)
-	for _, e := range s.events {
-		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
-		logger.Info(e.message, "event", e.kind, "reason", e.reason)
-	}
+	r.emit(ctx, s, true)
 	return nil
 }
 
+// emit sends the reconcile's events, those found against the status it
+// read only when withStatus. Logged too: events expire after an hour, and
+// the log is the timeline of an incident after that.
+func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus bool) {
+	logger := log.FromContext(ctx)
+	for _, e := range s.events {
+		if e.fromStatus && !withStatus {
+			continue
+		}
+		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
+		logger.Info(e.message, "event", e.kind, "reason", e.reason)
+	}
+}
+
+// errStaleStatus: the reconcile read a status older than the stored one.
+var errStaleStatus = errors.New("the status was read from a copy older than the stored one")
+
 // patchStatus writes fs's status as a patch from before, guarded by the
-// resourceVersion: a reconcile that read the sale from a cache behind the
-// last status write (a child's event queued it meanwhile) would write
-// conditions and emit events computed from the older status; it gets the
-// conflict and runs again. A conflict with a change that left the status as
-// it was read (the spec, labels, finalizers) is no reason to drop what this
-// reconcile found, such as a rebuild it did: the patch is sent again on the
-// newer version.
+// resourceVersion.
+//
+// A reconcile that read the sale from a cache behind the last status write
+// (a child's event queued it meanwhile) would write conditions computed from
+// the older status: it gets errStaleStatus (a conflict) and runs again. Only
+// the record of a rebuild it did is written, which no later reconcile could
+// tell.
+//
+// A conflict with a change that left the status as it was read (the spec,
+// labels, finalizers) is no reason to drop what this reconcile found: the
+// patch is sent again on the newer version.
 func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flashsalev1alpha1.FlashSale) error {
 	err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 	if !apierrors.IsConflict(err) {
 		return err
 	}
 	live := &flashsalev1alpha1.FlashSale{}
-	if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID ||
-		!equality.Semantic.DeepEqual(live.Status, before.Status) {
+	if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
 		return err
 	}
-	newer := before.DeepCopy()
-	newer.ResourceVersion = live.ResourceVersion
-	return r.Status().Patch(ctx, fs, client.MergeFromWithOptions(newer, client.MergeFromWithOptimisticLock{}))
+	if equality.Semantic.DeepEqual(live.Status, before.Status) {
+		newer := before.DeepCopy()
+		newer.ResourceVersion = live.ResourceVersion
+		return r.Status().Patch(ctx, fs, client.MergeFromWithOptions(newer, client.MergeFromWithOptimisticLock{}))
+	}
+	if rb := fs.Status.LastRebuild; rb != nil && !equality.Semantic.DeepEqual(rb, before.Status.LastRebuild) &&
+		!equality.Semantic.DeepEqual(rb, live.Status.LastRebuild) {
+		rebuilt := live.DeepCopy()
+		rebuilt.Status.LastRebuild = rb
+		if perr := r.Status().Patch(ctx, rebuilt, client.MergeFromWithOptions(live, client.MergeFromWithOptimisticLock{})); perr != nil {
+			err = perr
+		}
+	}
+	return fmt.Errorf("%w: %w", errStaleStatus, err)
 }
 
 // healthEvents says when Redis or the ledger stops answering, or refuses the
@@ -1164,9 +1208,9 @@ func (s *scope) healthEvents(before []metav1.Condition) {
 		switch {
 		case now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason):
 		case now.Status == metav1.ConditionFalse && h.failures[now.Reason] != "":
-			s.event(corev1.EventTypeWarning, h.failures[now.Reason], "%s", now.Message)
+			s.statusEvent(corev1.EventTypeWarning, h.failures[now.Reason], "%s", now.Message)
 		case now.Status == metav1.ConditionTrue && was != nil && was.Status == metav1.ConditionFalse:
-			s.event(corev1.EventTypeNormal, h.recovered, "%s again: %s", h.typ, now.Message)
+			s.statusEvent(corev1.EventTypeNormal, h.recovered, "%s again: %s", h.typ, now.Message)
 		}
 	}
 }
@@ -1193,6 +1237,7 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	if live.UID != fs.UID || !controllerutil.ContainsFinalizer(live, Finalizer) {
 		return nil
 	}
+	live.DeepCopyInto(fs) // the finalizer's patch is guarded by its resourceVersion
 	refs, err := readReferences(ctx, r.secrets, fs)
 	var refErr *referenceError
 	cached := r.conns.cached(name)

@@ -242,6 +242,13 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 
 func hasEvent(t *testing.T, ns, name, reason string) bool {
 	t.Helper()
+	return hasEventSaying(t, ns, name, reason, "")
+}
+
+// hasEventSaying waits up to settle for an event of name with reason whose
+// message contains text.
+func hasEventSaying(t *testing.T, ns, name, reason, text string) bool {
+	t.Helper()
 	deadline := time.Now().Add(settle)
 	for time.Now().Before(deadline) {
 		var list corev1.EventList
@@ -249,7 +256,7 @@ func hasEvent(t *testing.T, ns, name, reason string) bool {
 			t.Fatal(err)
 		}
 		for _, ev := range list.Items {
-			if ev.InvolvedObject.Name == name && ev.Reason == reason {
+			if ev.InvolvedObject.Name == name && ev.Reason == reason && strings.Contains(ev.Message, text) {
 				return true
 			}
 		}
@@ -504,12 +511,14 @@ func TestCountsSayHowOldTheyAre(t *testing.T) {
 // A reconcile that reads the sale from a cache behind its last status write
 // does not write over it: its conditions and events would come from the
 // older status (here Redis unreachable an hour ago, which would be written
-// as recovered just now).
+// as recovered just now). What it did is still said: here it paused the
+// sale, as the older spec asked.
 func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("behind", 10)
 	old := e.get("behind")
+	old.Spec.Paused = true
 	hourAgo := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
 	meta.SetStatusCondition(&old.Status.Conditions, metav1.Condition{Type: flashsalev1alpha1.ConditionRedisHealthy,
 		Status: metav1.ConditionFalse, Reason: controllers.ReasonUnreachable, Message: "no answer", LastTransitionTime: hourAgo})
@@ -534,9 +543,14 @@ func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 	if now := healthy(); !now.Equal(&since) {
 		t.Fatalf("RedisHealthy rewritten from a stale copy: True since %s, was since %s", now, since)
 	}
+	if !hasEventSaying(t, e.ns, "behind", controllers.ReasonGateChanged, stock.StatePaused) {
+		t.Fatal("no GateChanged event for the pause the stale reconcile wrote")
+	}
 	if hasEvent(t, e.ns, "behind", controllers.ReasonRedisRecovered) {
 		t.Fatal("RedisRecovered emitted from a stale copy")
 	}
+	// The sale as stored is not paused: the next reconcile opens it again.
+	e.waitFor("behind", settle, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
 }
 
 // A change that leaves the status as it was (here another tool's finalizer)
@@ -548,8 +562,14 @@ func TestStatusIsWrittenOverAChangeThatLeftItAlone(t *testing.T) {
 	e.statusRefresh = time.Minute          // and none runs unless asked
 	e.startController()
 	e.openSale("edited", 10)
-	time.Sleep(2 * time.Second) // the creation's own reconciles
+	// Once the creation's own reconciles are over, nothing writes the sale.
 	read := e.get("edited")
+	testharness.Eventually(t, settle, "the sale unchanged for a second", func() bool {
+		time.Sleep(time.Second)
+		now := e.get("edited")
+		defer func() { read = now }()
+		return now.ResourceVersion == read.ResourceVersion
+	})
 	const hold = "example.com/hold"
 	update(t, e.get("edited"), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, hold) })
 	defer update(t, e.get("edited"), func(fs *flashsalev1alpha1.FlashSale) {
@@ -1150,8 +1170,8 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 		e.reserve(eng, fmt.Sprintf("buyer-%d", bought))
 		time.Sleep(700 * time.Millisecond)
 	}
-	if bought == 0 {
-		t.Fatal("the sale opened less than 2 s before its end")
+	if bought < 2 {
+		t.Fatalf("%d reservations before the end: the sale opened too late to tell", bought)
 	}
 	if n := countEvents(t, e.ns, "clash", controllers.ReasonChildrenFailed); n != 1 {
 		t.Fatalf("%d ChildrenFailed events while the same child failed", n)
