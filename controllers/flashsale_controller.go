@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -89,6 +91,9 @@ type FlashSaleReconciler struct {
 	// child that lost its labels, one that is not ours).
 	apiReader client.Reader
 	secrets   *secretReader
+	// staleReads counts, per sale, the reconciles in a row whose status
+	// read was older than the stored one (*atomic.Int32).
+	staleReads sync.Map
 }
 
 // scope is what the phases of one reconcile share.
@@ -162,6 +167,7 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.conns.drop(req.NamespacedName)
+			r.staleReads.Delete(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -222,12 +228,16 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	defer wcancel()
 	if werr := r.writeStatus(wctx, before, s); werr != nil {
 		if errors.Is(werr, errStaleStatus) && err == nil {
-			// Not an error: the cache has not caught up with a write yet.
-			log.FromContext(ctx).V(1).Info("status read from a stale copy; reconciling again", "after", conflictRetry)
-			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+			// Not an error: the cache has not caught up with a write yet. A
+			// cache that stays behind gets retries further apart.
+			n, _ := r.staleReads.LoadOrStore(req.NamespacedName, new(atomic.Int32))
+			after := min(conflictRetry<<min(n.(*atomic.Int32).Add(1)-1, 8), r.statusRefresh())
+			log.FromContext(ctx).Info("status read from a copy older than the stored one; reconciling again", "after", after)
+			return ctrl.Result{RequeueAfter: after}, nil
 		}
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
+	r.staleReads.Delete(req.NamespacedName)
 	return s.result, err
 }
 
@@ -590,7 +600,9 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, msg)
 		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
 		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonFailClosed, msg)
-		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", msg)
+		// Found against the status read (its phase, its servers' run ids):
+		// a stale read finds the same loss again and must not say it twice.
+		s.statusEvent(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", msg)
 		s.result.RequeueAfter = time.Millisecond
 		return true, nil
 	}
@@ -1165,28 +1177,46 @@ var errStaleStatus = errors.New("the status was read from a copy older than the 
 // labels, finalizers) is no reason to drop what this reconcile found: the
 // patch is sent again on the newer version.
 func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flashsalev1alpha1.FlashSale) error {
-	err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-	if !apierrors.IsConflict(err) {
-		return err
-	}
-	live := &flashsalev1alpha1.FlashSale{}
-	if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
-		return err
-	}
-	if equality.Semantic.DeepEqual(live.Status, before.Status) {
-		newer := before.DeepCopy()
-		newer.ResourceVersion = live.ResourceVersion
-		return r.Status().Patch(ctx, fs, client.MergeFromWithOptions(newer, client.MergeFromWithOptimisticLock{}))
-	}
-	if rb := fs.Status.LastRebuild; rb != nil && !equality.Semantic.DeepEqual(rb, before.Status.LastRebuild) &&
-		!equality.Semantic.DeepEqual(rb, live.Status.LastRebuild) {
-		rebuilt := live.DeepCopy()
-		rebuilt.Status.LastRebuild = rb
-		if perr := r.Status().Patch(ctx, rebuilt, client.MergeFromWithOptions(live, client.MergeFromWithOptimisticLock{})); perr != nil {
-			err = perr
+	from := before
+	for attempt := 1; ; attempt++ {
+		err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(from, client.MergeFromWithOptimisticLock{}))
+		if !apierrors.IsConflict(err) {
+			return err
 		}
+		live := &flashsalev1alpha1.FlashSale{}
+		if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
+			return err
+		}
+		if !equality.Semantic.DeepEqual(live.Status, before.Status) {
+			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
+				return perr
+			}
+			return fmt.Errorf("%w: %w", errStaleStatus, err)
+		}
+		if attempt == 3 {
+			return err
+		}
+		from = before.DeepCopy()
+		from.ResourceVersion = live.ResourceVersion
 	}
-	return fmt.Errorf("%w: %w", errStaleStatus, err)
+}
+
+// keepRebuildRecord writes, over the stored status, the record of a rebuild
+// this reconcile did (lastRebuild, and the Redis servers' run ids it rebuilt
+// on, without which a restarted operator would take them for restarted and
+// rebuild again). Unguarded: these two fields are this reconcile's alone.
+func (r *FlashSaleReconciler) keepRebuildRecord(ctx context.Context, before, fs, live *flashsalev1alpha1.FlashSale) error {
+	rb := fs.Status.LastRebuild
+	if rb == nil || equality.Semantic.DeepEqual(rb, before.Status.LastRebuild) {
+		return nil
+	}
+	rebuilt := live.DeepCopy()
+	rebuilt.Status.LastRebuild = rb
+	rebuilt.Status.RedisServers = fs.Status.RedisServers
+	if equality.Semantic.DeepEqual(rebuilt.Status, live.Status) {
+		return nil
+	}
+	return r.Status().Patch(ctx, rebuilt, client.MergeFrom(live))
 }
 
 // healthEvents says when Redis or the ledger stops answering, or refuses the

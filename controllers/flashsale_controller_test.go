@@ -535,10 +535,10 @@ func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 	since := healthy()
 	time.Sleep(time.Until(since.Add(1100 * time.Millisecond))) // a rewrite would show in the stored second
 	e.stale.Store(old)
-	_, err := e.reconciler.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(old)})
+	res, err := e.reconciler.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(old)})
 	e.stale.Store(nil)
-	if err != nil {
-		t.Fatalf("reconcile from a stale copy: %v", err)
+	if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter >= time.Second {
+		t.Fatalf("reconcile from a stale copy: %+v %v, want a retry soon and no error", res, err)
 	}
 	if now := healthy(); !now.Equal(&since) {
 		t.Fatalf("RedisHealthy rewritten from a stale copy: True since %s, was since %s", now, since)
@@ -550,7 +550,73 @@ func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 		t.Fatal("RedisRecovered emitted from a stale copy")
 	}
 	// The sale as stored is not paused: the next reconcile opens it again.
-	e.waitFor("behind", settle, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
+	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
+	defer rdb.Close()
+	store := stock.New(rdb, string(old.UID), int(ptr.Deref(old.Spec.Shards, 10)))
+	testharness.Eventually(t, settle, "every shard open again", func() bool {
+		states, err := store.State(context.Background())
+		return err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != stock.StateOpen })
+	})
+}
+
+// A reconcile that rebuilds the stock but read a stale status still writes
+// the rebuild's record: no later reconcile could tell that it happened.
+func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	e.statusRefresh = time.Minute // only the reconciles below run
+	e.startController()
+	fs := e.openSale("stale-rebuild", 10)
+	const hold = "example.com/hold"
+	// The stored sale moves on (a finalizer: no reconcile follows), and the
+	// copy read is older, with another status: the sale failed closed, as
+	// the reconcile that found the loss wrote it.
+	update(t, e.get("stale-rebuild"), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, hold) })
+	defer update(t, e.get("stale-rebuild"), func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Finalizers = slices.DeleteFunc(fs.Finalizers, func(f string) bool { return f == hold })
+	})
+	old := fs.DeepCopy()
+	old.Status.Phase = flashsalev1alpha1.PhaseFailClosed
+	old.Status.Reserved++
+	if err := r.RestartEmpty(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, runID, _ := strings.Cut(info, "run_id:")
+	runID, _, _ = strings.Cut(runID, "\r\n")
+	e.stale.Store(old)
+	defer e.stale.Store(nil)
+	// Rebuilt: every status write is refused as stale.
+	for range 5 {
+		res, err := e.reconciler.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(fs)})
+		if err != nil || res.RequeueAfter <= 0 {
+			t.Fatalf("reconcile from a stale copy: %+v %v", res, err)
+		}
+		if e.get("stale-rebuild").Status.LastRebuild != nil {
+			break
+		}
+	}
+	live := e.get("stale-rebuild")
+	if live.Status.LastRebuild == nil {
+		t.Fatal("no record of the rebuild")
+	}
+	// The restarted server's run id: a restarted operator must not take it
+	// for a server restarted since.
+	if len(live.Status.RedisServers) != 1 || live.Status.RedisServers[0].RunID != runID {
+		t.Fatalf("redisServers %+v, want the restarted server's run id %s", live.Status.RedisServers, runID)
+	}
+	if live.Status.Reserved == old.Status.Reserved {
+		t.Fatal("the stale status was written")
+	}
+	if !hasEvent(t, e.ns, "stale-rebuild", controllers.ReasonRebuilt) {
+		t.Fatal("no Rebuilt event")
+	}
 }
 
 // A change that leaves the status as it was (here another tool's finalizer)
