@@ -1134,12 +1134,11 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 		} else {
 			err = r.patchStatus(ctx, before, s.fs)
 		}
-		if errors.Is(err, errStaleStatus) {
-			// What this reconcile did is still said; the rest comes from
-			// the next reconcile, on a fresher copy.
-			r.emit(ctx, s, false)
-		}
 		if err != nil {
+			// What this reconcile did is still said: none of it is done
+			// again. What it found against the status it read comes from
+			// the next reconcile.
+			r.emit(ctx, s, false)
 			return err
 		}
 	}
@@ -1194,6 +1193,9 @@ func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flash
 			return fmt.Errorf("%w: %w", errStaleStatus, err)
 		}
 		if attempt == 3 {
+			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
+				return perr
+			}
 			return err
 		}
 		from = before.DeepCopy()

@@ -564,9 +564,15 @@ func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
-	e.statusRefresh = time.Minute // only the reconciles below run
+	e.statusRefresh = time.Minute // only the reconciles below run, once the creation's are over
 	e.startController()
 	fs := e.openSale("stale-rebuild", 10)
+	testharness.Eventually(t, settle, "the sale unchanged for a second", func() bool {
+		time.Sleep(time.Second)
+		now := e.get("stale-rebuild")
+		defer func() { fs = now }()
+		return now.ResourceVersion == fs.ResourceVersion
+	})
 	const hold = "example.com/hold"
 	// The stored sale moves on (a finalizer: no reconcile follows), and the
 	// copy read is older, with another status: the sale failed closed, as
@@ -590,6 +596,9 @@ func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
 	}
 	_, runID, _ := strings.Cut(info, "run_id:")
 	runID, _, _ = strings.Cut(runID, "\r\n")
+	if st := e.get("stale-rebuild").Status; st.LastRebuild != nil || len(st.RedisServers) != 1 || st.RedisServers[0].RunID == runID {
+		t.Fatalf("before the reconciles below: lastRebuild %+v, redisServers %+v", st.LastRebuild, st.RedisServers)
+	}
 	e.stale.Store(old)
 	defer e.stale.Store(nil)
 	// Rebuilt: every status write is refused as stale.
@@ -616,6 +625,9 @@ func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
 	}
 	if !hasEvent(t, e.ns, "stale-rebuild", controllers.ReasonRebuilt) {
 		t.Fatal("no Rebuilt event")
+	}
+	if n := countEvents(t, e.ns, "stale-rebuild", controllers.ReasonRebuilt); n != 1 {
+		t.Fatalf("%d Rebuilt events for one rebuild", n)
 	}
 }
 
