@@ -566,21 +566,12 @@ func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
 	e := newEnv(t, r.Addr(), sharedPG)
 	e.statusRefresh = time.Minute // only the reconciles below run, once the creation's are over
 	e.startController()
-	fs := e.openSale("stale-rebuild", 10)
-	testharness.Eventually(t, settle, "the sale unchanged for a second", func() bool {
-		time.Sleep(time.Second)
-		now := e.get("stale-rebuild")
-		defer func() { fs = now }()
-		return now.ResourceVersion == fs.ResourceVersion
-	})
-	const hold = "example.com/hold"
-	// The stored sale moves on (a finalizer: no reconcile follows), and the
-	// copy read is older, with another status: the sale failed closed, as
-	// the reconcile that found the loss wrote it.
-	update(t, e.get("stale-rebuild"), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, hold) })
-	defer update(t, e.get("stale-rebuild"), func(fs *flashsalev1alpha1.FlashSale) {
-		fs.Finalizers = slices.DeleteFunc(fs.Finalizers, func(f string) bool { return f == hold })
-	})
+	e.openSale("stale-rebuild", 10)
+	fs := e.settled("stale-rebuild")
+	// The stored sale moves on, and the copy read is older, with another
+	// status: the sale failed closed, as the reconcile that found the loss
+	// wrote it.
+	e.holdFinalizer("stale-rebuild")
 	old := fs.DeepCopy()
 	old.Status.Phase = flashsalev1alpha1.PhaseFailClosed
 	old.Status.Reserved++
@@ -640,19 +631,8 @@ func TestStatusIsWrittenOverAChangeThatLeftItAlone(t *testing.T) {
 	e.statusRefresh = time.Minute          // and none runs unless asked
 	e.startController()
 	e.openSale("edited", 10)
-	// Once the creation's own reconciles are over, nothing writes the sale.
-	read := e.get("edited")
-	testharness.Eventually(t, settle, "the sale unchanged for a second", func() bool {
-		time.Sleep(time.Second)
-		now := e.get("edited")
-		defer func() { read = now }()
-		return now.ResourceVersion == read.ResourceVersion
-	})
-	const hold = "example.com/hold"
-	update(t, e.get("edited"), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, hold) })
-	defer update(t, e.get("edited"), func(fs *flashsalev1alpha1.FlashSale) {
-		fs.Finalizers = slices.DeleteFunc(fs.Finalizers, func(f string) bool { return f == hold })
-	})
+	read := e.settled("edited")
+	e.holdFinalizer("edited")
 	if now := e.get("edited"); !equality.Semantic.DeepEqual(now.Status, read.Status) || now.ResourceVersion == read.ResourceVersion {
 		t.Fatal("the status changed, or the finalizer did not: the test needs the status as it was read")
 	}

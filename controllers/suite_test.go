@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"io"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -284,6 +285,34 @@ func update[T client.Object](t *testing.T, obj T, change func(T)) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// settled waits until nothing has written the sale for a second (the
+// creation's own reconciles are over) and returns it.
+func (e *env) settled(name string) *flashsalev1alpha1.FlashSale {
+	e.t.Helper()
+	fs := e.get(name)
+	testharness.Eventually(e.t, settle, name+" unchanged for a second", func() bool {
+		time.Sleep(time.Second)
+		now := e.get(name)
+		defer func() { fs = now }()
+		return now.ResourceVersion == fs.ResourceVersion
+	})
+	return fs
+}
+
+// holdFinalizer gives the sale another tool's finalizer until the test ends:
+// a change to the stored sale that no reconcile follows (no generation,
+// label or annotation change) and that leaves its status alone.
+func (e *env) holdFinalizer(name string) {
+	e.t.Helper()
+	const hold = "example.com/hold"
+	update(e.t, e.get(name), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, hold) })
+	e.t.Cleanup(func() {
+		update(e.t, e.get(name), func(fs *flashsalev1alpha1.FlashSale) {
+			fs.Finalizers = slices.DeleteFunc(fs.Finalizers, func(f string) bool { return f == hold })
+		})
+	})
 }
 
 // deployment reads a Deployment of the test's namespace from the API server.
