@@ -1186,15 +1186,13 @@ func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flash
 		if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
 			return err
 		}
-		if !equality.Semantic.DeepEqual(live.Status, before.Status) {
+		stale := !equality.Semantic.DeepEqual(live.Status, before.Status)
+		if stale || attempt == 3 {
 			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
 				return perr
 			}
-			return fmt.Errorf("%w: %w", errStaleStatus, err)
-		}
-		if attempt == 3 {
-			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
-				return perr
+			if stale {
+				return fmt.Errorf("%w: %w", errStaleStatus, err)
 			}
 			return err
 		}

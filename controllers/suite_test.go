@@ -457,19 +457,8 @@ func (e *env) holdLedger(sql string, args ...any) (release func()) {
 }
 
 // waitForLockWaiter waits until a session of the test's ledger database waits
-// for a lock. It asks on a connection of its own: a transaction sees
-// pg_stat_activity as it was at its first read.
+// for a lock.
 func (e *env) waitForLockWaiter(what string) {
 	e.t.Helper()
-	ctx := context.Background()
-	watcher, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer watcher.Close(ctx)
-	testharness.Eventually(e.t, settle, what, func() bool {
-		var n int
-		err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n)
-		return err == nil && n > 0
-	})
+	testharness.WaitForLockWaiters(e.t, e.dsn, 1, settle, what)
 }

@@ -327,3 +327,21 @@ func reachable(dir string, uid uint32) error {
 		}
 	}
 }
+
+// WaitForLockWaiters waits up to timeout until at least n sessions of the
+// database dsn names wait for a lock. It asks on a connection of its own: a
+// transaction sees pg_stat_activity as it was at its first read.
+func WaitForLockWaiters(t testing.TB, dsn string, n int, timeout time.Duration, what string) {
+	t.Helper()
+	ctx := context.Background()
+	watcher, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close(ctx)
+	Eventually(t, timeout, what, func() bool {
+		var got int
+		err := watcher.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&got)
+		return err == nil && got >= n
+	})
+}

@@ -983,16 +983,24 @@ func TestAllocationChangeDuringARebuildIsRefused(t *testing.T) {
 		t.Fatalf("a decrease during a rebuild: %v, want ErrRebuilt", err)
 	}
 	// The rebuild done, the restock recorded meanwhile is applied once.
+	f.restockAfterRebuild(140, 130)
+}
+
+// restockAfterRebuild finishes a rebuild, asks for the allocation target
+// twice (the second call finds nothing to do) and checks the counts.
+func (f *fixture) restockAfterRebuild(target, available int64) {
+	f.t.Helper()
+	ctx := context.Background()
 	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
 	for range 2 {
-		if _, err := f.e.ApplyAllocation(ctx, 140); err != nil {
-			t.Fatal(err)
+		if _, err := f.e.ApplyAllocation(ctx, target); err != nil {
+			f.t.Fatal(err)
 		}
 	}
-	if c := f.assertConserved(); c.Allocation != 140 || c.Available != 130 {
-		t.Fatalf("counts after the rebuild and the restock: %+v", c)
+	if c := f.assertConserved(); c.Allocation != target || c.Available != available {
+		f.t.Fatalf("counts after the rebuild and the restock: %+v", c)
 	}
 }
 
@@ -1019,36 +1027,19 @@ func TestRestockPlannedAfterARebuildSnapshot(t *testing.T) {
 	if _, err := tx.Exec(ctx, `LOCK TABLE flashsale_allocation_changes IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	waiters := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			var got int
-			if err := f.l.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got); err != nil {
-				t.Fatal(err)
-			}
-			if got >= n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d sessions wait for the lock, want %d", got, n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	dsn := f.l.Pool().Config().ConnString()
 	applied := make(chan error, 1)
 	go func() {
 		_, err := f.e.ApplyAllocation(ctx, 140)
 		applied <- err
 	}()
-	waiters(1)
+	testharness.WaitForLockWaiters(t, dsn, 1, 30*time.Second, "the restock waiting to list the changes")
 	rebuilt := make(chan error, 1)
 	go func() {
 		_, err := f.l.BeginRebuild(ctx, f.cfg.CampaignID, 0)
 		rebuilt <- err
 	}()
-	waiters(2)
+	testharness.WaitForLockWaiters(t, dsn, 2, 30*time.Second, "the rebuild waiting to absorb the changes")
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1061,16 +1052,8 @@ func TestRestockPlannedAfterARebuildSnapshot(t *testing.T) {
 	if c := f.counts(); c.Available != before.Available {
 		t.Fatalf("the refused restock changed the shards: %+v, before %+v", c, before)
 	}
-	// The rebuild done, the restock is applied once.
-	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.e.ApplyAllocation(ctx, 140); err != nil {
-		t.Fatal(err)
-	}
-	if c := f.assertConserved(); c.Allocation != 140 || c.Available != 130 {
-		t.Fatalf("counts after the rebuild and the restock: %+v", c)
-	}
+	// The rebuild done, the restock is in Redis once.
+	f.restockAfterRebuild(140, 130)
 }
 
 // A decrease that finds units withdrawn on a shard the rebuild has not
