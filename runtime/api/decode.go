@@ -1,11 +1,15 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -98,9 +102,19 @@ func decodeCheckout(body io.Reader) (CheckoutRequest, *apiError) {
 	return CheckoutRequest{ReservationID: id, PaymentToken: pay}, nil
 }
 
-// decodeJSON decodes exactly one JSON object with only known fields into v.
+// decodeJSON decodes exactly one JSON object with only known fields into v
+// (a pointer to a wire struct), each spelled exactly as documented and given
+// at most once. encoding/json alone would take "ITEM_ID" for item_id and the
+// last of two item_ids.
 func decodeJSON(body io.Reader, v any) *apiError {
-	dec := json.NewDecoder(body)
+	raw, err := io.ReadAll(body) // bounded by the server's MaxBytesReader
+	if err != nil {
+		return decodeError(err)
+	}
+	if e := checkKeys(raw, fieldNames(v)); e != nil {
+		return e
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
@@ -113,6 +127,57 @@ func decodeJSON(body io.Reader, v any) *apiError {
 		return badRequest("the body must hold exactly one JSON object")
 	}
 	return nil
+}
+
+// checkKeys refuses a top-level key that is not one of fields exactly, or
+// that comes twice. A body that is not an object, or not JSON, is left to
+// the decoder's own messages.
+func checkKeys(raw []byte, fields []string) *apiError {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		k, ok := t.(string)
+		if !ok {
+			return nil
+		}
+		name := clip(strconv.Quote(k))
+		if !slices.Contains(fields, k) {
+			for _, f := range fields {
+				if strings.EqualFold(f, k) {
+					return badRequest(fmt.Sprintf("unknown field %s: field names are case-sensitive, this one is %q", name, f))
+				}
+			}
+			return badRequest("unknown field " + name)
+		}
+		if seen[k] {
+			return badRequest("duplicate field " + name)
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fieldNames lists the JSON names of the fields of the struct v points to.
+func fieldNames(v any) []string {
+	t := reflect.TypeOf(v).Elem()
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 func decodeError(err error) *apiError {

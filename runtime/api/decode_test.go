@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -32,6 +33,10 @@ var decodeSeeds = []string{
 	`{"item_id":"a"}{"item_id":"b"}`,
 	`{"item_id":"a"} x`,
 	`{"ITEM_ID":"a","user_id":"b","quantity":1,"idempotency_key":"c"}`,
+	`{"reservation_id":"3.AAAAAAAAAAAAAAAA","payment_token":"p","payment_token":"q"}`,
+	`{"Reservation_Id":"3.AAAAAAAAAAAAAAAA","payment_token":"p"}`,
+	`{"item_id":"a","user_id":"b","quantity":1,"idempotency_\u212aey":"c"}`,
+	`{"item\u005fid":"a","item_id":"b","user_id":"b","quantity":1,"idempotency_key":"c"}`,
 	`[1,2]`, `null`, `true`, `"x"`, `{`, `}`, ``, "\xff\xfe",
 	`{"item_id":"` + strings.Repeat("a", 2*fuzzLimit) + `"}`,
 }
@@ -54,6 +59,7 @@ func FuzzDecodeReserve(f *testing.F) {
 		if req.Quantity < 1 || req.Quantity > 2 {
 			t.Fatalf("accepted quantity %d", req.Quantity)
 		}
+		checkKeysExact(t, body, "item_id", "user_id", "quantity", "idempotency_key")
 		// What was accepted survives a round trip unchanged.
 		js, _ := json.Marshal(req)
 		again, e := decodeReserve(bytes.NewReader(js), 2)
@@ -76,7 +82,38 @@ func FuzzDecodeCheckout(f *testing.F) {
 		}
 		checkField(t, req.ReservationID, maxReservationIDLen)
 		checkField(t, req.PaymentToken, maxPaymentTokenLen)
+		checkKeysExact(t, body, "reservation_id", "payment_token")
 	})
+}
+
+// checkKeysExact: an accepted body names each of its fields exactly as
+// documented, once.
+func checkKeysExact(t *testing.T, body []byte, fields ...string) {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("accepted a body that is not an object: %v", err)
+	}
+	n := 0
+	dec := json.NewDecoder(bytes.NewReader(body))
+	_, _ = dec.Token() // {
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(fields, k.(string)) {
+			t.Fatalf("accepted field %q", k)
+		}
+		n++
+	}
+	if n != len(m) {
+		t.Fatalf("accepted %d keys naming %d fields: a duplicate", n, len(m))
+	}
 }
 
 func checkRefusal(t *testing.T, e *apiError) {
@@ -106,6 +143,11 @@ func TestDecodeMessages(t *testing.T) {
 		{``, "the body is empty"},
 		{`[]`, "must be a JSON object"},
 		{`{} {}`, "exactly one JSON object"},
+		{`{"ITEM_ID":"a","user_id":"b","quantity":1,"idempotency_key":"c"}`, `unknown field "ITEM_ID": field names are case-sensitive, this one is "item_id"`},
+		{`{"item_id":"a","user_id":"b","quantity":1,"idempotency_\u212aey":"c"}`, "unknown field \"idempotency_\u212aey\": field names are case-sensitive"},
+		{`{"item_id":"a","item_id":"b","user_id":"b","quantity":1,"idempotency_key":"c"}`, `duplicate field "item_id"`},
+		{`{"item_id":"a","item\u005fid":"b"}`, `duplicate field "item_id"`},
+		{`{"item_id":"a","price":1,"price":2}`, `unknown field "price"`},
 	} {
 		_, e := decodeReserve(strings.NewReader(tc.body), 2)
 		if e == nil || !strings.Contains(e.message, tc.want) {

@@ -181,6 +181,8 @@ func newFixture(t testing.TB, opts ...option) *fixture {
 	f.client = &http.Client{
 		Timeout:   30 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 128},
+		// A redirect is an answer to check, not to follow.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	t.Cleanup(f.client.CloseIdleConnections)
 	return f

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"mime"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
@@ -156,7 +155,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 				}
 			}
 			req := httptest.NewRequest(method, url, bytes.NewReader(body))
-			if _, pattern := f.srv.Handler().(*http.ServeMux).Handler(req); pattern != key {
+			if _, pattern := f.srv.mux.Handler(req); pattern != key {
 				t.Fatalf("%s %s is routed to %q, not %q", method, url, pattern, key)
 			}
 

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -115,6 +116,7 @@ type Server struct {
 	log     *slog.Logger
 	limiter *limiter
 	mux     *http.ServeMux
+	handler http.Handler // mux behind canonicalOnly
 	routes  []Route
 
 	draining atomic.Bool
@@ -185,6 +187,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle("/", s.instrument("other", func(w http.ResponseWriter, r *http.Request) string {
 		return notFound("no such route").write(w)
 	}))
+	s.handler = s.canonicalOnly(s.mux)
 	return s, nil
 }
 
@@ -199,7 +202,37 @@ func methodNotAllowed(allow string) func(http.ResponseWriter, *http.Request) str
 func (s *Server) Routes() []Route { return append([]Route(nil), s.routes...) }
 
 // Handler is the server's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// canonicalOnly answers a path that the mux would redirect to its cleaned
+// form (dot segments, double slashes) with a JSON 404: a redirect is no
+// answer an API client expects, and a DELETE that follows one lands on
+// another resource than the one it named.
+func (s *Server) canonicalOnly(next http.Handler) http.Handler {
+	other := s.instrument("other", func(w http.ResponseWriter, r *http.Request) string {
+		return notFound("no such route: the path is not in canonical form").write(w)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !canonicalPath(r.URL.Path) {
+			other.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// canonicalPath: p is its own cleaned form, as http.ServeMux cleans it
+// (path.Clean, keeping a trailing slash).
+func canonicalPath(p string) bool {
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
+}
 
 // Metrics returns the server's metrics.
 func (s *Server) Metrics() *Metrics { return s.metrics }
@@ -249,7 +282,7 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer s.engine.Close()
 	srv := &http.Server{
-		Handler:           s.mux,
+		Handler:           s.handler,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
 		WriteTimeout:      s.cfg.WriteTimeout,
