@@ -63,18 +63,28 @@ type Redis struct {
 
 // Client returns a client for the mode: a cluster client, or a plain client on the
 // first address. Timeouts are short: a reservation must fail fast, not hang.
+//
+// The client never re-sends a command that may have run: after a timeout or a
+// lost connection the scripts' effects are unknown, and running one again (a
+// quota claim, a restore's counter) is not the same as running it once; the
+// caller resolves the doubt by looking. So MaxRetries is -1 (none; 0 would
+// mean go-redis's default of 3). A cluster client still follows MOVED and ASK
+// (MaxRedirects, default 3): a redirect means the command did not run. Its
+// redirect loop also re-sends after a timeout, which only the scripts' own
+// no-retry commands stop (runtime/stock). Reads go to masters only (no
+// ReadOnly, RouteByLatency or RouteRandomly): a replica may lag its master.
 func (r Redis) Client() redis.UniversalClient {
 	if r.Mode == RedisCluster {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: r.Addresses, Username: r.Username, Password: r.Password,
 			DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			PoolSize: 128,
+			PoolSize: 128, MaxRetries: -1,
 		})
 	}
 	return redis.NewClient(&redis.Options{
 		Addr: r.Addresses[0], Username: r.Username, Password: r.Password,
 		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		PoolSize: 128,
+		PoolSize: 128, MaxRetries: -1,
 	})
 }
 

@@ -20,11 +20,11 @@ func source(name string) string {
 	return string(src)
 }
 
-func load(name string) *redis.Script { return redis.NewScript(source(name)) }
+func load(name string) script { return newScript(source(name)) }
 
-// The scripts run by SHA (EVALSHA); go-redis falls back to EVAL on NOSCRIPT, which
+// The scripts run by SHA (EVALSHA), falling back to EVAL on NOSCRIPT, which
 // also reloads the script into the server's cache (after a restart, a failover or
-// SCRIPT FLUSH).
+// SCRIPT FLUSH); neither is ever re-sent (see script).
 var (
 	releaseScript        = load("release")
 	cancelScript         = load("cancel")

@@ -193,11 +193,11 @@ func (s *Store) runReserve(ctx context.Context, key string, keys []string, args 
 	}
 	var v []any
 	if err == nil {
-		v, err = ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
+		v, err = evalShaOnce(ctx, node, ReserveScriptFor(cur.runID).Hash(), keys, args...).Slice()
 	}
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		if cur, err = s.loadReserve(ctx, node, srv, cur); err == nil {
-			v, err = ReserveScriptFor(cur.runID).EvalSha(ctx, node, keys, args...).Slice()
+			v, err = evalShaOnce(ctx, node, ReserveScriptFor(cur.runID).Hash(), keys, args...).Slice()
 		}
 	}
 	s.redirected(ctx, err) // a failed load too: the node may be gone
@@ -332,7 +332,7 @@ func (s *Store) Cancel(ctx context.Context, shard int, key, user string) (Releas
 	return s.release(ctx, cancelScript, shard, key, user)
 }
 
-func (s *Store) release(ctx context.Context, script *redis.Script, shard int, key string, extra ...any) (ReleaseResult, error) {
+func (s *Store) release(ctx context.Context, script script, shard int, key string, extra ...any) (ReleaseResult, error) {
 	k := s.shards[shard]
 	args := append([]any{key, shard}, extra...)
 	v, err := script.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Res(key), k.Users()}, args...).Slice()

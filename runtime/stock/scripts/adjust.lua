@@ -16,6 +16,8 @@
 --
 -- Returns 1 applied, 0 already applied, -1 no meta (rebuild first),
 --         -2 being rebuilt or another epoch (read the ledger again)
+--
+-- Run twice: safe. The second run finds the change id applied and answers 0.
 local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if not cur[1] then
   return -1

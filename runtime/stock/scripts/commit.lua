@@ -6,6 +6,8 @@
 -- ARGV[1] reservation key
 --
 -- Returns 1 marked now, 2 already committed, 0 no reservation hash (index cleaned)
+--
+-- Run twice: safe. The second run finds the hash committed and answers 2.
 local key = ARGV[1]
 local r = redis.call('HMGET', KEYS[3], 's', 'q')
 if not r[1] then

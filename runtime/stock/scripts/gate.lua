@@ -8,6 +8,8 @@
 --
 -- Returns 1 set (or already so), 0 no meta (the shard lost its data: rebuild first),
 --        -1 the meta carries another epoch (the caller is stale), -2 being rebuilt
+--
+-- Run twice: safe. It writes a state; writing it again changes nothing.
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
 if not cur[1] then
   return 0

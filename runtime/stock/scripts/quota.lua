@@ -24,6 +24,9 @@
 -- Returns 1 when it changed something, 0 when the pointer was not in the expected state
 -- (already done, or lost with the data), so a retried call never counts twice.
 -- reap returns {1, ''} (given back), {0, ''} (nothing to do) or {2, pointer} (placed).
+--
+-- Run twice: safe for the state (above). Still never re-sent by a client library
+-- (stock.script: NoRetry), so that a 0 means what it says: done before this call.
 local key, op = ARGV[3], ARGV[1]
 local field = 'p:' .. key
 local ptr = redis.call('HGET', KEYS[1], field)

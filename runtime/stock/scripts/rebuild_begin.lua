@@ -7,6 +7,9 @@
 -- ARGV[1] new epoch  ARGV[2] key prefix of reservation hashes ("{fs:<c>:<n>}:res:")
 --
 -- Returns the number of reservation hashes deleted
+--
+-- Run twice: safe. The second run wipes an already wiped shard (answering 0 hashes
+-- deleted); only the rebuild, which holds the campaign's lock, writes it meanwhile.
 local members = redis.call('ZRANGE', KEYS[3], 0, -1)
 for _, key in ipairs(members) do
   redis.call('DEL', ARGV[2] .. key)

@@ -9,6 +9,10 @@
 -- on this server (see reserve.lua).
 --
 -- Returns 1, or -1 when the shard is not being rebuilt under this epoch
+--
+-- Run twice: not safe for the caller. The second run finds the shard no longer
+-- REBUILDING and answers -1, failing a rebuild that succeeded. Never re-sent by a
+-- client library (stock.script: NoRetry).
 local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[2]) then
   return -1

@@ -11,6 +11,11 @@
 --
 -- Returns the number restored, or -1 when the shard is not being rebuilt under
 -- this epoch
+--
+-- Run twice: NOT safe. HINCRBY rsv would count the batch's reserved units twice, for
+-- good (the shard never reaches zero reserved). Never re-sent by a client library
+-- (stock.script: NoRetry); a caller that got no answer must not send it again:
+-- the safe retry is the shard's rebuild from rebuild_begin.
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   return -1

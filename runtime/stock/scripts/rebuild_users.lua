@@ -11,6 +11,8 @@
 --
 -- Returns the number of fields written, or -1 when the shard is not being rebuilt
 -- under this epoch
+--
+-- Run twice: safe. HSET and ZADD of the same values change nothing.
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   return -1

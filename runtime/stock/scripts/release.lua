@@ -12,6 +12,10 @@
 --   0 NOT_FOUND     no reservation hash (already released, or never here); index cleaned
 --   2 NOT_RESERVED  the reservation is committed; only the index is cleaned
 --   4 BUSY          the shard is being rebuilt; try again on the next pass
+--
+-- Run twice: not safe for the caller. The units go back once, but the second run
+-- answers NOT_FOUND, so the caller would not give the home shard's quota back.
+-- Never re-sent by a client library (stock.script: NoRetry).
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then
   return {0, '', 0, -1}

@@ -48,6 +48,12 @@
 --               STALE_EPOCH, UNVERIFIED
 --   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim)
 --   7 BUSY      the same request is being placed on another shard right now
+--
+-- Run twice: NOT safe. In claim mode the second run finds its own claim and answers
+-- BUSY (the buyer is refused while the claim lives); in the other modes it answers
+-- REPLAY instead of RESERVED. Never re-sent by a client library (EVALSHA as a
+-- NoRetry command, see stock.Store.runReserve); a NOSCRIPT answer means it did
+-- not run, and the caller loads it and runs it (once).
 local server = 'SERVER_RUN_ID'
 local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv')
 if not state[1] then

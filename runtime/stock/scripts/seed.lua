@@ -7,6 +7,8 @@
 -- The meta records this server's run_id (srv): see reserve.lua.
 --
 -- Returns 1 seeded, 0 already live (untouched)
+--
+-- Run twice: safe for the state: the second run finds the meta and answers 0.
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
 end

@@ -5,6 +5,8 @@
 -- KEYS[1] meta
 --
 -- Returns 1 stamped, 0 nothing to do (no meta, already stamped, being rebuilt)
+--
+-- Run twice: safe. The second run finds srv recorded and answers 0.
 local cur = redis.call('HMGET', KEYS[1], 'state', 'srv')
 if not cur[1] or cur[2] or cur[1] == 'REBUILDING' then
   return 0

@@ -11,6 +11,10 @@
 -- Returns {units moved (withdrawn > 0, given back < 0), units withdrawn now in total},
 -- {0, -1} when there is no meta (rebuild first), or {0, -2} when the shard is
 -- being rebuilt or was rebuilt at another epoch (read the ledger again)
+--
+-- Run twice: NOT safe. The second run withdraws the units again. Never re-sent by a
+-- client library (stock.script: NoRetry); a caller that got no answer reads the
+-- shard (its wd) before it withdraws again.
 local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if not cur[1] then
   return {0, -1}

@@ -1,0 +1,70 @@
+package stock
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// script is a Lua script whose calls a client library never re-sends.
+//
+// go-redis re-sends a command after a timeout or a lost connection: a plain
+// client up to MaxRetries times, a cluster client within its redirect loop
+// (MaxRedirects) whatever its MaxRetries. A script whose reply was lost may
+// have run, and running some of them again is not running them once (a quota
+// claim answers its own second run BUSY; a restore counts its units twice). So
+// every script goes as a command that says NoRetry, which both loops honour,
+// and the caller that gets an error resolves the doubt by looking. A cluster
+// client still follows MOVED and ASK for it (that loop checks redirects
+// before retries): a redirect means the command did not run.
+type script struct {
+	src  string
+	sha1 string
+}
+
+func newScript(src string) script { return script{src: src, sha1: redis.NewScript(src).Hash()} }
+
+// processor is a client, a cluster client or a cluster node's client.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// Run is redis.Script.Run sent once: EVALSHA, then EVAL when the server
+// answers NOSCRIPT. That fallback is no re-send: NOSCRIPT is answered before
+// any of the script runs, so the EVAL is its first run.
+func (s script) Run(ctx context.Context, c processor, keys []string, args ...any) *redis.Cmd {
+	cmd := evalOnce(ctx, c, "evalsha", s.sha1, keys, args)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		return evalOnce(ctx, c, "eval", s.src, keys, args)
+	}
+	return cmd
+}
+
+// evalShaOnce is EVALSHA sent once, with no EVAL fallback (the reserve script:
+// its body is loaded per server process, see runReserve).
+func evalShaOnce(ctx context.Context, c processor, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return evalOnce(ctx, c, "evalsha", sha1, keys, args)
+}
+
+func evalOnce(ctx context.Context, c processor, name, payload string, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, name, payload, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3) // the cluster client routes by the first key
+	}
+	_ = c.Process(ctx, noRetryCmd{cmd})
+	return cmd
+}
+
+// noRetryCmd is a command go-redis does not send a second time once it may
+// have reached the server (a timeout, a reset, EOF). A failure before it was
+// written (no connection from the pool, a dial error) is still tried again:
+// that is its first run.
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
