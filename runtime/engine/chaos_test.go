@@ -28,8 +28,8 @@ import (
 // steal (the probes on other shards and the quota calls on the home shard).
 // Those are off by default: a lost steal reply is not resolved yet (the
 // engine unclaims blind and leaves an orphan on the target shard, which
-// breaks I5 and I4 when the buyer retries), so such rounds fail for that
-// reason until it is.
+// can break I5 and I4 when the buyer retries), so such a round can fail for
+// that reason until it is.
 const (
 	envChaosRounds      = "FLASHSALE_CHAOS_ROUNDS"
 	envChaosSeed        = "FLASHSALE_CHAOS_SEED"
