@@ -180,3 +180,49 @@ func usedMemory(b *testing.B, rdb *redis.Client) int64 {
 	b.Fatal("no used_memory in INFO")
 	return 0
 }
+
+// BenchmarkRedisMemoryPerRefusedBuyer reports the Redis memory left behind,
+// once the engine is quiet, by buyers refused SOLD_OUT: the goal is 0 (a
+// per-buyer field that drops to zero is deleted, and no quota is claimed when
+// every other shard is known to be sold out). Each iteration sells out a sale
+// of 10 shards on an otherwise empty server, then sends 1,000 new buyers with
+// stealing on; claims/buyer is how many of them claimed their quota on the
+// home shard and probed other shards before being refused.
+func BenchmarkRedisMemoryPerRefusedBuyer(b *testing.B) {
+	srv, err := testharness.StartRedis()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	ctx := context.Background()
+	const n = 1000
+	var perBuyer, claims float64
+	for i := 0; i < b.N; i++ {
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		f := newFixture(b, rdb, withAllocation(10), withShards(10), withMaxPerUser(1), withSteal(2))
+		for j := 0; f.counts().Available > 0; j++ {
+			if _, err := f.e.Reserve(ctx, fmt.Sprintf("early-%d", j), "r", 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+		before := usedMemory(b, rdb)
+		claimed := 0
+		for j := 0; j < n; j++ {
+			r, err := f.e.Reserve(ctx, fmt.Sprintf("late-%08d", j), "r", 1)
+			if err != nil || r.Outcome != engine.OutcomeSoldOut {
+				b.Fatalf("%+v %v", r, err)
+			}
+			if r.Calls > 1 {
+				claimed++
+			}
+		}
+		perBuyer = float64(usedMemory(b, rdb)-before) / n
+		claims = float64(claimed) / n
+	}
+	b.ReportMetric(perBuyer, "bytes/refused-buyer")
+	b.ReportMetric(claims, "claims/buyer")
+}

@@ -112,10 +112,10 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 		}
 		progress := 0
 		for _, k := range keys {
-			ok, placedOn, err := e.store.ReapClaim(ctx, shard, k, cutoff)
+			ok, placedOn, expiryMs, err := e.store.ReapClaimAt(ctx, shard, k, cutoff)
 			settled := ok
 			if err == nil && placedOn >= 0 {
-				ok, settled, err = e.settlePlacedQuota(ctx, shard, placedOn, k)
+				ok, settled, err = e.settlePlacedQuota(ctx, shard, placedOn, expiryMs, k)
 			}
 			if err != nil {
 				return reaped, err
@@ -135,9 +135,9 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 }
 
 // settlePlacedQuota decides the home-shard quota of a stolen reservation placed
-// on shard target, past its expiry. It reports whether it gave quota back and
-// whether the claims index let go of the entry.
-func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key string) (gaveBack, settled bool, err error) {
+// on shard target with expiryMs (its pointer), past its expiry. It reports
+// whether it gave quota back and whether the claims index let go of the entry.
+func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, expiryMs int64, key string) (gaveBack, settled bool, err error) {
 	o, err := e.ledger.GetOrder(ctx, stock.FormatID(target, key))
 	missing := errors.Is(err, ledger.ErrNotFound)
 	if err != nil && !missing {
@@ -145,7 +145,7 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key st
 	}
 	switch {
 	case !missing && o.Status == ledger.StatusCommitted:
-		_, err := e.store.Quota(ctx, home, stock.QuotaForget, o.UserID, key, o.Quantity, 0, 0)
+		_, err := e.store.Quota(ctx, home, stock.QuotaForget, o.UserID, key, o.Quantity, target, expiryMs)
 		return false, err == nil, err
 	case !missing && o.Status == ledger.StatusPending:
 		return false, false, nil // not swept yet
@@ -160,11 +160,11 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key st
 		// Gone from Redis and never in the ledger (its write failed and the
 		// unit was given back, and so was the quota unless that call failed
 		// too): nothing says whose quota it was, so the index lets go of it.
-		_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, 0, 0)
+		_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, target, expiryMs)
 		return false, err == nil, err
 	}
 	// Cancelled or abandoned, and the unit back in stock: so is the quota.
-	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, 0, 0)
+	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, target, expiryMs)
 	return gaveBack, err == nil, err
 }
 
