@@ -215,6 +215,9 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 		switch {
 		case !ok, s == ledger.StatusCancelledBySweeper, s == ledger.StatusCancelledByUser, s == ledger.StatusAbandoned:
 			rr, err := e.releaseNow(ctx, shard, k)
+			if err == nil && rr.Code == stock.LedgerNeeded {
+				rr, err = e.releaseFromLedger(ctx, shard, k)
+			}
 			if err != nil {
 				return st, err
 			}
@@ -225,7 +228,11 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 				st.Skipped++
 			}
 		case s == ledger.StatusCommitted:
-			if _, err := e.store.MarkCommitted(ctx, shard, k); err != nil {
+			n, err := e.store.MarkCommitted(ctx, shard, k)
+			if err == nil && n == stock.CommitLedgerNeeded {
+				err = e.markCommittedFromLedger(ctx, shard, k)
+			}
+			if err != nil {
 				return st, err
 			}
 			st.Committed++
@@ -234,4 +241,34 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 		}
 	}
 	return st, nil
+}
+
+// releaseFromLedger releases a reservation whose Redis hash is gone (it
+// outlived its backstop TTL: the sweeper was down that long) from its ledger
+// row, which has all the release needs.
+func (e *Engine) releaseFromLedger(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {
+	o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, key))
+	if errors.Is(err, ledger.ErrNotFound) {
+		// No row and no hash: nothing says what it held; the index entry goes.
+		return e.store.ReleaseFromLedger(ctx, shard, key, 0, 0, "")
+	}
+	if err != nil {
+		return stock.ReleaseResult{}, err
+	}
+	rr, err := e.store.ReleaseFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli(), o.UserID)
+	if err != nil {
+		return rr, err
+	}
+	return rr, e.afterRelease(ctx, shard, key, rr)
+}
+
+// markCommittedFromLedger is the sold counterpart of releaseFromLedger: the
+// units of a sold reservation whose hash is gone leave the reserved count.
+func (e *Engine) markCommittedFromLedger(ctx context.Context, shard int, key string) error {
+	o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, key))
+	if err != nil {
+		return err
+	}
+	_, err = e.store.MarkCommittedFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli())
+	return err
 }

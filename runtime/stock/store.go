@@ -315,6 +315,9 @@ const (
 	NotReserved ReleaseCode = 2 // committed
 	WrongUser   ReleaseCode = 3
 	Rebuilding  ReleaseCode = 4
+	// LedgerNeeded: the reservation's hash is gone but its expiry-index entry
+	// says its units were never given back: call ReleaseFromLedger.
+	LedgerNeeded ReleaseCode = 5
 )
 
 // ReleaseResult says what a release did; when Home differs from the shard, the
@@ -330,6 +333,15 @@ type ReleaseResult struct {
 // Release gives a reserved reservation's units back, once.
 func (s *Store) Release(ctx context.Context, shard int, key string) (ReleaseResult, error) {
 	return s.release(ctx, releaseScript, shard, key)
+}
+
+// ReleaseFromLedger is Release for a reservation whose hash is gone (it
+// outlived the hash's backstop TTL): the ledger row's quantity, expiry and user
+// say what to give back, and its expiry-index entry, if still there with that
+// expiry, that it was never given back. qty 0 (no ledger row) only drops the
+// index entry.
+func (s *Store) ReleaseFromLedger(ctx context.Context, shard int, key string, qty int, expiryMs int64, user string) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, key, qty, expiryMs, user, HomeShard(user, len(s.shards)))
 }
 
 // Cancel is Release for the reservation's own user only.
@@ -442,10 +454,28 @@ func (s *Store) ReapClaimAt(ctx context.Context, shard int, key string, cutoff t
 }
 
 // MarkCommitted marks a reservation committed and takes it out of the expiry index.
-// It returns 1 (marked), 2 (already committed) or 0 (no such reservation).
+// It returns 1 (marked), 2 (already committed), 0 (no such reservation) or
+// CommitLedgerNeeded (its hash is gone, its index entry is not: call
+// MarkCommittedFromLedger).
 func (s *Store) MarkCommitted(ctx context.Context, shard int, key string) (int, error) {
+	return s.markCommitted(ctx, shard, key)
+}
+
+// CommitLedgerNeeded is MarkCommitted's answer for a reservation whose hash
+// is gone while its expiry-index entry still counts its units as reserved.
+const CommitLedgerNeeded = 4
+
+// MarkCommittedFromLedger is MarkCommitted for a reservation whose hash is
+// gone: the ledger row's quantity and expiry take its units off the shard's
+// reserved count, once (the index entry goes with them). It returns 3 when it
+// did, 0 when there was nothing to do.
+func (s *Store) MarkCommittedFromLedger(ctx context.Context, shard int, key string, qty int, expiryMs int64) (int, error) {
+	return s.markCommitted(ctx, shard, key, qty, expiryMs)
+}
+
+func (s *Store) markCommitted(ctx context.Context, shard int, key string, ledgerRow ...any) (int, error) {
 	k := s.shards[shard]
-	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key)}, key).Int()
+	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key)}, append([]any{key}, ledgerRow...)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("commit mark on shard %d: %w", shard, err)
 	}
