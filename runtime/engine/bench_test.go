@@ -186,8 +186,9 @@ func usedMemory(b *testing.B, rdb *redis.Client) int64 {
 // per-buyer field that drops to zero is deleted, and no quota is claimed when
 // every other shard is known to be sold out). Each iteration sells out a sale
 // of 10 shards on an otherwise empty server, then sends 1,000 new buyers with
-// stealing on; claims/buyer is how many of them claimed their quota on the
-// home shard and probed other shards before being refused.
+// stealing on; probed/buyer is the share of them that claimed their quota on
+// the home shard and probed other shards before being refused. It fails if
+// the refused buyers changed any users hash or claims index.
 func BenchmarkRedisMemoryPerRefusedBuyer(b *testing.B) {
 	srv, err := testharness.StartRedis()
 	if err != nil {
@@ -198,7 +199,7 @@ func BenchmarkRedisMemoryPerRefusedBuyer(b *testing.B) {
 	defer rdb.Close()
 	ctx := context.Background()
 	const n = 1000
-	var perBuyer, claims float64
+	var perBuyer, probed float64
 	for i := 0; i < b.N; i++ {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			b.Fatal(err)
@@ -209,20 +210,32 @@ func BenchmarkRedisMemoryPerRefusedBuyer(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		perBuyerState := func() string {
+			var out []string
+			for sh := 0; sh < 10; sh++ {
+				k := f.e.Store().Keys(sh)
+				out = append(out, fmt.Sprint(rdb.HGetAll(ctx, k.Users()).Val(), rdb.ZCard(ctx, k.Claims()).Val()))
+			}
+			return strings.Join(out, " ")
+		}
+		state := perBuyerState()
 		before := usedMemory(b, rdb)
-		claimed := 0
+		probes := 0
 		for j := 0; j < n; j++ {
 			r, err := f.e.Reserve(ctx, fmt.Sprintf("late-%08d", j), "r", 1)
 			if err != nil || r.Outcome != engine.OutcomeSoldOut {
 				b.Fatalf("%+v %v", r, err)
 			}
 			if r.Calls > 1 {
-				claimed++
+				probes++
 			}
 		}
 		perBuyer = float64(usedMemory(b, rdb)-before) / n
-		claims = float64(claimed) / n
+		probed = float64(probes) / n
+		if after := perBuyerState(); after != state {
+			b.Fatalf("refused buyers left per-buyer state: before %s, after %s", state, after)
+		}
 	}
 	b.ReportMetric(perBuyer, "bytes/refused-buyer")
-	b.ReportMetric(claims, "claims/buyer")
+	b.ReportMetric(probed, "probed/buyer")
 }
