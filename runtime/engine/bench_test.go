@@ -180,3 +180,62 @@ func usedMemory(b *testing.B, rdb *redis.Client) int64 {
 	b.Fatal("no used_memory in INFO")
 	return 0
 }
+
+// BenchmarkRedisMemoryPerRefusedBuyer reports the Redis memory left behind,
+// once the engine is quiet, by buyers refused SOLD_OUT: the goal is 0 (a
+// per-buyer field that drops to zero is deleted, and no quota is claimed when
+// every other shard is known to be sold out). Each iteration sells out a sale
+// of 10 shards on an otherwise empty server, then sends 1,000 new buyers with
+// stealing on; probed/buyer is the share of them that claimed their quota on
+// the home shard and probed other shards before being refused. It fails if
+// the refused buyers changed any users hash or claims index.
+func BenchmarkRedisMemoryPerRefusedBuyer(b *testing.B) {
+	srv, err := testharness.StartRedis()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	ctx := context.Background()
+	const n = 1000
+	var perBuyer, probed float64
+	for i := 0; i < b.N; i++ {
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		f := newFixture(b, rdb, withAllocation(10), withShards(10), withMaxPerUser(1), withSteal(2))
+		for j := 0; f.counts().Available > 0; j++ {
+			if _, err := f.e.Reserve(ctx, fmt.Sprintf("early-%d", j), "r", 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+		perBuyerState := func() string {
+			var out []string
+			for sh := 0; sh < 10; sh++ {
+				k := f.e.Store().Keys(sh)
+				out = append(out, fmt.Sprint(rdb.HGetAll(ctx, k.Users()).Val(), rdb.ZCard(ctx, k.Claims()).Val()))
+			}
+			return strings.Join(out, " ")
+		}
+		state := perBuyerState()
+		before := usedMemory(b, rdb)
+		probes := 0
+		for j := 0; j < n; j++ {
+			r, err := f.e.Reserve(ctx, fmt.Sprintf("late-%08d", j), "r", 1)
+			if err != nil || r.Outcome != engine.OutcomeSoldOut {
+				b.Fatalf("%+v %v", r, err)
+			}
+			if r.Calls > 1 {
+				probes++
+			}
+		}
+		perBuyer = float64(usedMemory(b, rdb)-before) / n
+		probed = float64(probes) / n
+		if after := perBuyerState(); after != state {
+			b.Fatalf("refused buyers left per-buyer state: before %s, after %s", state, after)
+		}
+	}
+	b.ReportMetric(perBuyer, "bytes/refused-buyer")
+	b.ReportMetric(probed, "probed/buyer")
+}

@@ -33,6 +33,12 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 	if out == ledger.CheckoutCommitted || out == ledger.CheckoutAlreadyCommitted {
 		cctx, cancel := detached(ctx)
 		_, _ = e.store.MarkCommitted(cctx, shard, key)
+		if home := stock.HomeShard(user, e.cfg.Shards); home != shard {
+			// A sold stolen reservation keeps its quota but not its pointer: a
+			// retry of the request is answered from the ledger. If this fails,
+			// the sweeper's reaper forgets the pointer.
+			_, _ = e.store.Quota(cctx, home, stock.QuotaForget, user, key, o.Quantity, shard, o.ExpiresAt.UnixMilli())
+		}
 		cancel()
 	}
 	return CheckoutResult{Outcome: out, Order: o}, nil

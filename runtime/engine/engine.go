@@ -50,6 +50,10 @@ type Config struct {
 	// cannot write is held until the write fails, and meanwhile other buyers
 	// are told SOLD_OUT, which they do not retry.
 	LedgerStallAfter time.Duration
+	// Backstop is the TTL of a reservation's Redis hash, a safety net only;
+	// default stock.BackstopFor(TTL + Grace). A reservation still unswept when
+	// its hash expires (a long sweeper outage) is released from its ledger row.
+	Backstop time.Duration
 }
 
 // DefaultLedgerStallAfter is Config.LedgerStallAfter's default.
@@ -78,6 +82,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("claim slack must not be negative, got %s", c.ClaimSlack)
 	case c.SettleStuckAfter < 0:
 		return fmt.Errorf("the stuck-replay delay must not be negative, got %s", c.SettleStuckAfter)
+	case c.Backstop < 0:
+		return fmt.Errorf("the reservation hash backstop must not be negative, got %s", c.Backstop)
 	case c.LedgerStallAfter < 0:
 		return fmt.Errorf("the ledger stall delay must not be negative, got %s", c.LedgerStallAfter)
 	case c.StealProbes < 0 || c.StealProbes > 2:
@@ -123,10 +129,13 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	if cfg.LedgerStallAfter == 0 {
 		cfg.LedgerStallAfter = DefaultLedgerStallAfter
 	}
+	if cfg.Backstop == 0 {
+		cfg.Backstop = stock.BackstopFor(cfg.TTL + cfg.Grace)
+	}
 
 	return &Engine{
 		cfg:     cfg,
-		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(stock.BackstopFor(cfg.TTL + cfg.Grace)),
+		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(cfg.Backstop),
 		ledger:  l,
 		mat:     l.NewMaterializer(mc),
 		soldOut: make([]atomic.Int64, cfg.Shards),

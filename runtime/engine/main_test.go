@@ -103,6 +103,7 @@ func withSettleStuckAfter(d time.Duration) option {
 func withClaimSlack(d time.Duration) option {
 	return func(c *fixtureConfig) { c.ClaimSlack = d }
 }
+func withBackstop(d time.Duration) option { return func(c *fixtureConfig) { c.Backstop = d } }
 func withMaterializer(mc ledger.MaterializerConfig) option {
 	return func(c *fixtureConfig) { c.mat = mc }
 }

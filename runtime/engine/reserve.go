@@ -85,7 +85,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	key := stock.ReservationKey(e.cfg.IDSecret, e.cfg.CampaignID, user, requestID)
 	home := stock.HomeShard(user, e.cfg.Shards)
 	mode := stock.ModeHome
-	if e.cfg.StealProbes > 0 && e.cfg.Shards > 1 {
+	if e.canSteal(home) {
 		mode = stock.ModeClaim
 	}
 	req := stock.ReserveRequest{
@@ -110,29 +110,51 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	case stock.SoldOut:
 		e.markSoldOut(home)
 		res.Outcome = OutcomeSoldOut
+		if r.Extra > 0 {
+			// The buyer holds units: this may be one of their requests whose
+			// Redis record is gone (sold, and past the hash's backstop).
+			return e.orFromLedger(ctx, res, key, user)
+		}
 	case stock.Limit:
 		res.Outcome, res.Held = OutcomeLimit, r.Extra
+		return e.orFromLedger(ctx, res, key, user)
 	case stock.Closed:
 		res.Outcome, res.Reason = OutcomeClosed, r.Status
 	case stock.Busy:
 		res.Outcome = OutcomeBusy
 	case stock.Claimed:
 		e.markSoldOut(home)
-		return e.steal(ctx, res, req)
+		return e.steal(ctx, res, req, r.Status, r.Extra)
 	default:
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("reserve: unexpected script code %v", r.Code)
 	}
 	return res, nil
 }
 
+// canSteal reports whether a buyer homed on home could be placed elsewhere:
+// stealing is on and some other shard is not known to be sold out. When none
+// is, the home shard's script claims nothing.
+func (e *Engine) canSteal(home int) bool {
+	if e.cfg.StealProbes == 0 || e.cfg.Shards < 2 {
+		return false
+	}
+	for s := range e.cfg.Shards {
+		if s != home && !e.knownSoldOut(s) {
+			return true
+		}
+	}
+	return false
+}
+
 // steal tries other shards after the home shard was sold out and the user's quota
-// was claimed there. Each probe is its own script call on one shard.
-func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.ReserveRequest) (ReserveResult, error) {
+// was claimed there (claim is the claim's stamp; held, what the user held before
+// it). Each probe is its own script call on one shard.
+func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.ReserveRequest, claim string, held int64) (ReserveResult, error) {
 	home := req.Shard
 	unclaim := func() error {
 		cctx, cancel := detached(ctx)
 		defer cancel()
-		_, err := e.store.Quota(cctx, home, stock.QuotaUnclaim, req.User, req.Key, req.Quantity, 0, 0)
+		_, err := e.store.Unclaim(cctx, home, req.Key, claim)
 		return err
 	}
 	closed := "" // why the first closed shard probed refused
@@ -141,8 +163,20 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		r, err := e.store.Reserve(ctx, req)
 		res.Calls++
 		if err != nil {
-			_ = unclaim()
-			return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			// The script may have run and its reply been lost: what it did is
+			// on shard t. A unit it took there belongs to this claim.
+			placed, found, lerr := e.placedBy(ctx, t, req)
+			switch {
+			case lerr != nil:
+				// Cannot tell: the claim stays, so the quota covers a unit that
+				// may be on t; the reaper gives it back once any such
+				// reservation has expired, and the sweeper releases that.
+				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v (and reading shard %d: %v)", ErrUnavailable, err, t, lerr)
+			case !found:
+				_ = unclaim()
+				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			}
+			r = placed
 		}
 		e.seeEpoch(r.Epoch)
 		switch r.Code {
@@ -153,7 +187,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 			return e.replay(ctx, res, t, req.Key, req.User)
 		case stock.Reserved:
 			cctx, cancel := detached(ctx)
-			ok, err := e.store.Quota(cctx, home, stock.QuotaConfirm, req.User, req.Key, req.Quantity, t, r.ExpiryMs)
+			ok, err := e.store.ConfirmClaim(cctx, home, req.Key, claim, t, r.ExpiryMs)
 			cancel()
 			if err != nil || !ok {
 				// The claim vanished (the home shard lost its data): this reservation has
@@ -177,8 +211,41 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		// A closed shard may still hold stock (being rebuilt, unverified after
 		// a failover): SOLD_OUT, which clients do not retry, would be wrong.
 		res.Outcome, res.Reason = OutcomeClosed, closed
+		return res, nil
+	}
+	if held > 0 {
+		return e.orFromLedger(ctx, res, req.Key, req.User)
 	}
 	return res, nil
+}
+
+// placedBy looks at shard t for the reservation a steal call of req made
+// there, after that call's reply was lost: found with the script's answer as
+// if it had arrived (RESERVED), or not found when there is none of this
+// buyer's placed under this home shard.
+func (e *Engine) placedBy(ctx context.Context, t int, req stock.ReserveRequest) (stock.ShardResult, bool, error) {
+	cctx, cancel := detached(ctx)
+	defer cancel()
+	r, found, err := e.store.GetReservation(cctx, t, req.Key)
+	if err != nil || !found || r.Status != stock.ResReserved || r.User != req.User || r.Home != req.Home || r.Quantity != req.Quantity {
+		return stock.ShardResult{}, false, err
+	}
+	return stock.ShardResult{Code: stock.Reserved, ExpiryMs: r.ExpiryMs, Epoch: r.Epoch, Status: stock.ResReserved}, true, nil
+}
+
+// orFromLedger answers res unless the ledger has a row for the request key:
+// then the request was placed before and Redis no longer knows it (its
+// reservation ended, or its hash is gone), and the row is the answer (I4).
+func (e *Engine) orFromLedger(ctx context.Context, res ReserveResult, key, user string) (ReserveResult, error) {
+	o, err := e.ledger.GetRequestOrder(ctx, e.cfg.CampaignID, key)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return res, nil
+	case err != nil:
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	res.Held = 0
+	return e.answerFromOrder(res, o, user), nil
 }
 
 // materialize writes the PENDING row before anyone is told "reserved". When the row
@@ -204,10 +271,11 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 		res.Reservation = Reservation{ID: o.ReservationID, Shard: shard, Quantity: qty, ExpiresAt: o.ExpiresAt, Epoch: r.Epoch}
 		return res, nil
 	case errors.Is(err, ledger.ErrDuplicate):
-		// The ledger already has this request's reservation (its Redis hash was released
-		// or lost): give back what we just took and answer from the book of record.
+		// The ledger already has this request's reservation, on this shard or
+		// another (its Redis record was released or lost): give back what we
+		// just took and answer from the book of record.
 		e.release(ctx, shard, key)
-		return e.fromLedger(ctx, res, o.ReservationID, user)
+		return e.fromLedger(ctx, res, key, user)
 	case errors.Is(err, ledger.ErrAmbiguous):
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: ledger commit outcome unknown, the reservation will expire: %v", ErrUnavailable, err)
 	default:
@@ -229,7 +297,8 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 	id := stock.FormatID(shard, key)
 	deadline := e.now().Add(replayWait)
 	for {
-		o, err := e.ledger.GetOrder(ctx, id)
+		// By request, not by id: the request's row may be another shard's.
+		o, err := e.ledger.GetRequestOrder(ctx, e.cfg.CampaignID, key)
 		if err == nil {
 			e.stuck.forget(id)
 			return e.answerFromOrder(res, o, user), nil
@@ -288,11 +357,13 @@ func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int,
 	if err != nil {
 		return res, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	if got[id] == ledger.StatusAbandoned {
+	if s, ok := got[id]; !ok || s == ledger.StatusAbandoned {
+		// Abandoned now, or no row at all: the request has its row on
+		// another shard, and this reservation is not the request's.
 		e.release(ctx, shard, key)
 	}
 	e.stuck.forget(id)
-	out, err := e.fromLedger(ctx, res, id, user)
+	out, err := e.fromLedger(ctx, res, key, user)
 	return out, true, err
 }
 
@@ -342,8 +413,9 @@ func (s *stuckReplays) forget(id string) {
 	s.mu.Unlock()
 }
 
-func (e *Engine) fromLedger(ctx context.Context, res ReserveResult, id, user string) (ReserveResult, error) {
-	o, err := e.ledger.GetOrder(ctx, id)
+// fromLedger answers from the row of the request whose key is key.
+func (e *Engine) fromLedger(ctx context.Context, res ReserveResult, key, user string) (ReserveResult, error) {
+	o, err := e.ledger.GetRequestOrder(ctx, e.cfg.CampaignID, key)
 	if err != nil {
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
@@ -385,6 +457,8 @@ func (e *Engine) afterRelease(ctx context.Context, shard int, key string, rr sto
 	if rr.Code != stock.Released || rr.Home == shard || rr.Home < 0 {
 		return nil
 	}
-	_, err := e.store.Quota(ctx, rr.Home, stock.QuotaRelease, rr.User, key, rr.Quantity, 0, 0)
+	// Named by this shard and the reservation's expiry: a pointer the key has
+	// now to another placement of the same request keeps its quota.
+	_, err := e.store.Quota(ctx, rr.Home, stock.QuotaRelease, rr.User, key, rr.Quantity, shard, rr.ExpiryMs)
 	return err
 }

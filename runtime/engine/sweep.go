@@ -112,10 +112,10 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 		}
 		progress := 0
 		for _, k := range keys {
-			ok, placedOn, err := e.store.ReapClaim(ctx, shard, k, cutoff)
+			ok, placedOn, expiryMs, err := e.store.ReapClaimAt(ctx, shard, k, cutoff)
 			settled := ok
 			if err == nil && placedOn >= 0 {
-				ok, settled, err = e.settlePlacedQuota(ctx, shard, placedOn, k)
+				ok, settled, err = e.settlePlacedQuota(ctx, shard, placedOn, expiryMs, k)
 			}
 			if err != nil {
 				return reaped, err
@@ -135,9 +135,9 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 }
 
 // settlePlacedQuota decides the home-shard quota of a stolen reservation placed
-// on shard target, past its expiry. It reports whether it gave quota back and
-// whether the claims index let go of the entry.
-func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key string) (gaveBack, settled bool, err error) {
+// on shard target with expiryMs (its pointer), past its expiry. It reports
+// whether it gave quota back and whether the claims index let go of the entry.
+func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, expiryMs int64, key string) (gaveBack, settled bool, err error) {
 	o, err := e.ledger.GetOrder(ctx, stock.FormatID(target, key))
 	missing := errors.Is(err, ledger.ErrNotFound)
 	if err != nil && !missing {
@@ -145,7 +145,7 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key st
 	}
 	switch {
 	case !missing && o.Status == ledger.StatusCommitted:
-		_, err := e.store.Quota(ctx, home, stock.QuotaForget, o.UserID, key, o.Quantity, 0, 0)
+		_, err := e.store.Quota(ctx, home, stock.QuotaForget, o.UserID, key, o.Quantity, target, expiryMs)
 		return false, err == nil, err
 	case !missing && o.Status == ledger.StatusPending:
 		return false, false, nil // not swept yet
@@ -160,11 +160,11 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, key st
 		// Gone from Redis and never in the ledger (its write failed and the
 		// unit was given back, and so was the quota unless that call failed
 		// too): nothing says whose quota it was, so the index lets go of it.
-		_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, 0, 0)
+		_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, target, expiryMs)
 		return false, err == nil, err
 	}
 	// Cancelled or abandoned, and the unit back in stock: so is the quota.
-	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, 0, 0)
+	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, target, expiryMs)
 	return gaveBack, err == nil, err
 }
 
@@ -215,6 +215,9 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 		switch {
 		case !ok, s == ledger.StatusCancelledBySweeper, s == ledger.StatusCancelledByUser, s == ledger.StatusAbandoned:
 			rr, err := e.releaseNow(ctx, shard, k)
+			if err == nil && rr.Code == stock.LedgerNeeded {
+				rr, err = e.releaseFromLedger(ctx, shard, k)
+			}
 			if err != nil {
 				return st, err
 			}
@@ -225,7 +228,11 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 				st.Skipped++
 			}
 		case s == ledger.StatusCommitted:
-			if _, err := e.store.MarkCommitted(ctx, shard, k); err != nil {
+			n, err := e.store.MarkCommitted(ctx, shard, k)
+			if err == nil && n == stock.CommitLedgerNeeded {
+				err = e.markCommittedFromLedger(ctx, shard, k)
+			}
+			if err != nil {
 				return st, err
 			}
 			st.Committed++
@@ -234,4 +241,34 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 		}
 	}
 	return st, nil
+}
+
+// releaseFromLedger releases a reservation whose Redis hash is gone (it
+// outlived its backstop TTL: the sweeper was down that long) from its ledger
+// row, which has all the release needs.
+func (e *Engine) releaseFromLedger(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {
+	o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, key))
+	if errors.Is(err, ledger.ErrNotFound) {
+		// No row and no hash: nothing says what it held; the index entry goes.
+		return e.store.ReleaseFromLedger(ctx, shard, key, 0, 0, "")
+	}
+	if err != nil {
+		return stock.ReleaseResult{}, err
+	}
+	rr, err := e.store.ReleaseFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli(), o.UserID)
+	if err != nil {
+		return rr, err
+	}
+	return rr, e.afterRelease(ctx, shard, key, rr)
+}
+
+// markCommittedFromLedger is the sold counterpart of releaseFromLedger: the
+// units of a sold reservation whose hash is gone leave the reserved count.
+func (e *Engine) markCommittedFromLedger(ctx context.Context, shard int, key string) error {
+	o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, key))
+	if err != nil {
+		return err
+	}
+	_, err = e.store.MarkCommittedFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli())
+	return err
 }

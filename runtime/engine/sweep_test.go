@@ -433,6 +433,9 @@ func TestAPIDiedWhileStealing(t *testing.T) {
 		}
 		held := func(user string) string {
 			v, err := rdb.HGet(ctx, s.Keys(0).Users(), user).Result()
+			if errors.Is(err, redis.Nil) {
+				return "0" // deleted at zero
+			}
 			if err != nil {
 				t.Fatalf("quota of %s: %v", user, err)
 			}
@@ -608,17 +611,20 @@ func TestClaimReapEdges(t *testing.T) {
 			user = u
 		}
 	}
-	claim := func(req string, qty int) string {
-		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, req)
+	claim := func(req string, qty int) (key, stamp string) {
+		key = stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, req)
 		r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
 			Quantity: qty, MaxPerUser: 2, TTL: time.Minute})
 		if err != nil || r.Code != stock.Claimed {
 			t.Fatalf("claim: %+v %v", r, err)
 		}
-		return key
+		return key, r.Status
 	}
 	held := func() string {
 		v, err := rdb.HGet(ctx, s.Keys(0).Users(), user).Result()
+		if errors.Is(err, redis.Nil) {
+			return "0" // deleted at zero
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -629,7 +635,7 @@ func TestClaimReapEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a := claim("a", 2)
+	a, aStamp := claim("a", 2)
 	if ok, on, err := s.ReapClaim(ctx, 0, a, now.Add(-time.Minute)); err != nil || ok || on != -1 {
 		t.Fatalf("young claim reaped: %v %d %v", ok, on, err)
 	}
@@ -640,17 +646,27 @@ func TestClaimReapEdges(t *testing.T) {
 	if ok, _, err := s.ReapClaim(ctx, 0, a, later); err != nil || !ok || held() != "0" {
 		t.Fatalf("reap: %v %v, held %s", ok, err, held())
 	}
-	for _, op := range []string{stock.QuotaConfirm, stock.QuotaUnclaim, stock.QuotaRelease} {
-		if ok, err := s.Quota(ctx, 0, op, user, a, 2, 1, 1); err != nil || ok {
-			t.Fatalf("%s after reap changed something: %v %v", op, ok, err)
-		}
+	if ok, err := s.ConfirmClaim(ctx, 0, a, aStamp, 1, 1); err != nil || ok {
+		t.Fatalf("confirm after reap changed something: %v %v", ok, err)
+	}
+	if ok, err := s.Unclaim(ctx, 0, a, aStamp); err != nil || ok {
+		t.Fatalf("unclaim after reap changed something: %v %v", ok, err)
+	}
+	if ok, err := s.Quota(ctx, 0, stock.QuotaRelease, user, a, 2, 1, 1); err != nil || ok {
+		t.Fatalf("release after reap changed something: %v %v", ok, err)
+	}
+	if n, err := rdb.HExists(ctx, s.Keys(0).Users(), user).Result(); err != nil || n {
+		t.Fatalf("the user's field is left at zero after the reap (%v)", err)
 	}
 	if ok, _, err := s.ReapClaim(ctx, 0, a, later); err != nil || ok || held() != "0" {
 		t.Fatalf("second reap: %v %v, held %s", ok, err, held())
 	}
 
-	b := claim("b", 1)
-	if ok, err := s.Quota(ctx, 0, stock.QuotaConfirm, user, b, 1, 1, later.UnixMilli()); err != nil || !ok {
+	b, bStamp := claim("b", 1)
+	if ok, err := s.ConfirmClaim(ctx, 0, b, bStamp+"1", 1, later.UnixMilli()); err != nil || ok {
+		t.Fatalf("confirm naming another claim: %v %v", ok, err)
+	}
+	if ok, err := s.ConfirmClaim(ctx, 0, b, bStamp, 1, later.UnixMilli()); err != nil || !ok {
 		t.Fatalf("confirm: %v %v", ok, err)
 	}
 	for range 2 {
@@ -658,14 +674,20 @@ func TestClaimReapEdges(t *testing.T) {
 			t.Fatalf("reap of a confirmed pointer: %v %d %v, held %s", ok, on, err, held())
 		}
 	}
-	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, b, 1, 0, 0); err != nil || !ok || held() != "1" {
+	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, b, 1, 1, later.UnixMilli()+1); err != nil || ok {
+		t.Fatalf("forget naming another placement: %v %v", ok, err)
+	}
+	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, b, 1, 1, later.UnixMilli()); err != nil || !ok || held() != "1" {
 		t.Fatalf("forget: %v %v, held %s", ok, err, held())
+	}
+	if n, err := rdb.HExists(ctx, s.Keys(0).Users(), "p:"+b).Result(); err != nil || n {
+		t.Fatalf("the pointer of a sold reservation is left after forget (%v)", err)
 	}
 	if n, err := rdb.ZCard(ctx, s.Keys(0).Claims()).Result(); err != nil || n != 0 {
 		t.Fatalf("%d entries left in the claims index (%v)", n, err)
 	}
 	// Forgetting a claim still being placed changes nothing.
-	c := claim("c", 1)
+	c, _ := claim("c", 1)
 	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, c, 1, 0, 0); err != nil || ok || held() != "2" {
 		t.Fatalf("forget of a claim: %v %v, held %s", ok, err, held())
 	}

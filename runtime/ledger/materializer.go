@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,23 +54,27 @@ const sqlInsertPending = `WITH live AS (
     WHERE campaign_id = $1 AND deleted_at IS NULL
     FOR SHARE)
 INSERT INTO flashsale_orders
-    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
-SELECT t.r, $1, $2, t.u, t.sh, t.q, 'PENDING', $3, t.x
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, request_key)
+SELECT t.r, $1, $2, t.u, t.sh, t.q, 'PENDING', $3, t.x, nullif(split_part(t.r, '.', 2), '')
 FROM unnest($4::text[], $5::text[], $6::integer[], $7::integer[], $8::timestamptz[]) AS t(r, u, sh, q, x)
 WHERE (SELECT epoch FROM live) = $3`
 
 // sqlInsertPendingSkipDuplicates is sqlInsertPending that skips the rows
-// already present and returns the ids it wrote.
+// already present (by reservation id, or by request key: the same request on
+// another shard, see 0003_request_key.sql) and returns the ids it wrote.
 const sqlInsertPendingSkipDuplicates = sqlInsertPending + `
-ON CONFLICT (reservation_id) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING reservation_id`
 
 // uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
 const uniqueViolation = "23505"
 
 // sqlExistingOrders tells, for rows the insert skipped, which already existed
-// (duplicates); the others were fenced.
-const sqlExistingOrders = `SELECT reservation_id FROM flashsale_orders WHERE reservation_id = ANY($1::text[])`
+// as the same reservation or the same request (duplicates); the others were
+// fenced.
+const sqlExistingOrders = `SELECT t.id FROM unnest($1::text[]) AS t(id)
+WHERE EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.reservation_id = t.id)
+   OR EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = $2 AND o.request_key = split_part(t.id, '.', 2))`
 
 // Materializer writes PENDING order rows in batches: many concurrent Submits
 // share one transaction, so PostgreSQL sees a few commits per millisecond
@@ -326,9 +329,9 @@ func (m *Materializer) write(batch []*pendingRow) {
 		}
 		send = append(send, r)
 	}
-	// Sorted so that concurrent batches take primary-key locks in one order
-	// and cannot deadlock on each other's duplicates.
-	slices.SortStableFunc(send, func(a, b *pendingRow) int { return strings.Compare(a.o.ReservationID, b.o.ReservationID) })
+	// Sorted so that concurrent batches take the unique keys' locks in one
+	// order and cannot deadlock on each other's duplicates.
+	slices.SortStableFunc(send, func(a, b *pendingRow) int { return byRequest(a.o.ReservationID, b.o.ReservationID) })
 	// The same id twice in one INSERT would be returned once and claimed by
 	// both callers; later copies share the first copy's fate instead.
 	var twins map[*pendingRow]*pendingRow
@@ -486,7 +489,7 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 	// duplicates from fenced rows.
 	existing := map[string]bool{}
 	if len(skipped) > 0 {
-		if ex, err := conn.Query(ctx, sqlExistingOrders, skipped); err == nil {
+		if ex, err := conn.Query(ctx, sqlExistingOrders, skipped, first.CampaignID); err == nil {
 			var id string
 			_, _ = pgx.ForEachRow(ex, []any{&id}, func() error {
 				existing[id] = true

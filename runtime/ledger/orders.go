@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,12 +86,14 @@ WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
 
 	sqlStatusesAnyCampaign = `SELECT reservation_id, status FROM flashsale_orders WHERE reservation_id = ANY($1::text[])`
 
+	// A row of the same request on another shard (request_key) also wins:
+	// the reservation abandoned then has no row, and is released.
 	sqlInsertAbandoned = `INSERT INTO flashsale_orders
-    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at)
-SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'ABANDONED', t.e, t.x
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, request_key)
+SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'ABANDONED', t.e, t.x, nullif(split_part(t.r, '.', 2), '')
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
     AS t(r, c, s, u, sh, q, e, x)
-ON CONFLICT (reservation_id) DO NOTHING`
+ON CONFLICT DO NOTHING`
 )
 
 func scanOrder(row pgx.Row, extra ...any) (Order, error) {
@@ -321,7 +322,7 @@ func (l *Ledger) RecordAbandoned(ctx context.Context, orders []Order) (map[strin
 	// Sorted so that two sweepers inserting overlapping sets take the
 	// primary-key locks in the same order and cannot deadlock.
 	orders = slices.Clone(orders)
-	slices.SortFunc(orders, func(a, b Order) int { return strings.Compare(a.ReservationID, b.ReservationID) })
+	slices.SortFunc(orders, func(a, b Order) int { return byRequest(a.ReservationID, b.ReservationID) })
 	n := len(orders)
 	ids, campaigns, skus, users := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	shards, qtys := make([]int32, n), make([]int32, n)

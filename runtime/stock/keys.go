@@ -102,3 +102,10 @@ func ParseID(id string, shards int) (int, string, error) {
 	}
 	return n, key, nil
 }
+
+// Pointer is the users-hash value on the home shard that names a reservation
+// placed on another shard: "<shard>|<expiry ms>". The expiry tells one
+// placement of a request from another, so a give-back acts only on its own.
+func Pointer(shard int, expiryMs int64) string {
+	return strconv.Itoa(shard) + "|" + strconv.FormatInt(expiryMs, 10)
+}

@@ -136,10 +136,14 @@ func (s *Store) Keys(n int) Keys { return s.shards[n] }
 // ShardResult is what the reserve script said.
 type ShardResult struct {
 	Code     Code
-	ExpiryMs int64  // Redis clock, ms since the Unix epoch
-	Epoch    int64  // the shard's epoch
-	Extra    int64  // stock left (Reserved), shard (Replay, -1 = this one), units held (Limit)
-	Status   string // R/C (Replay) or the closed reason (Closed)
+	ExpiryMs int64 // Redis clock, ms since the Unix epoch
+	Epoch    int64 // the shard's epoch
+	// Extra: stock left (Reserved), shard (Replay, -1 = this one), units the
+	// user holds (Limit, SoldOut, Claimed).
+	Extra int64
+	// Status: R/C (Replay), the closed reason (Closed), or the claim's stamp
+	// (Claimed), which ConfirmClaim and Unclaim name.
+	Status string
 }
 
 // ReserveRequest is one reserve script call.
@@ -311,6 +315,9 @@ const (
 	NotReserved ReleaseCode = 2 // committed
 	WrongUser   ReleaseCode = 3
 	Rebuilding  ReleaseCode = 4
+	// LedgerNeeded: the reservation's hash is gone but its expiry-index entry
+	// says its units were never given back: call ReleaseFromLedger.
+	LedgerNeeded ReleaseCode = 5
 )
 
 // ReleaseResult says what a release did; when Home differs from the shard, the
@@ -320,11 +327,21 @@ type ReleaseResult struct {
 	User     string
 	Quantity int
 	Home     int
+	ExpiryMs int64 // the reservation's: with its shard, it names its home pointer
 }
 
 // Release gives a reserved reservation's units back, once.
 func (s *Store) Release(ctx context.Context, shard int, key string) (ReleaseResult, error) {
 	return s.release(ctx, releaseScript, shard, key)
+}
+
+// ReleaseFromLedger is Release for a reservation whose hash is gone (it
+// outlived the hash's backstop TTL): the ledger row's quantity, expiry and user
+// say what to give back, and its expiry-index entry, if still there with that
+// expiry, that it was never given back. qty 0 (no ledger row) only drops the
+// index entry.
+func (s *Store) ReleaseFromLedger(ctx context.Context, shard int, key string, qty int, expiryMs int64, user string) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, key, qty, expiryMs, user, HomeShard(user, len(s.shards)))
 }
 
 // Cancel is Release for the reservation's own user only.
@@ -339,31 +356,56 @@ func (s *Store) release(ctx context.Context, script script, shard int, key strin
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release on shard %d: %w", shard, err)
 	}
-	if len(v) != 4 {
+	if len(v) != 5 {
 		return ReleaseResult{}, fmt.Errorf("release on shard %d: unexpected reply %v", shard, v)
 	}
-	return ReleaseResult{Code: ReleaseCode(toInt(v[0])), User: toString(v[1]), Quantity: int(toInt(v[2])), Home: int(toInt(v[3]))}, nil
+	return ReleaseResult{Code: ReleaseCode(toInt(v[0])), User: toString(v[1]), Quantity: int(toInt(v[2])), Home: int(toInt(v[3])), ExpiryMs: toInt(v[4])}, nil
 }
 
 // Quota operations on the home shard, for reservations placed on other shards.
 const (
-	QuotaConfirm = "confirm"
-	QuotaUnclaim = "unclaim"
+	// QuotaRelease: the placed reservation named by shard and expiry was
+	// released: its quota goes back.
 	QuotaRelease = "release"
-	QuotaForget  = "forget" // a placed reservation was sold: keep the quota, drop the claims entry
-	quotaReap    = "reap"   // ReapClaim
+	// QuotaForget: the placed reservation named by shard and expiry was sold:
+	// the quota stays, its pointer and claims entry go.
+	QuotaForget  = "forget"
+	quotaConfirm = "confirm" // ConfirmClaim
+	quotaUnclaim = "unclaim" // Unclaim
+	quotaReap    = "reap"    // ReapClaim
 )
 
-// Quota runs quota.lua on the user's home shard. It reports whether it changed
-// anything (false: already done, or lost with the data).
+// Quota runs quota.lua's release or forget on the user's home shard for the
+// reservation of key placed on shard with expiryMs; any other pointer the key
+// has there now is left alone. It reports whether it changed anything (false:
+// already done, another placement's, or lost with the data).
 func (s *Store) Quota(ctx context.Context, home int, op, user, key string, qty int, shard int, expiryMs int64) (bool, error) {
-	ptr := strconv.Itoa(shard) + "|" + strconv.FormatInt(expiryMs, 10)
+	if op != QuotaRelease && op != QuotaForget {
+		return false, fmt.Errorf("quota on shard %d: unknown operation %q", home, op)
+	}
+	return s.quota(ctx, home, op, user, key, qty, Pointer(shard, expiryMs), "")
+}
+
+func (s *Store) quota(ctx context.Context, home int, op, user, key string, qty int, ptr, claim string) (bool, error) {
 	k := s.shards[home]
-	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, op, user, key, qty, ptr).Int()
+	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, op, user, key, qty, ptr, claim).Int()
 	if err != nil {
 		return false, fmt.Errorf("quota %s on shard %d: %w", op, home, err)
 	}
 	return n == 1, nil
+}
+
+// ConfirmClaim turns the claim of key on the home shard into the pointer of
+// the reservation placed on shard with expiryMs, if the claim is still the one
+// claim names (the Status of the reserve script's CLAIMED answer).
+func (s *Store) ConfirmClaim(ctx context.Context, home int, key, claim string, shard int, expiryMs int64) (bool, error) {
+	return s.quota(ctx, home, quotaConfirm, "", key, 0, Pointer(shard, expiryMs), claim)
+}
+
+// Unclaim gives back the claim of key on the home shard if it is still the
+// one claim names: no shard had stock for it.
+func (s *Store) Unclaim(ctx context.Context, home int, key, claim string) (bool, error) {
+	return s.quota(ctx, home, quotaUnclaim, "", key, 0, "", claim)
 }
 
 // StaleClaims lists up to limit keys of claims made on shard at or before
@@ -385,30 +427,55 @@ func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, li
 // changes nothing and returns the reservation's shard: the caller asks the
 // ledger whether to give the quota back (QuotaRelease) or keep it (QuotaForget).
 func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, err error) {
+	reaped, placedOn, _, err = s.ReapClaimAt(ctx, shard, key, cutoff)
+	return reaped, placedOn, err
+}
+
+// ReapClaimAt is ReapClaim that also returns the expiry of a placed
+// reservation: with placedOn, it names the pointer for Quota.
+func (s *Store) ReapClaimAt(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, expiryMs int64, err error) {
 	k := s.shards[shard]
-	v, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli()).Slice()
+	v, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli(), "").Slice()
 	if err != nil {
-		return false, -1, fmt.Errorf("reap claim on shard %d: %w", shard, err)
+		return false, -1, 0, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
 	if len(v) != 2 {
-		return false, -1, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
+		return false, -1, 0, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
 	}
 	if toInt(v[0]) != 2 {
-		return toInt(v[0]) == 1, -1, nil
+		return toInt(v[0]) == 1, -1, 0, nil
 	}
-	target, _, _ := strings.Cut(toString(v[1]), "|")
+	target, expiry, _ := strings.Cut(toString(v[1]), "|")
 	t, err := strconv.Atoi(target)
 	if err != nil || t < 0 || t >= len(s.shards) {
-		return false, -1, fmt.Errorf("reap claim on shard %d: malformed pointer %q", shard, v[1])
+		return false, -1, 0, fmt.Errorf("reap claim on shard %d: malformed pointer %q", shard, v[1])
 	}
-	return false, t, nil
+	return false, t, atoi64(expiry), nil
 }
 
 // MarkCommitted marks a reservation committed and takes it out of the expiry index.
-// It returns 1 (marked), 2 (already committed) or 0 (no such reservation).
+// It returns 1 (marked), 2 (already committed), 0 (no such reservation) or
+// CommitLedgerNeeded (its hash is gone, its index entry is not: call
+// MarkCommittedFromLedger).
 func (s *Store) MarkCommitted(ctx context.Context, shard int, key string) (int, error) {
+	return s.markCommitted(ctx, shard, key)
+}
+
+// CommitLedgerNeeded is MarkCommitted's answer for a reservation whose hash
+// is gone while its expiry-index entry still counts its units as reserved.
+const CommitLedgerNeeded = 4
+
+// MarkCommittedFromLedger is MarkCommitted for a reservation whose hash is
+// gone: the ledger row's quantity and expiry take its units off the shard's
+// reserved count, once (the index entry goes with them). It returns 3 when it
+// did, 0 when there was nothing to do.
+func (s *Store) MarkCommittedFromLedger(ctx context.Context, shard int, key string, qty int, expiryMs int64) (int, error) {
+	return s.markCommitted(ctx, shard, key, qty, expiryMs)
+}
+
+func (s *Store) markCommitted(ctx context.Context, shard int, key string, ledgerRow ...any) (int, error) {
 	k := s.shards[shard]
-	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key)}, key).Int()
+	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key)}, append([]any{key}, ledgerRow...)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("commit mark on shard %d: %w", shard, err)
 	}

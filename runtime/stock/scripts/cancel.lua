@@ -6,7 +6,7 @@
 -- ARGV[2] this shard's index
 -- ARGV[3] the user asking
 --
--- Returns {code, user, qty, home}
+-- Returns {code, user, qty, home, expiry}
 --   1 RELEASED  0 NOT_FOUND  2 NOT_RESERVED (committed)  3 WRONG_USER (nothing changed)
 --   4 BUSY (shard being rebuilt: the sweeper releases it later from the ledger)
 --
@@ -15,28 +15,28 @@
 -- back. Never re-sent by a client library (stock.script: NoRetry).
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then
-  return {0, '', 0, -1}
+  return {0, '', 0, -1, 0}
 end
 if state == 'REBUILDING' then
-  return {4, '', 0, -1}
+  return {4, '', 0, -1, 0}
 end
 local key = ARGV[1]
-local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h')
+local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h', 'e')
 if not r[1] then
-  return {0, '', 0, -1}
+  return {0, '', 0, -1, 0}
 end
 if r[2] ~= ARGV[3] then
-  return {3, '', 0, -1}
+  return {3, '', 0, -1, 0}
 end
 if r[1] ~= 'R' then
-  return {2, r[2], tonumber(r[3]), tonumber(r[4])}
+  return {2, r[2], tonumber(r[3]), tonumber(r[4]), tonumber(r[5])}
 end
 local qty = tonumber(r[3])
 redis.call('INCRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'rsv', -qty)
 redis.call('ZREM', KEYS[3], key)
 redis.call('DEL', KEYS[4])
-if tonumber(r[4]) == tonumber(ARGV[2]) then
-  redis.call('HINCRBY', KEYS[5], r[2], -qty)
+if tonumber(r[4]) == tonumber(ARGV[2]) and redis.call('HINCRBY', KEYS[5], r[2], -qty) <= 0 then
+  redis.call('HDEL', KEYS[5], r[2]) -- per-buyer state goes at zero
 end
-return {1, r[2], qty, tonumber(r[4])}
+return {1, r[2], qty, tonumber(r[4]), tonumber(r[5])}

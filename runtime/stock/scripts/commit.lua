@@ -4,14 +4,28 @@
 --
 -- KEYS[1] meta  KEYS[2] index  KEYS[3] res
 -- ARGV[1] reservation key
+-- ARGV[2], ARGV[3] (optional) the ledger row's quantity and expiry ms, for a reservation
+--         whose hash is gone (past its backstop TTL) while its expiry-index entry says
+--         its units still count as reserved
 --
--- Returns 1 marked now, 2 already committed, 0 no reservation hash (index cleaned)
+-- Returns 1 marked now, 2 already committed, 0 no reservation hash (index cleaned),
+--   3 no hash: counted as sold from the ledger row (ARGV[2..3]),
+--   4 no hash but an index entry: call again with the ledger row; nothing changed
 --
 -- Run twice: safe. The second run finds the hash committed and answers 2.
 local key = ARGV[1]
 local r = redis.call('HMGET', KEYS[3], 's', 'q')
 if not r[1] then
+  local score = redis.call('ZSCORE', KEYS[2], key)
+  if score and (ARGV[2] == nil or ARGV[2] == '') then
+    return 4
+  end
   redis.call('ZREM', KEYS[2], key)
+  local qty = tonumber(ARGV[2] or '0') or 0
+  if score and qty > 0 and tonumber(score) == tonumber(ARGV[3]) and redis.call('EXISTS', KEYS[1]) == 1 then
+    redis.call('HINCRBY', KEYS[1], 'rsv', -qty)
+    return 3
+  end
   return 0
 end
 if r[1] ~= 'R' then

@@ -5,40 +5,58 @@
 -- KEYS[1] stock  KEYS[2] meta  KEYS[3] index  KEYS[4] res  KEYS[5] users
 -- ARGV[1] reservation key
 -- ARGV[2] this shard's index (to know whether the user's quota lives here)
+-- ARGV[3..6] (optional) the ledger row's quantity, expiry ms, user and home shard, for a
+--         reservation whose hash is gone (it outlived the hash's backstop TTL, say
+--         during a long sweeper outage): its expiry-index entry, removed in the same
+--         script as every give-back, says its units were never given back. Quantity
+--         0: the ledger has no row; only the index entry goes.
 --
--- Returns {code, user, qty, home}
+-- Returns {code, user, qty, home, expiry}
 --   1 RELEASED      units are back; when home ~= this shard the caller releases the
---                   user's quota on the home shard (quota.lua release)
+--                   user's quota on the home shard (quota.lua release, naming this
+--                   shard and expiry)
 --   0 NOT_FOUND     no reservation hash (already released, or never here); index cleaned
 --   2 NOT_RESERVED  the reservation is committed; only the index is cleaned
 --   4 BUSY          the shard is being rebuilt; try again on the next pass
+--   5 LEDGER_NEEDED no hash, but the index entry is there: call again with the ledger
+--                   row (ARGV[3..6]); nothing changed
+-- Released from the ledger row, the reply carries the row's user, qty, home, expiry.
 --
 -- Run twice: not safe for the caller. The units go back once, but the second run
 -- answers NOT_FOUND, so the caller would not give the home shard's quota back.
 -- Never re-sent by a client library (stock.script: NoRetry).
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then
-  return {0, '', 0, -1}
+  return {0, '', 0, -1, 0}
 end
 if state == 'REBUILDING' then
-  return {4, '', 0, -1}
+  return {4, '', 0, -1, 0}
 end
 local key = ARGV[1]
-local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h')
+local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h', 'e')
 if not r[1] then
+  local score = redis.call('ZSCORE', KEYS[3], key)
+  if score and (ARGV[3] == nil or ARGV[3] == '') then
+    return {5, '', 0, -1, 0}
+  end
   redis.call('ZREM', KEYS[3], key)
-  return {0, '', 0, -1}
-end
-if r[1] ~= 'R' then
-  redis.call('ZREM', KEYS[3], key)
-  return {2, r[2], tonumber(r[3]), tonumber(r[4])}
+  local qty = tonumber(ARGV[3] or '0') or 0
+  if not score or qty <= 0 or tonumber(score) ~= tonumber(ARGV[4]) then
+    return {0, '', 0, -1, 0}
+  end
+  r = {'R', ARGV[5], ARGV[3], ARGV[6], ARGV[4]}
+else
+  if r[1] ~= 'R' then
+    redis.call('ZREM', KEYS[3], key)
+    return {2, r[2], tonumber(r[3]), tonumber(r[4]), tonumber(r[5])}
+  end
+  redis.call('DEL', KEYS[4])
 end
 local qty = tonumber(r[3])
 redis.call('INCRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'rsv', -qty)
 redis.call('ZREM', KEYS[3], key)
-redis.call('DEL', KEYS[4])
-if tonumber(r[4]) == tonumber(ARGV[2]) then
-  redis.call('HINCRBY', KEYS[5], r[2], -qty)
+if tonumber(r[4]) == tonumber(ARGV[2]) and redis.call('HINCRBY', KEYS[5], r[2], -qty) <= 0 then
+  redis.call('HDEL', KEYS[5], r[2]) -- per-buyer state goes at zero
 end
-return {1, r[2], qty, tonumber(r[4])}
+return {1, r[2], qty, tonumber(r[4]), tonumber(r[5])}

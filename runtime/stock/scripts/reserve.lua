@@ -42,11 +42,16 @@
 --   1 RESERVED  extra = stock left on this shard
 --   2 REPLAY    the same request was reserved before; extra = its shard (-1: here),
 --               status = R or C. Nothing is consumed.
---   3 SOLD_OUT
+--   3 SOLD_OUT  extra = units the user already holds (home and claim modes; 0 in steal
+--               mode): a retry of a request whose record Redis no longer has is then
+--               answered from the ledger
 --   4 LIMIT     extra = units the user already holds
 --   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING,
 --               STALE_EPOCH, UNVERIFIED
---   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim)
+--   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim);
+--               status = the claim's stamp (claimed at, ms), which confirming or giving
+--               back the claim must name, so that only this attempt's claim is touched;
+--               extra = units the user held before the claim
 --   7 BUSY      the same request is being placed on another shard right now
 --
 -- Run twice: NOT safe. In claim mode the second run finds its own claim and answers
@@ -72,6 +77,7 @@ end
 
 local user, key, mode = ARGV[1], ARGV[2], ARGV[8]
 local qty = tonumber(ARGV[3])
+local held = 0
 
 local prev = redis.call('HMGET', KEYS[4], 'e', 's')
 if prev[1] then
@@ -87,7 +93,7 @@ if mode ~= 'steal' then
     local sep = string.find(ptr, '|', 1, true)
     return {2, tonumber(string.sub(ptr, sep + 1)), epoch, tonumber(string.sub(ptr, 1, sep - 1)), 'R'}
   end
-  local held = tonumber(redis.call('HGET', KEYS[5], user) or '0')
+  held = tonumber(redis.call('HGET', KEYS[5], user) or '0')
   if held + qty > tonumber(ARGV[4]) then
     return {4, 0, epoch, held, ''}
   end
@@ -101,9 +107,9 @@ if stock < qty then
     redis.call('HINCRBY', KEYS[5], user, qty)
     redis.call('HSET', KEYS[5], 'p:' .. key, 'c|' .. at .. '|' .. qty .. '|' .. user)
     redis.call('ZADD', KEYS[6], at, key)
-    return {6, 0, epoch, 0, ''}
+    return {6, 0, epoch, held, at}
   end
-  return {3, 0, epoch, 0, ''}
+  return {3, 0, epoch, held, ''}
 end
 
 local now = redis.call('TIME')

@@ -1,0 +1,133 @@
+package engine_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// lostReply is a failpoint on a Redis client: the next commands it is armed
+// for run on the server, and then their caller gets a read timeout as if the
+// reply had been lost on the way back. Add it with stock.AddHook before the
+// client's first command.
+type lostReply struct {
+	mu    sync.Mutex
+	match func(args []any) bool
+	left  int // replies still to lose
+	lost  int // replies lost so far
+}
+
+// errLostReply is what a reply lost to a read deadline looks like to a caller.
+var errLostReply error = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+
+// arm loses the replies of the next n commands matching match.
+func (h *lostReply) arm(n int, match func(args []any) bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.match, h.left = match, n
+}
+
+// count is how many replies were lost.
+func (h *lostReply) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lost
+}
+
+func (h *lostReply) take(args []any) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.left == 0 || h.match == nil || !h.match(args) {
+		return false
+	}
+	h.left--
+	h.lost++
+	return true
+}
+
+func (h *lostReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && h.take(cmd.Args()) {
+			cmd.SetErr(errLostReply)
+			return errLostReply
+		}
+		return err
+	}
+}
+
+// isReserveMode matches a reserve script call in the given mode (its ARGV[8],
+// the second to last argument).
+func isReserveMode(mode stock.Mode) func(args []any) bool {
+	return func(args []any) bool {
+		if len(args) < 2 {
+			return false
+		}
+		name, _ := args[0].(string)
+		m, _ := args[len(args)-2].(string)
+		return strings.HasPrefix(strings.ToLower(name), "eval") && m == string(mode)
+	}
+}
+
+// withLostReplies is a client of backend b with a lostReply failpoint on it.
+func withLostReplies(t *testing.T, b backend) (redis.UniversalClient, *lostReply) {
+	rdb := b.client(t)
+	h := &lostReply{}
+	stock.AddHook(rdb, h)
+	return rdb, h
+}
+
+// assertQuotaCovers checks, from the reservation hashes themselves, that every
+// unit a user holds in Redis (reserved or sold) is counted by the user's
+// quota on the home shard, and that every reservation placed on another shard
+// is the one its home pointer names (shard and expiry): otherwise a retry of
+// the same request could take another unit, and a give-back meant for one
+// reservation could land on another.
+func (f *fixture) assertQuotaCovers() {
+	f.t.Helper()
+	ctx := context.Background()
+	s := f.e.Store()
+	held := map[string]int64{}
+	for i := 0; i < s.Shards(); i++ {
+		k := s.Keys(i)
+		for _, hashKey := range scanKeys(f.t, f.rdb, k.ResPrefix()+"*") {
+			key := strings.TrimPrefix(hashKey, k.ResPrefix())
+			r, ok, err := s.GetReservation(ctx, i, key)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			if !ok || r.Status != stock.ResReserved {
+				continue // sold units may outlive their pointers; their quota stays
+			}
+			held[r.User] += int64(r.Quantity)
+			if r.Home == i {
+				continue
+			}
+			ptr, err := f.rdb.HGet(ctx, s.Keys(r.Home).Users(), "p:"+key).Result()
+			if want := stock.Pointer(i, r.ExpiryMs); err != nil || ptr != want {
+				f.t.Fatalf("reservation %s of %s on shard %d: home shard %d points at %q (%v), want %q",
+					key, r.User, i, r.Home, ptr, err, want)
+			}
+		}
+	}
+	for user, n := range held {
+		home := stock.HomeShard(user, s.Shards())
+		q, err := f.rdb.HGet(ctx, s.Keys(home).Users(), user).Int64()
+		if err != nil || q < n {
+			f.t.Fatalf("%s holds %d reserved units in Redis, its quota on shard %d counts %d (%v)", user, n, home, q, err)
+		}
+	}
+}

@@ -1,0 +1,258 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// liveUnits is what the ledger says user holds: PENDING and COMMITTED units,
+// and the number of such rows.
+func liveUnits(t *testing.T, f *fixture, user string) (units, rows int64) {
+	t.Helper()
+	err := f.l.Pool().QueryRow(context.Background(),
+		`SELECT coalesce(sum(quantity),0), count(*) FROM flashsale_orders
+		 WHERE campaign_id=$1 AND user_id=$2 AND status IN ('PENDING','COMMITTED')`,
+		f.cfg.CampaignID, user).Scan(&units, &rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return units, rows
+}
+
+// requestRows counts the ledger rows of user's request req, on any shard: I4
+// allows one.
+func requestRows(t *testing.T, f *fixture, user, req string) int64 {
+	t.Helper()
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, req)
+	var n int64
+	err := f.l.Pool().QueryRow(context.Background(),
+		`SELECT count(*) FROM flashsale_orders WHERE campaign_id=$1 AND split_part(reservation_id, '.', 2) = $2`,
+		f.cfg.CampaignID, key).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Break: the reply of the steal probe that took a unit is lost. The unit is
+// this request's: the engine looks at the target shard and finishes the
+// reservation there, instead of giving the claimed quota back and leaving the
+// unit on that shard with no pointer and no row (then a retry of the same
+// request took a second unit on another shard, and the orphan's release took
+// the quota of the second).
+func TestLostStealReplyIsResolvedOnTheTarget(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, lost := withLostReplies(t, b)
+			f := newFixture(t, rdb, withAllocation(3), withShards(3), withMaxPerUser(1))
+			ctx := context.Background()
+			f.sellOutShard(0)
+			buyer := userHomedOn("buyer", 0, 3)
+
+			lost.arm(1, isReserveMode(stock.ModeSteal))
+			r, err := f.e.Reserve(ctx, buyer, "r", 1)
+			if lost.count() != 1 {
+				t.Fatalf("%d steal replies lost, want 1", lost.count())
+			}
+			f.assertQuotaCovers()
+			if err != nil || r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
+				t.Fatalf("reserve with the steal reply lost: %+v %v, want the unit the probe took, RESERVED", r, err)
+			}
+			again := f.reserve(buyer, "r", 1)
+			if again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != r.Reservation.ID {
+				t.Fatalf("retry: %+v, want REPLAYED %s", again, r.Reservation.ID)
+			}
+			if other := f.reserve(buyer, "other", 1); other.Outcome != engine.OutcomeLimit {
+				t.Fatalf("another request: %s, want LIMIT_EXCEEDED", other.Outcome)
+			}
+			if units, _ := liveUnits(t, f, buyer); units != 1 {
+				t.Fatalf("the ledger says %s holds %d units, want 1", buyer, units)
+			}
+			f.assertQuotaCovers()
+			f.assertConserved()
+		})
+	}
+}
+
+// Break: a quota give-back acted on whatever pointer the request's key had on
+// the home shard. An orphan of the request on shard 1 (placed by a process
+// that died before confirming) is released by the sweeper while the same
+// request's live reservation sits on shard 2: the give-back must leave the
+// live one's pointer and quota alone.
+func TestQuotaGiveBackActsOnItsOwnReservation(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(6), withShards(3), withMaxPerUser(1), withTTL(shortTTL, 0))
+		ctx := context.Background()
+		s := f.e.Store()
+		f.sellOutShard(0)
+		buyer := userHomedOn("buyer", 0, 3)
+		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, buyer, "r")
+		req := stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: buyer, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: shortTTL}
+		// The orphan: claimed and placed on shard 1, never confirmed; the
+		// process died, the claim was reaped.
+		if c, err := s.Reserve(ctx, req); err != nil || c.Code != stock.Claimed {
+			t.Fatalf("claim: %+v %v", c, err)
+		}
+		steal := req
+		steal.Shard, steal.Mode = 1, stock.ModeSteal
+		orphan, err := s.Reserve(ctx, steal)
+		if err != nil || orphan.Code != stock.Reserved {
+			t.Fatalf("orphan: %+v %v", orphan, err)
+		}
+		now, err := s.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, _, err := s.ReapClaim(ctx, 0, key, now.Add(time.Hour)); err != nil || !ok {
+			t.Fatalf("reap: %v %v", ok, err)
+		}
+		// The same request placed on shard 2 for an hour, and confirmed.
+		c, err := s.Reserve(ctx, req)
+		if err != nil || c.Code != stock.Claimed {
+			t.Fatalf("second claim: %+v %v", c, err)
+		}
+		steal.Shard, steal.TTL = 2, time.Hour
+		live, err := s.Reserve(ctx, steal)
+		if err != nil || live.Code != stock.Reserved {
+			t.Fatalf("live: %+v %v", live, err)
+		}
+		if ok, err := s.ConfirmClaim(ctx, 0, key, c.Status, 2, live.ExpiryMs); err != nil || !ok {
+			t.Fatalf("confirm: %v %v", ok, err)
+		}
+
+		waitRedisPast(t, f, orphan.ExpiryMs)
+		if st := f.sweepUntilQuiet(); st.Abandoned != 1 {
+			t.Fatalf("sweep %+v, want the orphan abandoned and released", st)
+		}
+		if ptr, err := rdb.HGet(ctx, s.Keys(0).Users(), "p:"+key).Result(); err != nil || ptr != stock.Pointer(2, live.ExpiryMs) {
+			t.Fatalf("the live reservation's pointer after the orphan's release: %q %v", ptr, err)
+		}
+		if q, err := rdb.HGet(ctx, s.Keys(0).Users(), buyer).Result(); err != nil || q != "1" {
+			t.Fatalf("the buyer's quota after the orphan's release: %q %v, want 1", q, err)
+		}
+	})
+}
+
+// waitRedisPast waits until the Redis clock is past ms.
+func waitRedisPast(t *testing.T, f *fixture, ms int64) {
+	t.Helper()
+	for {
+		now, err := f.e.Store().Now(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.UnixMilli() > ms {
+			return
+		}
+		time.Sleep(time.Duration(ms-now.UnixMilli()+1) * time.Millisecond)
+	}
+}
+
+// Break: idempotency was per shard. A cancelled request retried while its
+// home shard is sold out was placed anew on another shard.
+func TestRetryOfACancelledRequestOnAnotherShard(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(3), withShards(3), withMaxPerUser(1))
+		ctx := context.Background()
+		buyer := userHomedOn("buyer", 0, 3)
+		r := f.reserve(buyer, "r", 1)
+		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
+			t.Fatalf("reserve: %+v", r)
+		}
+		if c, err := f.e.Cancel(ctx, buyer, r.Reservation.ID); err != nil || c.Outcome != ledger.CancelCancelled {
+			t.Fatalf("cancel: %v %v", c.Outcome, err)
+		}
+		f.sellOutShard(0)
+		if again := f.reserve(buyer, "r", 1); again.Outcome != engine.OutcomeExpired {
+			t.Fatalf("retry of the cancelled request: %+v, want EXPIRED", again)
+		}
+		if n := requestRows(t, f, buyer, "r"); n != 1 {
+			t.Fatalf("%d ledger rows for one request", n)
+		}
+		if units, _ := liveUnits(t, f, buyer); units != 0 {
+			t.Fatalf("the buyer holds %d units after cancelling", units)
+		}
+		f.assertQuotaCovers()
+		f.assertConserved()
+	})
+}
+
+// Break: a cancelled stolen reservation, retried, was placed again on a third
+// shard.
+func TestRetryOfACancelledStolenRequest(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(3), withShards(3), withMaxPerUser(1))
+		ctx := context.Background()
+		f.sellOutShard(0)
+		buyer := userHomedOn("buyer", 0, 3)
+		r := f.reserve(buyer, "r", 1)
+		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
+			t.Fatalf("reserve: %+v, want a stolen reservation", r)
+		}
+		if c, err := f.e.Cancel(ctx, buyer, r.Reservation.ID); err != nil || c.Outcome != ledger.CancelCancelled {
+			t.Fatalf("cancel: %v %v", c.Outcome, err)
+		}
+		// The unit given back is sold again to a buyer of that shard: only
+		// the third shard has stock now.
+		f.reserve(userHomedOn("local", r.Reservation.Shard, 3), "r", 1)
+		if again := f.reserve(buyer, "r", 1); again.Outcome != engine.OutcomeExpired {
+			t.Fatalf("retry of the cancelled stolen request: %+v, want EXPIRED", again)
+		}
+		if n := requestRows(t, f, buyer, "r"); n != 1 {
+			t.Fatalf("%d ledger rows for one request", n)
+		}
+		f.assertQuotaCovers()
+		f.assertConserved()
+	})
+}
+
+// Break: a paid request whose Redis hash is gone (the backstop TTL) was
+// answered LIMIT_EXCEEDED, or placed anew when the home shard was sold out,
+// instead of replayed from the ledger.
+func TestRetryOfAPaidRequestWhoseHashIsGone(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, max := range []int{1, 2} {
+			t.Run(fmt.Sprintf("maxPerUser=%d", max), func(t *testing.T) { testRetryOfAPaidRequest(t, rdb, max) })
+		}
+	})
+}
+
+func testRetryOfAPaidRequest(t *testing.T, rdb redis.UniversalClient, max int) {
+	f := newFixture(t, rdb, withAllocation(3), withShards(3), withMaxPerUser(max))
+	ctx := context.Background()
+	buyer := userHomedOn("buyer", 0, 3)
+	r := f.reserve(buyer, "r", 1)
+	if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
+		t.Fatalf("reserve: %+v", r)
+	}
+	if co, err := f.e.Checkout(ctx, buyer, r.Reservation.ID, "pay"); err != nil || co.Outcome != ledger.CheckoutCommitted {
+		t.Fatalf("checkout: %v %v", co.Outcome, err)
+	}
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, buyer, "r")
+	if err := rdb.Del(ctx, f.e.Store().Keys(0).Res(key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	again := f.reserve(buyer, "r", 1)
+	if again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != r.Reservation.ID {
+		t.Fatalf("maxPerUser %d: retry of the paid request: %+v, want REPLAYED %s", max, again, r.Reservation.ID)
+	}
+	if n := requestRows(t, f, buyer, "r"); n != 1 {
+		t.Fatalf("maxPerUser %d: %d ledger rows for one request", max, n)
+	}
+	if units, _ := liveUnits(t, f, buyer); units != 1 {
+		t.Fatalf("maxPerUser %d: the buyer holds %d units, want the 1 paid", max, units)
+	}
+	c := f.counts()
+	if c.Sold != 1 || c.Reserved != 0 || c.Available != 2 {
+		t.Fatalf("maxPerUser %d: counts %+v, want 1 sold, 2 available", max, c)
+	}
+}
