@@ -646,7 +646,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		}
 		s.fs.Status.LastRebuild = &flashsalev1alpha1.RebuildStatus{
 			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
-			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold,
+			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, RestoredOrders: rep.Restored,
 			DurationSeconds: fmt.Sprintf("%.3f", rep.Duration.Seconds()),
 		}
 		if why == "" {
@@ -654,8 +654,8 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		}
 		// The phase above is what the rebuilt shards say, until observe
 		// recomputes it: a later phase that stops early must not leave it blank.
-		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d",
-			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
+		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
+			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
 	}
 	return r.afterSeed(ctx, s, ids, srv)
 }
@@ -995,12 +995,15 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	st := &s.fs.Status
 	shards := make([]flashsalev1alpha1.ShardStatus, 0, len(counts.Shards))
 	for _, sh := range counts.Shards {
-		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Reserved})
+		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
 	}
-	changed := st.Allocation != counts.Allocation || st.Available != counts.Available || st.Reserved != counts.Reserved ||
+	// Available from Redis, sold from the ledger, reserved the rest (see
+	// engine.ShardCounts.Unsold): they never add up to more than the allocation.
+	reserved := counts.Unsold()
+	changed := st.Allocation != counts.Allocation || st.Available != counts.Available || st.Reserved != reserved ||
 		st.Sold != counts.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
 	st.Epoch, st.Allocation = counts.Epoch, counts.Allocation
-	st.Available, st.Reserved, st.Sold = counts.Available, counts.Reserved, counts.Sold
+	st.Available, st.Reserved, st.Sold = counts.Available, reserved, counts.Sold
 	st.Shards = shards
 	// Renewed with the counts, and at least every CountsStamp: counts older
 	// than that were not read (the reads above failed, or nobody ran them).

@@ -111,6 +111,12 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 		e.markSoldOut(home)
 		res.Outcome = OutcomeSoldOut
 	case stock.Limit:
+		// A request the buyer already holds, whose hash Redis no longer has
+		// (a rebuild recreates pending reservations only, so a paid one is
+		// gone), finds the buyer at the limit: the ledger answers it.
+		if o, found, err := e.ledger.FindRequest(ctx, e.cfg.CampaignID, user, e.requestIDs(key)); err == nil && found {
+			return e.answerFromOrder(res, o, user), nil
+		}
 		res.Outcome, res.Held = OutcomeLimit, r.Extra
 	case stock.Closed:
 		res.Outcome, res.Reason = OutcomeClosed, r.Status
@@ -214,6 +220,15 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 		e.release(ctx, shard, key)
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
+}
+
+// requestIDs are the reservation ids a request's key has on every shard.
+func (e *Engine) requestIDs(key string) []string {
+	ids := make([]string, e.cfg.Shards)
+	for i := range ids {
+		ids[i] = stock.FormatID(i, key)
+	}
+	return ids
 }
 
 // replayWait bounds how long a replay waits for the original request's ledger row.

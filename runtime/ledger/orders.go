@@ -356,3 +356,23 @@ func collectStatuses(rows pgx.Rows, err error) (map[string]Status, error) {
 	})
 	return out, err
 }
+
+const sqlFindRequest = `SELECT ` + orderColumns + ` FROM flashsale_orders
+WHERE reservation_id = ANY($1::text[]) AND campaign_id = $2 AND user_id = $3 AND status IN ('PENDING', 'COMMITTED')
+LIMIT 1`
+
+// FindRequest returns the user's PENDING or COMMITTED order among ids (one
+// request's reservation ids, one per shard it may have landed on); found is
+// false when there is none. It answers a retried request that Redis no longer
+// knows, e.g. a paid one after a rebuild, which recreates pending
+// reservations only.
+func (l *Ledger) FindRequest(ctx context.Context, campaignID, userID string, ids []string) (o Order, found bool, err error) {
+	o, err = scanOrder(l.pool.QueryRow(ctx, sqlFindRequest, ids, campaignID, userID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, false, nil
+	}
+	if err != nil {
+		return Order{}, false, fmt.Errorf("ledger: find request: %w", err)
+	}
+	return o, true, nil
+}
