@@ -8,9 +8,10 @@
 --           status (R pending: indexed for the sweeper and counted as reserved;
 --           C committed: neither), TTL of the hash in seconds
 --
--- Safe to run twice: a reservation whose hash exists already is left as it is
--- and not counted again, so a repeated batch adds nothing to the reserved
--- counter.
+-- Safe to run twice: the shard was wiped when the rebuild began, so a hash that
+-- exists was written by this batch before; it is written again with the same
+-- values and not indexed or counted again, so a repeated batch adds nothing to
+-- the reserved counter.
 --
 -- Returns the number of reservations in the batch, or -1 when the shard is not
 -- being rebuilt under this epoch
@@ -20,18 +21,23 @@ if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
 end
 local n = #KEYS - 2
 local units = 0
+local index = {}
 for i = 1, n do
   local a = 1 + (i - 1) * 8
   local key, user, qty, expiry, epoch, home, status, ttl =
     ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
-  if redis.call('EXISTS', KEYS[2 + i]) == 0 then
-    redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', status, 'e', expiry, 'p', epoch, 'h', home)
+  if redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', status, 'e', expiry, 'p', epoch, 'h', home) > 0 then
     redis.call('EXPIRE', KEYS[2 + i], ttl)
     if status == 'R' then
-      redis.call('ZADD', KEYS[2], expiry, key)
+      index[#index + 1] = expiry
+      index[#index + 1] = key
       units = units + tonumber(qty)
     end
   end
+end
+if #index > 0 then
+  -- One ZADD per batch instead of one per reservation.
+  redis.call('ZADD', KEYS[2], unpack(index))
 end
 redis.call('HINCRBY', KEYS[1], 'rsv', units)
 return n
