@@ -68,7 +68,7 @@ const (
 	// first is rebuilt before the shards open).
 	scheduledRefresh = 10 * time.Second
 	// DefaultPhaseTimeout bounds each phase of a reconcile but a rebuild
-	// (--phase-timeout): well above a count of tens of millions of orders.
+	// (--phase-timeout): far above the few small queries of a status refresh.
 	DefaultPhaseTimeout = 30 * time.Second
 	// DefaultCountsStamp is how often status.countsObservedAt is renewed
 	// while the counts do not change: often enough to tell stale counts, and
@@ -270,8 +270,8 @@ func keepTransitionTimes(before, after []metav1.Condition) {
 // reconcilePhases runs the phases in order until one is done early (it set a
 // condition and a requeue) or fails; completed reports that every phase ran.
 //
-// Each phase is bounded by PhaseTimeout, except a rebuild (it reads every
-// live order): a Redis or ledger that hangs shows as unreachable within it
+// Each phase is bounded by PhaseTimeout, except a rebuild (it streams every
+// pending order and buyer): a Redis or ledger that hangs shows as unreachable within it
 // instead of at the reconcile's deadline, and the next reconcile, which
 // closes the shards first when the spec asks for it, comes that much sooner.
 func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) (completed bool, err error) {

@@ -53,6 +53,7 @@ type result struct {
 	Seconds       float64 `json:"seconds"`
 	Restored      int64   `json:"restored"`
 	Holders       int64   `json:"holders"`
+	StartRSSMiB   float64 `json:"start_rss_mib"` // connected, before the rebuild
 	PeakRSSMiB    float64 `json:"peak_rss_mib"`
 	PostgresCPU   float64 `json:"postgres_cpu_s"`
 	RedisCPU      float64 `json:"redis_cpu_s"`
@@ -271,12 +272,19 @@ func runChild(arg string) error {
 		return err
 	}
 	defer e.Close()
+	if err := e.Store().Ping(ctx); err != nil {
+		return err
+	}
+	if err := l.Ping(ctx); err != nil {
+		return err
+	}
+	startRSS := statusMiB("VmRSS:")
 	start := time.Now()
 	rep, err := e.Rebuild(ctx, func() string { return stock.StateOpen })
 	if err != nil {
 		return err
 	}
-	r := result{Seconds: time.Since(start).Seconds(), Restored: rep.Restored, Holders: rep.Holders, RebuilderCPU: cpustat.Self().Seconds()}
+	r := result{Seconds: time.Since(start).Seconds(), Restored: rep.Restored, Holders: rep.Holders, RebuilderCPU: cpustat.Self().Seconds(), StartRSSMiB: startRSS}
 	var took []time.Duration
 	for range 50 {
 		t0 := time.Now()
@@ -295,14 +303,16 @@ func runChild(arg string) error {
 	return json.NewEncoder(os.Stdout).Encode(r)
 }
 
-// peakRSSMiB is this process's VmHWM.
-func peakRSSMiB() float64 {
+// peakRSSMiB is this process's VmHWM, statusMiB a field of its status in MiB.
+func peakRSSMiB() float64 { return statusMiB("VmHWM:") }
+
+func statusMiB(field string) float64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
 			kb, _ := strconv.ParseFloat(f[1], 64)
 			return kb / 1024
 		}
@@ -311,14 +321,14 @@ func peakRSSMiB() float64 {
 }
 
 func printTable(rs []result) {
-	fmt.Println("| orders | beside | rebuild s | orders restored | buyers restored | peak RSS MiB | rebuilder CPU s | PostgreSQL CPU s | Redis CPU s | status refresh ms | ledger bytes/order |")
+	fmt.Println("| orders | beside | rebuild s | orders restored | buyers restored | RSS before / peak MiB | rebuilder CPU s | PostgreSQL CPU s | Redis CPU s | status refresh ms | ledger bytes/order |")
 	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		beside := "-"
 		if r.Beside > 0 {
 			beside = strconv.FormatInt(r.Beside, 10)
 		}
-		fmt.Printf("| %d | %s | %.2f | %d | %d | %.0f | %.2f | %.2f | %.2f | %.3f | %.0f |\n",
-			r.Orders, beside, r.Seconds, r.Restored, r.Holders, r.PeakRSSMiB, r.RebuilderCPU, r.PostgresCPU, r.RedisCPU, r.CountsMillis, r.BytesPerOrder)
+		fmt.Printf("| %d | %s | %.2f | %d | %d | %.0f / %.0f | %.2f | %.2f | %.2f | %.3f | %.0f |\n",
+			r.Orders, beside, r.Seconds, r.Restored, r.Holders, r.StartRSSMiB, r.PeakRSSMiB, r.RebuilderCPU, r.PostgresCPU, r.RedisCPU, r.CountsMillis, r.BytesPerOrder)
 	}
 }
