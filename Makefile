@@ -94,8 +94,12 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps ## Run the benchmarks of docs/benchmarks.md (5–7 minutes); BENCH_ARGS="--json" for JSON.
+bench: deps bench-rebuild ## Run the benchmarks of docs/benchmarks.md (15–20 minutes); BENCH_ARGS="--json" for JSON.
 	go run ./hack/bench $(BENCH_ARGS)
+
+.PHONY: bench-rebuild
+bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (REBUILD_ARGS="--orders 100000" for fewer).
+	go run ./hack/rebuildbench $(REBUILD_ARGS)
 
 .PHONY: test
 test: deps envtest ## Install what is missing, build the envtest binaries, run every test.

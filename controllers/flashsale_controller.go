@@ -68,7 +68,7 @@ const (
 	// first is rebuilt before the shards open).
 	scheduledRefresh = 10 * time.Second
 	// DefaultPhaseTimeout bounds each phase of a reconcile but a rebuild
-	// (--phase-timeout): well above a count of tens of millions of orders.
+	// (--phase-timeout): far above the few small queries of a status refresh.
 	DefaultPhaseTimeout = 30 * time.Second
 	// DefaultCountsStamp is how often status.countsObservedAt is renewed
 	// while the counts do not change: often enough to tell stale counts, and
@@ -270,8 +270,8 @@ func keepTransitionTimes(before, after []metav1.Condition) {
 // reconcilePhases runs the phases in order until one is done early (it set a
 // condition and a requeue) or fails; completed reports that every phase ran.
 //
-// Each phase is bounded by PhaseTimeout, except a rebuild (it reads every
-// live order): a Redis or ledger that hangs shows as unreachable within it
+// Each phase is bounded by PhaseTimeout, except a rebuild (it streams every
+// pending order and buyer): a Redis or ledger that hangs shows as unreachable within it
 // instead of at the reconcile's deadline, and the next reconcile, which
 // closes the shards first when the spec asks for it, comes that much sooner.
 func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) (completed bool, err error) {
@@ -646,7 +646,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		}
 		s.fs.Status.LastRebuild = &flashsalev1alpha1.RebuildStatus{
 			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
-			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold,
+			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, RestoredOrders: rep.Restored,
 			DurationSeconds: fmt.Sprintf("%.3f", rep.Duration.Seconds()),
 		}
 		if why == "" {
@@ -654,8 +654,8 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		}
 		// The phase above is what the rebuilt shards say, until observe
 		// recomputes it: a later phase that stops early must not leave it blank.
-		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d",
-			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold)
+		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
+			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
 	}
 	return r.afterSeed(ctx, s, ids, srv)
 }
@@ -995,12 +995,15 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	st := &s.fs.Status
 	shards := make([]flashsalev1alpha1.ShardStatus, 0, len(counts.Shards))
 	for _, sh := range counts.Shards {
-		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Reserved})
+		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
 	}
-	changed := st.Allocation != counts.Allocation || st.Available != counts.Available || st.Reserved != counts.Reserved ||
+	// Available from Redis, sold from the ledger, reserved the rest (see
+	// engine.ShardCounts.Unsold): they never add up to more than the allocation.
+	reserved := counts.Unsold()
+	changed := st.Allocation != counts.Allocation || st.Available != counts.Available || st.Reserved != reserved ||
 		st.Sold != counts.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
 	st.Epoch, st.Allocation = counts.Epoch, counts.Allocation
-	st.Available, st.Reserved, st.Sold = counts.Available, counts.Reserved, counts.Sold
+	st.Available, st.Reserved, st.Sold = counts.Available, reserved, counts.Sold
 	st.Shards = shards
 	// Renewed with the counts, and at least every CountsStamp: counts older
 	// than that were not read (the reads above failed, or nobody ran them).

@@ -529,6 +529,12 @@ type RebuildStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	Sold int64 `json:"sold"`
 
+	// restoredOrders is the number of pending orders recreated as
+	// reservations in Redis.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	RestoredOrders int64 `json:"restoredOrders,omitempty"`
+
 	// durationSeconds is how long the rebuild took, in decimal seconds
 	// (e.g. "0.042").
 	// +optional

@@ -36,6 +36,19 @@ func Tree(pid int) time.Duration {
 	return total
 }
 
+// TreeWithExited is Tree plus the CPU time of the children pid has reaped
+// (a postmaster's backends that ended), so that a count taken before and after
+// a run does not go down when a connection closes.
+func TreeWithExited(pid int) time.Duration {
+	total := Tree(pid)
+	if f := statFields(pid); len(f) >= 15 {
+		cut, _ := strconv.ParseInt(f[13], 10, 64)
+		cst, _ := strconv.ParseInt(f[14], 10, 64)
+		total += time.Duration(cut+cst) * time.Second / clockTicks
+	}
+	return total
+}
+
 // Children lists the live children of pid.
 func Children(pid int) []int {
 	entries, _ := os.ReadDir("/proc")

@@ -335,7 +335,7 @@ func stealCall(cmd redis.Cmder) bool {
 		return fmt.Sprint(argv[7]) == string(stock.ModeSteal)
 	case nkeys == 2 && len(argv) >= 1: // quota (users, claims)
 		switch fmt.Sprint(argv[0]) {
-		case stock.QuotaConfirm, stock.QuotaUnclaim, stock.QuotaRelease, stock.QuotaForget:
+		case "confirm", "unclaim", stock.QuotaRelease, stock.QuotaForget:
 			return true
 		}
 	}

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
-	"sync"
-	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -140,163 +137,6 @@ func (e *Engine) SetGate(ctx context.Context, state string, epoch int64) error {
 		}
 	}
 	return nil
-}
-
-// RebuildReport records one rebuild.
-type RebuildReport struct {
-	Epoch     int64
-	Available int64
-	Reserved  int64
-	Sold      int64
-	Expired   int    // pending orders past expiry found by the rebuild and cancelled
-	Gate      string // the state the shards were opened in
-	Duration  time.Duration
-}
-
-// rebuildBatch bounds the reservations sent to Redis per script call.
-const rebuildBatch = 200
-
-// Rebuild reconstructs every shard from the ledger after Redis lost its data:
-// in one transaction the campaign row is locked, the epoch bumped and the committed
-// and still-valid pending orders read; then per shard the old state is wiped, valid
-// pending reservations recreated, the stock written and the meta written last,
-// closed; once every shard is rebuilt they are opened together in the state
-// gate returns then. It is asked at that moment, not before: a rebuild of a
-// large ledger may run across a schedule edge. Reservations racing it were
-// either counted or fenced.
-func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport, error) {
-	start := e.now()
-	// Before the epoch is bumped: stock rebuilt where it may be evicted again
-	// would not stay what the ledger says.
-	if err := e.store.CheckEviction(ctx); err != nil {
-		return RebuildReport{}, fmt.Errorf("redis: %w", err)
-	}
-	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
-	if err != nil {
-		return RebuildReport{}, ledgerFailure("rebuild snapshot", err)
-	}
-	c := snap.Campaign
-	if c.Shards != e.cfg.Shards || len(c.ShardAllocations) != c.Shards {
-		return RebuildReport{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
-	}
-	e.seeEpoch(c.Epoch)
-	plans := planRebuild(c, snap.Orders)
-	rep := RebuildReport{Epoch: c.Epoch, Expired: snap.Expired}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-		sem   = make(chan struct{}, sweepParallel)
-	)
-	for i := range plans {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			// Each shard is finished closed and the gate opened on all of them
-			// at the end: a rebuild that fails on one shard admits nothing.
-			err := e.rebuildShard(ctx, i, c, plans[i], stock.StateFailClosed)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && first == nil {
-				first = fmt.Errorf("rebuild shard %d: %w", i, err)
-			}
-		}()
-	}
-	wg.Wait()
-	if first != nil {
-		return rep, first
-	}
-	rep.Gate = gate()
-	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
-		// Shards are written one by one: close again those that opened, on
-		// a context of its own (the open may have failed on a spent one).
-		cctx, cancel := detached(ctx)
-		_, _ = e.store.SetGate(cctx, stock.StateFailClosed, 0)
-		cancel()
-		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
-	}
-	for _, p := range plans {
-		rep.Available += p.stock
-		rep.Reserved += p.pendingUnits
-		rep.Sold += p.committed
-	}
-	rep.Duration = e.now().Sub(start)
-	return rep, nil
-}
-
-// shardPlan is what one shard must hold after a rebuild.
-type shardPlan struct {
-	stock, committed, pendingUnits int64
-	// restore: the pending reservations, and the committed ones (a retried
-	// reserve of a paid request replays from its hash).
-	restore []stock.Reservation
-	users   map[string]string // users hash fields of users homed here
-}
-
-func planRebuild(c ledger.Campaign, orders []ledger.Order) []shardPlan {
-	plans := make([]shardPlan, c.Shards)
-	held := make([]map[string]int64, c.Shards)
-	for i := range plans {
-		plans[i].users = map[string]string{}
-		held[i] = map[string]int64{}
-	}
-	for _, o := range orders {
-		if o.Shard < 0 || o.Shard >= c.Shards {
-			continue
-		}
-		key := o.ReservationID[len(strconv.Itoa(o.Shard))+1:]
-		home := stock.HomeShard(o.UserID, c.Shards)
-		p := &plans[o.Shard]
-		r := stock.Reservation{
-			Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: stock.ResReserved,
-			ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home, CreatedMs: o.CreatedAt.UnixMilli(),
-		}
-		if o.Status == ledger.StatusCommitted {
-			p.committed += int64(o.Quantity)
-			r.Status = stock.ResCommitted
-		} else {
-			p.pendingUnits += int64(o.Quantity)
-		}
-		p.restore = append(p.restore, r)
-		held[home][o.UserID] += int64(o.Quantity)
-		if o.Shard != home {
-			plans[home].users["p:"+key] = strconv.Itoa(o.Shard) + "|" + strconv.FormatInt(o.ExpiresAt.UnixMilli(), 10)
-		}
-	}
-	for i := range plans {
-		for u, n := range held[i] {
-			plans[i].users[u] = strconv.FormatInt(n, 10)
-		}
-		plans[i].stock = c.ShardAllocations[i] - plans[i].committed - plans[i].pendingUnits
-		sort.Slice(plans[i].restore, func(a, b int) bool { return plans[i].restore[a].Key < plans[i].restore[b].Key })
-	}
-	return plans
-}
-
-func (e *Engine) rebuildShard(ctx context.Context, i int, c ledger.Campaign, p shardPlan, gate string) error {
-	if p.stock < 0 {
-		// The ledger holds more than the shard's allocation: never invent stock.
-		return fmt.Errorf("ledger holds %d committed and %d pending units, more than the allocation %d", p.committed, p.pendingUnits, c.ShardAllocations[i])
-	}
-	if err := e.store.RebuildBegin(ctx, i, c.Epoch); err != nil {
-		return err
-	}
-	for j := 0; j < len(p.restore); j += rebuildBatch {
-		if err := e.store.RebuildRestore(ctx, i, c.Epoch, p.restore[j:min(j+rebuildBatch, len(p.restore))]); err != nil {
-			return err
-		}
-	}
-	fields := make([]string, 0, 2*len(p.users))
-	for f, v := range p.users {
-		fields = append(fields, f, v)
-	}
-	for j := 0; j < len(fields); j += 2 * rebuildBatch {
-		if err := e.store.RebuildUsers(ctx, i, c.Epoch, fields[j:min(j+2*rebuildBatch, len(fields))]); err != nil {
-			return err
-		}
-	}
-	return e.store.RebuildFinish(ctx, i, p.stock, c.Epoch, gate, c.ShardAllocations[i], c.LastChangeID)
 }
 
 // ErrAllocationPending means a decrease could not finish yet: too few units are
@@ -527,6 +367,30 @@ type Counts struct {
 	Shards     []ShardCounts
 }
 
+// Unsold is the shard's reserved figure for status: the units of its
+// allocation that are neither in Redis's stock nor sold in the ledger (nor
+// withdrawn for a decrease). Each figure has one source (stock from Redis,
+// sold from the ledger's counters) and reserved is the rest, so the three
+// never add up to more than the allocation, even in the moment between a
+// checkout's ledger commit and its Redis step, when Redis's own reserved
+// counter still holds the unit. A shard Redis lost shows the ledger's
+// pending units.
+func (s ShardCounts) Unsold() int64 {
+	if !s.Present {
+		return s.Pending
+	}
+	return max(0, s.Allocation-s.Available-s.Sold-s.Withdrawn)
+}
+
+// Unsold sums the shards' Unsold.
+func (c Counts) Unsold() int64 {
+	var n int64
+	for _, s := range c.Shards {
+		n += s.Unsold()
+	}
+	return n
+}
+
 // Oversold is how many units are sold beyond the allocation (must be 0: I1).
 func (c Counts) Oversold() int64 { return max(0, c.Sold-c.Allocation) }
 
@@ -546,7 +410,8 @@ func (c Counts) Conserved() bool {
 	return c.Available+c.Reserved+c.Sold+c.Withdrawn == c.Allocation
 }
 
-// Counts reads Redis (one pipeline) and the ledger (one grouped query).
+// Counts reads Redis (one pipeline) and the ledger (the campaign row and the
+// shard counters: O(shards), whatever the number of orders).
 func (e *Engine) Counts(ctx context.Context) (Counts, error) {
 	states, err := e.store.State(ctx)
 	if err != nil {

@@ -116,6 +116,9 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 			return e.orFromLedger(ctx, res, key, user)
 		}
 	case stock.Limit:
+		// A request whose Redis record is gone (a paid one after a rebuild,
+		// which recreates pending reservations only) finds its buyer at the
+		// limit: the ledger answers it.
 		res.Outcome, res.Held = OutcomeLimit, r.Extra
 		return e.orFromLedger(ctx, res, key, user)
 	case stock.Closed:

@@ -182,8 +182,9 @@ func (l *Ledger) MarkChangeApplied(ctx context.Context, changeID int64) error {
 // ErrBelowHeld refuses an allocation below the units already sold or reserved.
 var ErrBelowHeld = errors.New("allocation below the units sold and reserved")
 
-const sqlHeldUnits = `SELECT coalesce(sum(quantity), 0)::bigint FROM flashsale_orders
-WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')`
+// From the counters (0002_shard_counts), not the orders: O(shards).
+const sqlHeldUnits = `SELECT coalesce(sum(pending + committed), 0)::bigint FROM flashsale_shard_counts
+WHERE campaign_id = $1`
 
 // ErrEpochChanged refuses a decrease whose units were withdrawn under an
 // epoch a rebuild has replaced since: the rebuild put them back into stock.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -376,70 +375,4 @@ func TestRecordAbandoned(t *testing.T) {
 		t.Errorf("late materialize of an abandoned reservation: %v", err)
 	}
 	mustStatus(t, l, lost[0].ReservationID, StatusAbandoned)
-}
-
-func TestCountsByShard(t *testing.T) {
-	t.Parallel()
-	l := newLedger(t)
-	ctx := testCtx(t)
-	c := newCampaign(t, l, 100, 3)
-	other := newCampaign(t, l, 100, 3)
-	add := func(camp Campaign, shard, qty int, st Status, expiresIn time.Duration) {
-		o := pendingOrder(camp, "u", shard, 0)
-		o.Quantity, o.Status = qty, st
-		if st == StatusCommitted {
-			o.PaymentToken = "pay"
-		}
-		insertOrder(t, l, o, expiresIn)
-	}
-	add(c, 0, 2, StatusCommitted, time.Hour)
-	add(c, 0, 1, StatusCommitted, time.Hour)
-	add(c, 0, 1, StatusPending, time.Hour)
-	add(c, 0, 3, StatusPending, -time.Hour) // expired, not yet swept: Redis still holds it
-	add(c, 2, 1, StatusPending, time.Hour)
-	add(c, 2, 5, StatusCancelledBySweeper, time.Hour)
-	add(c, 2, 5, StatusCancelledByUser, time.Hour)
-	add(c, 2, 5, StatusAbandoned, time.Hour)
-	add(other, 1, 7, StatusCommitted, time.Hour)
-
-	got, err := l.CountsByShard(ctx, c.ID, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []ShardCounts{{Committed: 3, Pending: 4}, {}, {Pending: 1}}
-	if !slices.Equal(got, want) {
-		t.Fatalf("counts %v, want %v", got, want)
-	}
-	if _, err := l.CountsByShard(ctx, c.ID, 2); err == nil {
-		t.Error("an order in shard 2 of a 2-shard count went unnoticed")
-	}
-
-	// The counts must be answerable from the partial covering index, not a
-	// scan of every order ever taken.
-	conn, err := l.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	// Tiny tables favour a sequential scan; forbid it on this connection only
-	// (it is destroyed, not returned to the pool, with the setting).
-	defer conn.Conn().Close(ctx)
-	if _, err := conn.Exec(ctx, sqlTestNoSeqScan); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := conn.Query(ctx, sqlTestExplain+sqlCountsByShard, c.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan += line + "\n"
-	}
-	if !strings.Contains(plan, "Index Only Scan using flashsale_orders_live_idx") {
-		t.Errorf("counts plan does not use the covering index:\n%s", plan)
-	}
 }

@@ -9,13 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RebuildSnapshot is what a rebuild of Redis needs from the ledger.
+// RebuildSnapshot is what BeginRebuild did; ReadRebuild then reads what
+// Redis must hold.
 type RebuildSnapshot struct {
 	Campaign      Campaign // with the new epoch
 	PreviousEpoch int64
-	// Orders holds every COMMITTED and still-valid PENDING order of the
-	// campaign, ordered by shard then reservation id.
-	Orders []Order
 	// Expired counts PENDING rows past expires_at + grace that this rebuild
 	// cancelled as CANCELLED_BY_SWEEPER (Redis lost them; nothing to release).
 	Expired int
@@ -45,21 +43,17 @@ WHERE o.reservation_id = doomed.reservation_id`
 	sqlAbsorbChanges = `UPDATE flashsale_allocation_changes SET applied_at = now()
 WHERE campaign_id = $1 AND applied_at IS NULL AND change_id <= $2`
 
-	sqlLiveOrders = `SELECT ` + orderColumns + ` FROM flashsale_orders
-WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')
-ORDER BY shard, reservation_id`
-
-	sqlCountsByShard = `SELECT shard, status, sum(quantity)::bigint FROM flashsale_orders
-WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')
-GROUP BY shard, status`
+	sqlCountsByShard = `SELECT shard, sum(pending)::bigint, sum(committed)::bigint FROM flashsale_shard_counts
+WHERE campaign_id = $1
+GROUP BY shard`
 )
 
-// BeginRebuild bumps the campaign's epoch and snapshots what Redis must hold,
-// in one READ COMMITTED transaction with the campaign row locked FOR UPDATE.
-// A materializer batch holds FOR SHARE on that row while it checks the epoch
-// and inserts, so each batch either committed before the lock was granted
-// (and its rows are read here, by a later statement with a fresher snapshot)
-// or waits and then sees the new epoch and is fenced.
+// BeginRebuild bumps the campaign's epoch and cancels the expired pending
+// orders, in one READ COMMITTED transaction with the campaign row locked FOR
+// UPDATE. A materializer batch holds FOR SHARE on that row while it checks the
+// epoch and inserts, so each batch either committed before the lock was
+// granted, and any snapshot taken after this returns (ReadRebuild's) sees its
+// rows, or it waits and then sees the new epoch and is fenced.
 //
 // Unapplied allocation changes up to the campaign's last_change_id are marked
 // applied in the same transaction: the snapshot's shard allocations already
@@ -69,8 +63,8 @@ func (l *Ledger) BeginRebuild(ctx context.Context, campaignID string, grace time
 		grace = 0
 	}
 	var snap RebuildSnapshot
-	// Must stay READ COMMITTED: under REPEATABLE READ the order read would use
-	// the snapshot from before the lock wait and miss batches that committed
+	// Must stay READ COMMITTED: under REPEATABLE READ the cancel would use the
+	// snapshot from before the lock wait and miss batches that committed
 	// during it.
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var id string
@@ -94,14 +88,7 @@ func (l *Ledger) BeginRebuild(ctx context.Context, campaignID string, grace time
 		if snap.Campaign, err = getCampaign(ctx, tx, campaignID); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, sqlAbsorbChanges, campaignID, snap.Campaign.LastChangeID); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, sqlLiveOrders, campaignID)
-		if err != nil {
-			return err
-		}
-		snap.Orders, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Order, error) { return scanOrder(r) })
+		_, err = tx.Exec(ctx, sqlAbsorbChanges, campaignID, snap.Campaign.LastChangeID)
 		return err
 	})
 	if err != nil {
@@ -116,31 +103,32 @@ type ShardCounts struct {
 	Pending   int64 // includes expired rows the sweeper has not cancelled yet: Redis still holds them
 }
 
-// CountsByShard sums live units per shard from the partial covering index
-// flashsale_orders_live_idx: it reads only PENDING and COMMITTED entries of
-// one campaign and updates nothing, so it is cheap to run every few seconds.
+// CountsByShard reads the per-shard counters (0002_shard_counts): a few rows
+// per shard, whatever the number of orders, so it is cheap to run every few
+// seconds. It never reads an order row.
 func (l *Ledger) CountsByShard(ctx context.Context, campaignID string, shards int) ([]ShardCounts, error) {
+	return countsByShard(ctx, l.pool, campaignID, shards)
+}
+
+func countsByShard(ctx context.Context, q querier, campaignID string, shards int) ([]ShardCounts, error) {
 	if shards < 1 {
 		return nil, fmt.Errorf("ledger: counts %s: shards %d < 1", campaignID, shards)
 	}
 	out := make([]ShardCounts, shards)
-	rows, err := l.pool.Query(ctx, sqlCountsByShard, campaignID)
+	rows, err := q.Query(ctx, sqlCountsByShard, campaignID)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: counts %s: %w", campaignID, err)
 	}
 	var shard int
-	var status string
-	var units int64
-	_, err = pgx.ForEachRow(rows, []any{&shard, &status, &units}, func() error {
+	var pending, committed int64
+	_, err = pgx.ForEachRow(rows, []any{&shard, &pending, &committed}, func() error {
 		if shard < 0 || shard >= shards {
-			return fmt.Errorf("order in shard %d, campaign has %d shards", shard, shards)
+			if pending == 0 && committed == 0 {
+				return nil
+			}
+			return fmt.Errorf("units in shard %d, campaign has %d shards", shard, shards)
 		}
-		switch Status(status) {
-		case StatusCommitted:
-			out[shard].Committed += units
-		case StatusPending:
-			out[shard].Pending += units
-		}
+		out[shard] = ShardCounts{Committed: committed, Pending: pending}
 		return nil
 	})
 	if err != nil {

@@ -1,11 +1,42 @@
 package ledger
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
 	"time"
 )
+
+// readRebuild streams a rebuild's snapshot into memory, batch rows at a time.
+func readRebuild(t testing.TB, l *Ledger, c Campaign, batch int) ([]Order, map[string]int64, []ShardCounts) {
+	t.Helper()
+	var orders []Order
+	holders := map[string]int64{}
+	counts, err := l.ReadRebuild(testCtx(t), c.ID, c.Shards, RebuildReader{
+		Batch: batch,
+		Pending: func(_ context.Context, os []Order) error {
+			if len(os) > batch {
+				t.Errorf("a batch of %d orders, asked for %d", len(os), batch)
+			}
+			orders = append(orders, os...)
+			return nil
+		},
+		Holders: func(_ context.Context, hs []Holder) error {
+			for _, h := range hs {
+				if _, dup := holders[h.UserID]; dup {
+					t.Errorf("holder %s streamed twice", h.UserID)
+				}
+				holders[h.UserID] += h.Units
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return orders, holders, counts
+}
 
 func TestBeginRebuild(t *testing.T) {
 	t.Parallel()
@@ -42,13 +73,20 @@ func TestBeginRebuild(t *testing.T) {
 		t.Errorf("expired %d, want 1", snap.Expired)
 	}
 	mustStatus(t, l, expired.ReservationID, StatusCancelledBySweeper)
+	orders, holders, counts := readRebuild(t, l, snap.Campaign, 1)
 	var ids []string
-	for _, o := range snap.Orders {
+	for _, o := range orders {
 		ids = append(ids, o.ReservationID)
 	}
-	want := []string{committed.ReservationID, valid.ReservationID, inGrace.ReservationID} // by shard
+	want := []string{valid.ReservationID, inGrace.ReservationID} // pending only, by shard
 	if !slices.Equal(ids, want) {
 		t.Errorf("snapshot orders %v, want %v", ids, want)
+	}
+	if want := []ShardCounts{{Committed: 1}, {Pending: 1}, {Pending: 1}}; !slices.Equal(counts, want) {
+		t.Errorf("snapshot counts %v, want %v (committed %s counted, not streamed)", counts, want, committed.ReservationID)
+	}
+	if holders["u"] != 3 || len(holders) != 1 {
+		t.Errorf("holders %v, want u: 3 (committed and pending)", holders)
 	}
 	stored, _ := l.GetCampaign(ctx, c.ID)
 	if stored.Epoch != 2 {

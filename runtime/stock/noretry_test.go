@@ -108,19 +108,38 @@ func then(steps ...func(ctx context.Context, s *stock.Store) error) func(ctx con
 	}
 }
 
+// claimStamp is the stamp of the last claim a setup's reserve made: the
+// quota operations on a claim name it.
+var claimStamp string
+
 func reserved(want stock.Code, mode stock.Mode) func(ctx context.Context, s *stock.Store) error {
 	return func(ctx context.Context, s *stock.Store) error {
 		res, err := s.Reserve(ctx, req(mode))
 		if err == nil && res.Code != want {
 			err = fmt.Errorf("setup reserve: %v, want %v", res.Code, want)
 		}
+		if res.Code == stock.Claimed {
+			claimStamp = res.Status
+		}
 		return err
 	}
 }
 
+// placedExpiry is the expiry of the stolen reservation the quota tests
+// place on shard 1 (confirm) and give back (release).
+var placedExpiry = time.Now().Add(time.Hour).UnixMilli()
+
 func quota(op string) func(ctx context.Context, s *stock.Store) error {
 	return func(ctx context.Context, s *stock.Store) error {
-		_, err := s.Quota(ctx, 0, op, user, key, 1, 1, time.Now().Add(time.Minute).UnixMilli())
+		var err error
+		switch op {
+		case "confirm":
+			_, err = s.ConfirmClaim(ctx, 0, key, claimStamp, 1, placedExpiry)
+		case "unclaim":
+			_, err = s.Unclaim(ctx, 0, key, claimStamp)
+		default:
+			_, err = s.Quota(ctx, 0, op, user, key, 1, 1, placedExpiry)
+		}
 		return err
 	}
 }
@@ -159,9 +178,9 @@ var stallCases = []stallCase{
 				t.Errorf("claimed quota: %q %v; want 1", n, err)
 			}
 		}},
-	{name: "quota-confirm", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim)), call: quota(stock.QuotaConfirm)},
-	{name: "quota-unclaim", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim)), call: quota(stock.QuotaUnclaim)},
-	{name: "quota-release", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim), quota(stock.QuotaConfirm)), call: quota(stock.QuotaRelease)},
+	{name: "quota-confirm", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim)), call: quota("confirm")},
+	{name: "quota-unclaim", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim)), call: quota("unclaim")},
+	{name: "quota-release", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim), quota("confirm")), call: quota(stock.QuotaRelease)},
 	{name: "quota-reap", setup: then(seed(0), reserved(stock.Claimed, stock.ModeClaim)),
 		call: func(ctx context.Context, s *stock.Store) error {
 			_, _, err := s.ReapClaim(ctx, 0, key, time.Now().Add(time.Hour))

@@ -959,8 +959,17 @@ func atoi64(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
 // RebuildBegin closes shard n for a rebuild under the new epoch and wipes it.
 func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
 	k := s.shards[n]
-	return rebuildBeginScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Users(), k.Claims()}, epoch, k.ResPrefix()).Err()
+	keys := []string{k.Stock(), k.Meta(), k.Index(), k.Users(), k.Claims()}
+	for {
+		left, err := rebuildBeginScript.Run(ctx, s.rdb, keys, epoch, k.ResPrefix(), rebuildWipeBatch).Int64()
+		if err != nil || left == 0 {
+			return err
+		}
+	}
 }
+
+// rebuildWipeBatch bounds the reservations one rebuild_begin call deletes.
+const rebuildWipeBatch = 1000
 
 // RebuildRestore recreates reservations on shard n, being rebuilt under epoch:
 // pending ones (ResReserved) and committed ones (ResCommitted). A committed one

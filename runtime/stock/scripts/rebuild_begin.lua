@@ -1,20 +1,36 @@
--- rebuild_begin.lua: first step of rebuilding a shard from the ledger. Closes the
--- shard (state REBUILDING, new epoch) and wipes what it held, so that nothing the
--- ledger does not know about survives (e.g. a reservation whose ledger write was
--- fenced). Committed reservation hashes outside the index are left to their backstop.
+-- rebuild_begin.lua: first step of rebuilding a shard from the ledger, called
+-- until it returns 0. The first call closes the shard (state REBUILDING, the new
+-- epoch): from then on it admits, releases and cancels nothing. Each call then
+-- deletes up to ARGV[3] of the reservations the index still holds, so a shard
+-- with millions of them never blocks Redis for long; the last one removes the
+-- stock, the index, the users hash and the claims, so that nothing the ledger
+-- does not know about survives (e.g. a reservation whose ledger write was
+-- fenced). Committed reservation hashes outside the index are left to their
+-- backstop.
 --
 -- KEYS[1] stock  KEYS[2] meta  KEYS[3] index  KEYS[4] users  KEYS[5] claims
 -- ARGV[1] new epoch  ARGV[2] key prefix of reservation hashes ("{fs:<c>:<n>}:res:")
+-- ARGV[3] most reservations deleted by this call
 --
--- Returns the number of reservation hashes deleted
+-- Returns the reservations still indexed (0: the shard is wiped)
 --
--- Run twice: safe. The second run wipes an already wiped shard (answering 0 hashes
--- deleted); only the rebuild, which holds the campaign's lock, writes it meanwhile.
-local members = redis.call('ZRANGE', KEYS[3], 0, -1)
-for _, key in ipairs(members) do
-  redis.call('DEL', ARGV[2] .. key)
+-- Run twice: safe. A shard already REBUILDING under this epoch keeps its meta,
+-- and deleting what is already gone changes nothing.
+local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
+if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0)
 end
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0)
-return #members
+local members = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
+for _, key in ipairs(members) do
+  redis.call('UNLINK', ARGV[2] .. key)
+end
+if #members > 0 then
+  redis.call('ZREM', KEYS[3], unpack(members))
+end
+local left = redis.call('ZCARD', KEYS[3])
+if left == 0 then
+  -- UNLINK: a users hash of millions of buyers is freed in the background.
+  redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+end
+return left

@@ -1,7 +1,6 @@
--- rebuild_restore.lua: recreate the reservations of a shard being rebuilt: the
--- still-valid pending ones, so checkout and the sweeper keep working on them, and
--- the committed ones whose hash would still exist, so a retried reserve of a paid
--- request replays it. Called in batches.
+-- rebuild_restore.lua: recreate reservations of a shard being rebuilt: the
+-- still-valid pending ones, so checkout and the sweeper keep working on them.
+-- Called in batches.
 --
 -- KEYS[1] meta  KEYS[2] index  KEYS[3..] res hashes, one per reservation
 -- ARGV[1] the rebuild's epoch
@@ -9,29 +8,36 @@
 --           status (R pending: indexed for the sweeper and counted as reserved;
 --           C committed: neither), TTL of the hash in seconds
 --
--- Returns the number restored, or -1 when the shard is not being rebuilt under
--- this epoch
+-- Returns the number of reservations in the batch, or -1 when the shard is not
+-- being rebuilt under this epoch
 --
--- Run twice: NOT safe. HINCRBY rsv would count the batch's reserved units twice, for
--- good (the shard never reaches zero reserved). Never re-sent by a client library
--- (stock.script: NoRetry); a caller that got no answer must not send it again:
--- the safe retry is the shard's rebuild from rebuild_begin.
+-- Run twice: safe. The shard was wiped when the rebuild began, so a hash that
+-- exists was written by this batch before; it is written again with the same
+-- values and not indexed or counted again, so a repeated batch adds nothing to
+-- the reserved counter.
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   return -1
 end
 local n = #KEYS - 2
 local units = 0
+local index = {}
 for i = 1, n do
   local a = 1 + (i - 1) * 8
   local key, user, qty, expiry, epoch, home, status, ttl =
     ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
-  redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', status, 'e', expiry, 'p', epoch, 'h', home)
-  redis.call('EXPIRE', KEYS[2 + i], ttl)
-  if status == 'R' then
-    redis.call('ZADD', KEYS[2], expiry, key)
-    units = units + tonumber(qty)
+  if redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', status, 'e', expiry, 'p', epoch, 'h', home) > 0 then
+    redis.call('EXPIRE', KEYS[2 + i], ttl)
+    if status == 'R' then
+      index[#index + 1] = expiry
+      index[#index + 1] = key
+      units = units + tonumber(qty)
+    end
   end
+end
+if #index > 0 then
+  -- One ZADD per batch instead of one per reservation.
+  redis.call('ZADD', KEYS[2], unpack(index))
 end
 redis.call('HINCRBY', KEYS[1], 'rsv', units)
 return n

@@ -17,14 +17,24 @@ local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   return -1
 end
+if #ARGV < 3 then
+  return 0
+end
+-- One HSET and at most one ZADD per call: a command per field would cost
+-- Redis several times more per buyer.
+redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+local claims = {}
 for i = 2, #ARGV, 2 do
-  local field, value = ARGV[i], ARGV[i + 1]
-  redis.call('HSET', KEYS[2], field, value)
-  if string.sub(field, 1, 2) == 'p:' then
-    local expiry = string.match(value, '^%d+|(%d+)$')
+  local field = ARGV[i]
+  if string.byte(field, 1) == 112 and string.byte(field, 2) == 58 then -- "p:"
+    local expiry = string.match(ARGV[i + 1], '^%d+|(%d+)$')
     if expiry then
-      redis.call('ZADD', KEYS[3], expiry, string.sub(field, 3))
+      claims[#claims + 1] = expiry
+      claims[#claims + 1] = string.sub(field, 3)
     end
   end
+end
+if #claims > 0 then
+  redis.call('ZADD', KEYS[3], unpack(claims))
 end
 return (#ARGV - 1) / 2

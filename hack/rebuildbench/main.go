@@ -1,0 +1,334 @@
+// Command rebuildbench measures a rebuild from the ledger after Redis lost a
+// sale's data, at several sale sizes, and prints a markdown table (results in
+// docs/benchmarks.md):
+//
+//   - wall time from the loss to the shards open, the orders restored;
+//   - the peak RSS of the process that rebuilds (a child process running the
+//     engine's Rebuild with the manager's ledger pool, as the manager does);
+//   - PostgreSQL's and Redis's CPU time during the rebuild;
+//   - the median cost of one status refresh (engine.Counts) afterwards;
+//   - the ledger's bytes per order;
+//   - a small sale rebuilt beside the largest one, to show that other sales'
+//     orders do not slow a sale's own queries.
+//
+// Half of each sale's orders are committed and half pending, one buyer per
+// order. It starts its own PostgreSQL (fsync on) and redis-server on 127.0.0.1
+// and stops them.
+//
+//	go run ./hack/rebuildbench --orders 100000,1000000,10000000
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/pflag"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// managerLedgerConns is the manager's ledger pool per sale (controllers).
+const managerLedgerConns = 4
+
+var idSecret = []byte("rebuild-benchmark-id-secret-32by")
+
+type result struct {
+	Orders        int64   `json:"orders"`
+	Beside        int64   `json:"beside,omitempty"` // orders of another sale in the same ledger
+	Seconds       float64 `json:"seconds"`
+	Restored      int64   `json:"restored"`
+	Holders       int64   `json:"holders"`
+	StartRSSMiB   float64 `json:"start_rss_mib"` // connected, before the rebuild
+	PeakRSSMiB    float64 `json:"peak_rss_mib"`
+	PostgresCPU   float64 `json:"postgres_cpu_s"`
+	RedisCPU      float64 `json:"redis_cpu_s"`
+	RebuilderCPU  float64 `json:"rebuilder_cpu_s"`
+	CountsMillis  float64 `json:"counts_ms"`
+	BytesPerOrder float64 `json:"bytes_per_order,omitempty"`
+}
+
+func main() {
+	var orders []int
+	var shards int
+	var child string
+	fs := pflag.NewFlagSet("rebuildbench", pflag.ExitOnError)
+	fs.IntSliceVar(&orders, "orders", []int{100_000, 1_000_000, 10_000_000}, "sale sizes (acknowledged reservations) to rebuild")
+	fs.IntVar(&shards, "shards", 10, "stock shards of each sale")
+	fs.StringVar(&child, "child", "", "internal: rebuild the sale described by this JSON and report")
+	_ = fs.Parse(os.Args[1:])
+	if child != "" {
+		if err := runChild(child); err != nil {
+			fmt.Fprintln(os.Stderr, "rebuildbench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(orders, shards); err != nil {
+		fmt.Fprintln(os.Stderr, "rebuildbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(sizes []int, shards int) error {
+	ctx := context.Background()
+	pg, err := testharness.StartPostgresArgs("fsync=on", "synchronous_commit=on", "shared_buffers=512MB", "max_wal_size=4GB")
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	rs, err := testharness.StartRedis()
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	var results []result
+	slices.Sort(sizes)
+	var last sale
+	for i, n := range sizes {
+		dsn, err := pg.NewDatabase()
+		if err != nil {
+			return err
+		}
+		s, err := newSale(ctx, dsn, rs.Addr(), shards, int64(n))
+		if err != nil {
+			return err
+		}
+		r, err := measure(ctx, pg, rs, s)
+		if err != nil {
+			return err
+		}
+		r.BytesPerOrder = s.bytesPerOrder(ctx)
+		results = append(results, r)
+		fmt.Fprintf(os.Stderr, "rebuildbench: %d orders: %.2fs, peak RSS %.0f MiB\n", n, r.Seconds, r.PeakRSSMiB)
+		if i == len(sizes)-1 && i > 0 {
+			last = s
+		}
+	}
+	// The smallest sale again, in the ledger of the largest.
+	if last.dsn != "" {
+		s, err := newSale(ctx, last.dsn, rs.Addr(), shards, int64(sizes[0]))
+		if err != nil {
+			return err
+		}
+		r, err := measure(ctx, pg, rs, s)
+		if err != nil {
+			return err
+		}
+		r.Beside = last.orders
+		results = append(results, r)
+	}
+	printTable(results)
+	return nil
+}
+
+// sale is one campaign filled with orders.
+type sale struct {
+	dsn, redis string
+	cfg        engine.Config
+	orders     int64
+}
+
+func newSale(ctx context.Context, dsn, redisAddr string, shards int, n int64) (sale, error) {
+	id := fmt.Sprintf("bench-%d-%d", n, time.Now().UnixNano())
+	cfg := engine.Config{
+		CampaignID: id, Namespace: "bench", Name: id, SKU: "sku-" + id, Allocation: n + n/10,
+		Shards: shards, MaxPerUser: 1, TTL: 10 * time.Minute, Grace: 30 * time.Second, IDSecret: idSecret,
+	}
+	s := sale{dsn: dsn, redis: redisAddr, cfg: cfg, orders: n}
+	l, err := ledger.Open(ctx, dsn)
+	if err != nil {
+		return s, err
+	}
+	defer l.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		return s, err
+	}
+	defer e.Close()
+	if _, err := e.Seed(ctx, stock.StateOpen); err != nil {
+		return s, err
+	}
+	start := time.Now()
+	if err := fillOrders(ctx, l, cfg, n); err != nil {
+		return s, err
+	}
+	fmt.Fprintf(os.Stderr, "rebuildbench: %d orders written in %s\n", n, time.Since(start).Round(time.Second))
+	return s, nil
+}
+
+// fillOrders writes n orders with COPY, a million per statement: even ones
+// committed, odd ones pending for an hour, each on its buyer's home shard.
+func fillOrders(ctx context.Context, l *ledger.Ledger, cfg engine.Config, n int64) error {
+	cols := []string{"reservation_id", "campaign_id", "sku", "user_id", "shard", "quantity", "status", "epoch", "expires_at", "payment_token"}
+	expires := time.Now().Add(time.Hour)
+	const chunk = 1_000_000
+	for from := int64(0); from < n; from += chunk {
+		to := min(n, from+chunk)
+		i := from
+		src := pgx.CopyFromFunc(func() ([]any, error) {
+			if i >= to {
+				return nil, nil
+			}
+			user := "u" + strconv.FormatInt(i, 10)
+			shard := stock.HomeShard(user, cfg.Shards)
+			id := stock.FormatID(shard, stock.ReservationKey(cfg.IDSecret, cfg.CampaignID, user, "r"))
+			row := []any{id, cfg.CampaignID, cfg.SKU, user, int32(shard), int32(1), "PENDING", int64(1), expires, nil}
+			if i%2 == 0 {
+				row[6], row[9] = "COMMITTED", "pay-"+user
+			}
+			i++
+			return row, nil
+		})
+		if _, err := l.Pool().CopyFrom(ctx, pgx.Identifier{"flashsale_orders"}, cols, src); err != nil {
+			return err
+		}
+	}
+	_, err := l.Pool().Exec(ctx, "VACUUM ANALYZE flashsale_orders")
+	return err
+}
+
+func (s sale) bytesPerOrder(ctx context.Context) float64 {
+	conn, err := pgx.Connect(ctx, s.dsn)
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(ctx)
+	var size, rows int64
+	if err := conn.QueryRow(ctx, `SELECT pg_total_relation_size('flashsale_orders'), (SELECT count(*) FROM flashsale_orders)`).Scan(&size, &rows); err != nil || rows == 0 {
+		return 0
+	}
+	return float64(size) / float64(rows)
+}
+
+// measure loses the sale's Redis data and has a child process rebuild it.
+func measure(ctx context.Context, pg *testharness.Postgres, rs *testharness.Redis, s sale) (result, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	err := rdb.FlushAll(ctx).Err()
+	_ = rdb.Close()
+	if err != nil {
+		return result{}, err
+	}
+	arg, _ := json.Marshal(childArgs{DSN: s.dsn, Redis: s.redis, Config: s.cfg})
+	self, err := os.Executable()
+	if err != nil {
+		return result{}, err
+	}
+	pgCPU, redisCPU := cpustat.TreeWithExited(pg.PID()), cpustat.Process(rs.PID())
+	var out, errb bytes.Buffer
+	cmd := exec.CommandContext(ctx, self, "--child", string(arg))
+	cmd.Stdout, cmd.Stderr = &out, io.MultiWriter(&errb, os.Stderr)
+	if err := cmd.Run(); err != nil {
+		return result{}, fmt.Errorf("child: %w: %s", err, errb.String())
+	}
+	var r result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		return result{}, fmt.Errorf("child said %q: %w", out.String(), err)
+	}
+	r.Orders = s.orders
+	r.PostgresCPU = (cpustat.TreeWithExited(pg.PID()) - pgCPU).Seconds()
+	r.RedisCPU = (cpustat.Process(rs.PID()) - redisCPU).Seconds()
+	return r, nil
+}
+
+type childArgs struct {
+	DSN, Redis string
+	Config     engine.Config
+}
+
+// runChild rebuilds as the manager does, then times status refreshes, and
+// prints its result with its own peak RSS.
+func runChild(arg string) error {
+	var a childArgs
+	if err := json.Unmarshal([]byte(arg), &a); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, a.DSN, ledger.WithMaxConns(managerLedgerConns))
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: a.Redis})
+	defer rdb.Close()
+	e, err := engine.New(a.Config, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := e.Store().Ping(ctx); err != nil {
+		return err
+	}
+	if err := l.Ping(ctx); err != nil {
+		return err
+	}
+	startRSS := statusMiB("VmRSS:")
+	start := time.Now()
+	rep, err := e.Rebuild(ctx, func() string { return stock.StateOpen })
+	if err != nil {
+		return err
+	}
+	r := result{Seconds: time.Since(start).Seconds(), Restored: rep.Restored, Holders: rep.Holders, RebuilderCPU: cpustat.Self().Seconds(), StartRSSMiB: startRSS}
+	var took []time.Duration
+	for range 50 {
+		t0 := time.Now()
+		c, err := e.Counts(ctx)
+		if err != nil {
+			return err
+		}
+		took = append(took, time.Since(t0))
+		if !c.Conserved() || c.Sold+c.Reserved+c.Available != a.Config.Allocation {
+			return fmt.Errorf("not conserved after the rebuild: %+v", c)
+		}
+	}
+	slices.Sort(took)
+	r.CountsMillis = float64(took[len(took)/2].Microseconds()) / 1000
+	r.PeakRSSMiB = peakRSSMiB()
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// peakRSSMiB is this process's VmHWM, statusMiB a field of its status in MiB.
+func peakRSSMiB() float64 { return statusMiB("VmHWM:") }
+
+func statusMiB(field string) float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func printTable(rs []result) {
+	fmt.Println("| orders | beside | rebuild s | orders restored | buyers restored | RSS before / peak MiB | rebuilder CPU s | PostgreSQL CPU s | Redis CPU s | status refresh ms | ledger bytes/order |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rs {
+		beside := "-"
+		if r.Beside > 0 {
+			beside = strconv.FormatInt(r.Beside, 10)
+		}
+		fmt.Printf("| %d | %s | %.2f | %d | %d | %.0f / %.0f | %.2f | %.2f | %.2f | %.3f | %.0f |\n",
+			r.Orders, beside, r.Seconds, r.Restored, r.Holders, r.StartRSSMiB, r.PeakRSSMiB, r.RebuilderCPU, r.PostgresCPU, r.RedisCPU, r.CountsMillis, r.BytesPerOrder)
+	}
+}

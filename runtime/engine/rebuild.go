@@ -1,0 +1,268 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// RebuildReport records one rebuild.
+type RebuildReport struct {
+	Epoch     int64
+	Available int64
+	Reserved  int64
+	Sold      int64
+	Restored  int64  // pending reservations recreated in Redis
+	Holders   int64  // buyers whose units went back to the per-user limit
+	Expired   int    // pending orders past expiry found by the rebuild and cancelled
+	Gate      string // the state the shards were opened in
+	Duration  time.Duration
+}
+
+const (
+	// rebuildBatch bounds the reservations (or users fields) per script call.
+	rebuildBatch = 200
+	// rebuildReadBatch is how many ledger rows are read before they are
+	// handed to the writers; with rebuildQueue it bounds the rebuild's memory.
+	rebuildReadBatch = 1000
+	rebuildQueue     = 8
+	rebuildWriters   = sweepParallel
+)
+
+// Rebuild reconstructs every shard from the ledger after Redis lost its data.
+//
+//  1. The ledger bumps the epoch and cancels the expired pending orders
+//     (ledger.BeginRebuild); writes racing it were either counted or fenced.
+//  2. Every shard is closed (REBUILDING, the new epoch) and wiped.
+//  3. One ledger snapshot is streamed (ledger.ReadRebuild): the pending
+//     orders become reservations again, so checkout and the sweeper keep
+//     working on them, and every buyer's held units (pending and committed) go
+//     back to the per-user limit. Writers send them to Redis while the next
+//     rows are read; memory stays at a few batches whatever the sale's size.
+//  4. Each shard gets its stock (allocation − committed − pending, the
+//     committed units from the ledger's counters) and its meta, still closed.
+//  5. Once every shard is whole they are opened together in the state gate
+//     returns then. It is asked at that moment, not before: a rebuild of a
+//     large ledger may run across a schedule edge.
+//
+// A committed order is not recreated: a retried request of a paid reservation
+// is answered from the ledger (see Reserve).
+func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport, error) {
+	start := e.now()
+	// Before the epoch is bumped: stock rebuilt where it may be evicted again
+	// would not stay what the ledger says.
+	if err := e.store.CheckEviction(ctx); err != nil {
+		return RebuildReport{}, fmt.Errorf("redis: %w", err)
+	}
+	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
+	if err != nil {
+		return RebuildReport{}, ledgerFailure("rebuild snapshot", err)
+	}
+	c := snap.Campaign
+	if c.Shards != e.cfg.Shards || len(c.ShardAllocations) != c.Shards {
+		return RebuildReport{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
+	}
+	e.seeEpoch(c.Epoch)
+	rep := RebuildReport{Epoch: c.Epoch, Expired: snap.Expired}
+	if err := e.eachShard(ctx, func(ctx context.Context, i int) error {
+		return e.store.RebuildBegin(ctx, i, c.Epoch)
+	}); err != nil {
+		return rep, fmt.Errorf("rebuild: closing the shards: %w", err)
+	}
+
+	w := e.newRebuildWriter(ctx, c.Epoch)
+	counts, rerr := e.ledger.ReadRebuild(w.ctx, e.cfg.CampaignID, c.Shards, ledger.RebuildReader{
+		Batch: rebuildReadBatch, Pending: w.pending, Holders: w.holders,
+	})
+	if werr := w.wait(); werr != nil {
+		return rep, fmt.Errorf("rebuild: %w", werr)
+	}
+	if rerr != nil {
+		return rep, ledgerFailure("rebuild read", rerr)
+	}
+	rep.Restored, rep.Holders = w.restored.Load(), w.users.Load()
+
+	units := make([]int64, c.Shards)
+	for i, n := range counts {
+		units[i] = c.ShardAllocations[i] - n.Committed - n.Pending
+		if units[i] < 0 {
+			// The ledger holds more than the shard's allocation: never invent stock.
+			return rep, fmt.Errorf("rebuild shard %d: ledger holds %d committed and %d pending units, more than the allocation %d",
+				i, n.Committed, n.Pending, c.ShardAllocations[i])
+		}
+		rep.Available += units[i]
+		rep.Reserved += n.Pending
+		rep.Sold += n.Committed
+	}
+	// Each shard is finished closed and the gate opened on all of them at the
+	// end: a rebuild that fails on one shard admits nothing.
+	if err := e.eachShard(ctx, func(ctx context.Context, i int) error {
+		return e.store.RebuildFinish(ctx, i, units[i], c.Epoch, stock.StateFailClosed, c.ShardAllocations[i], c.LastChangeID)
+	}); err != nil {
+		return rep, fmt.Errorf("rebuild: %w", err)
+	}
+	rep.Gate = gate()
+	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
+		// Shards are written one by one: close again those that opened, on
+		// a context of its own (the open may have failed on a spent one).
+		cctx, cancel := detached(ctx)
+		_, _ = e.store.SetGate(cctx, stock.StateFailClosed, 0)
+		cancel()
+		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
+	}
+	rep.Duration = e.now().Sub(start)
+	return rep, nil
+}
+
+// eachShard runs fn for every shard, sweepParallel at a time, and returns
+// the first error (naming its shard).
+func (e *Engine) eachShard(ctx context.Context, fn func(context.Context, int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, sweepParallel)
+	)
+	for i := range e.cfg.Shards {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := fn(ctx, i); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = fmt.Errorf("shard %d: %w", i, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// rebuildWriter sends what the ledger streams to Redis from rebuildWriters
+// goroutines, through a short queue: the ledger read waits when Redis is
+// behind, so memory stays bounded. The first error stops both.
+type rebuildWriter struct {
+	e      *Engine
+	epoch  int64
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	jobs   chan func(context.Context) error
+	wg     sync.WaitGroup
+
+	restored, users atomic.Int64
+}
+
+func (e *Engine) newRebuildWriter(ctx context.Context, epoch int64) *rebuildWriter {
+	w := &rebuildWriter{e: e, epoch: epoch, jobs: make(chan func(context.Context) error, rebuildQueue)}
+	w.ctx, w.cancel = context.WithCancelCause(ctx)
+	for range rebuildWriters {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for job := range w.jobs {
+				if w.ctx.Err() != nil {
+					continue // drain after a failure
+				}
+				if err := job(w.ctx); err != nil {
+					w.cancel(err)
+				}
+			}
+		}()
+	}
+	return w
+}
+
+func (w *rebuildWriter) submit(job func(context.Context) error) error {
+	select {
+	case w.jobs <- job:
+		return nil
+	case <-w.ctx.Done():
+		return context.Cause(w.ctx)
+	}
+}
+
+// wait lets the writers finish and returns the first Redis error, if any.
+func (w *rebuildWriter) wait() error {
+	close(w.jobs)
+	w.wg.Wait()
+	err := context.Cause(w.ctx)
+	w.cancel(nil)
+	return err
+}
+
+// pending turns a batch of pending orders into reservations on their shards,
+// and into pointers on their buyers' home shards when they were stolen.
+func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error {
+	shards := w.e.cfg.Shards
+	byShard := map[int][]stock.Reservation{}
+	pointers := map[int][]string{}
+	for _, o := range orders {
+		_, key, err := stock.ParseID(o.ReservationID, shards)
+		if err != nil {
+			return fmt.Errorf("order %s: %w", o.ReservationID, err)
+		}
+		home := stock.HomeShard(o.UserID, shards)
+		byShard[o.Shard] = append(byShard[o.Shard], stock.Reservation{
+			Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: stock.ResReserved,
+			ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home, CreatedMs: o.CreatedAt.UnixMilli(),
+		})
+		if o.Shard != home {
+			pointers[home] = append(pointers[home], "p:"+key, strconv.Itoa(o.Shard)+"|"+strconv.FormatInt(o.ExpiresAt.UnixMilli(), 10))
+		}
+	}
+	for shard, rs := range byShard {
+		for j := 0; j < len(rs); j += rebuildBatch {
+			part := rs[j:min(j+rebuildBatch, len(rs))]
+			if err := w.submit(func(ctx context.Context) error {
+				if err := w.e.store.RebuildRestore(ctx, shard, w.epoch, part); err != nil {
+					return err
+				}
+				w.restored.Add(int64(len(part)))
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	return w.sendUsers(pointers, 0)
+}
+
+// holders gives every buyer's held units back to the users hash of their home
+// shard.
+func (w *rebuildWriter) holders(_ context.Context, hs []ledger.Holder) error {
+	fields := map[int][]string{}
+	for _, h := range hs {
+		home := stock.HomeShard(h.UserID, w.e.cfg.Shards)
+		fields[home] = append(fields[home], h.UserID, strconv.FormatInt(h.Units, 10))
+	}
+	return w.sendUsers(fields, 1)
+}
+
+// sendUsers writes users-hash fields per home shard; counted says whether a
+// pair is a buyer (for the report) or a pointer.
+func (w *rebuildWriter) sendUsers(fields map[int][]string, counted int64) error {
+	for home, fs := range fields {
+		for j := 0; j < len(fs); j += 2 * rebuildBatch {
+			part := fs[j:min(j+2*rebuildBatch, len(fs))]
+			if err := w.submit(func(ctx context.Context) error {
+				if err := w.e.store.RebuildUsers(ctx, home, w.epoch, part); err != nil {
+					return err
+				}
+				w.users.Add(counted * int64(len(part)/2))
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
