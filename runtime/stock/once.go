@@ -13,8 +13,9 @@ import (
 // (MaxRedirects) whatever its MaxRetries. A script whose reply was lost may
 // have run, and running some of them again is not running them once (a quota
 // claim answers its own second run BUSY; a restore counts its units twice). So
-// every script goes as a command that says NoRetry, which both loops honour,
-// and the caller that gets an error resolves the doubt by looking. A cluster
+// every script goes as a command that says NoRetry, which both loops honour
+// (and a sentinel failover client, a plain client underneath), and the
+// caller that gets an error resolves the doubt by looking. A cluster
 // client still follows MOVED and ASK for it (that loop checks redirects
 // before retries): a redirect means the command did not run.
 type script struct {
