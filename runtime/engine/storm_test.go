@@ -635,7 +635,15 @@ func TestStaleSnapshotRefusedUntilRebuilt(t *testing.T) {
 			if res.Outcome != engine.OutcomeClosed || res.Reason != stock.ReasonUnverified {
 				t.Fatalf("the first reserve on the snapshot: %+v", res)
 			}
-			if n := f.counts(); n.Available != 35 {
+			// Every node answers reads once the cluster agrees again (a node
+			// can answer a script while another still says CLUSTERDOWN).
+			var n engine.Counts
+			testharness.Eventually(t, 20*time.Second, "counts from the restarted servers", func() bool {
+				var err error
+				n, err = f.e.Counts(ctx)
+				return err == nil
+			})
+			if n.Available != 35 {
 				t.Fatalf("the snapshot's stock should still be there, unused: %+v", n)
 			}
 			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
