@@ -60,6 +60,8 @@ type result struct {
 	RebuilderCPU  float64 `json:"rebuilder_cpu_s"`
 	CountsMillis  float64 `json:"counts_ms"`
 	BytesPerOrder float64 `json:"bytes_per_order,omitempty"`
+	// RedisCommands is Redis's time per command during the rebuild, seconds.
+	RedisCommands map[string]float64 `json:"redis_commands,omitempty"`
 }
 
 func main() {
@@ -114,7 +116,7 @@ func run(sizes []int, shards int) error {
 		}
 		r.BytesPerOrder = s.bytesPerOrder(ctx)
 		results = append(results, r)
-		fmt.Fprintf(os.Stderr, "rebuildbench: %d orders: %.2fs, peak RSS %.0f MiB\n", n, r.Seconds, r.PeakRSSMiB)
+		fmt.Fprintf(os.Stderr, "rebuildbench: %d orders: %.2fs, peak RSS %.0f MiB; Redis seconds by command %v\n", n, r.Seconds, r.PeakRSSMiB, r.RedisCommands)
 		if i == len(sizes)-1 && i > 0 {
 			last = s
 		}
@@ -230,6 +232,7 @@ func measure(ctx context.Context, pg *testharness.Postgres, rs *testharness.Redi
 	if err != nil {
 		return result{}, err
 	}
+	statsBefore := commandStats(ctx, rs.Addr())
 	pgCPU, redisCPU := cpustat.TreeWithExited(pg.PID()), cpustat.Process(rs.PID())
 	var out, errb bytes.Buffer
 	cmd := exec.CommandContext(ctx, self, "--child", string(arg))
@@ -244,7 +247,43 @@ func measure(ctx context.Context, pg *testharness.Postgres, rs *testharness.Redi
 	r.Orders = s.orders
 	r.PostgresCPU = (cpustat.TreeWithExited(pg.PID()) - pgCPU).Seconds()
 	r.RedisCPU = (cpustat.Process(rs.PID()) - redisCPU).Seconds()
+	r.RedisCommands = diffStats(statsBefore, commandStats(ctx, rs.Addr()))
 	return r, nil
+}
+
+// commandStats reads Redis's per-command microseconds (INFO commandstats;
+// commands a script calls are counted under their own names too).
+func commandStats(ctx context.Context, addr string) map[string]float64 {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	out := map[string]float64{}
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if k, v, _ := strings.Cut(kv, "="); k == "usec" {
+				out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseFloat(v, 64)
+			}
+		}
+	}
+	return out
+}
+
+// diffStats is after − before in seconds, for the commands that took any.
+func diffStats(before, after map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		if d := (v - before[k]) / 1e6; d >= 0.001 {
+			out[k] = d
+		}
+	}
+	return out
 }
 
 type childArgs struct {
