@@ -20,8 +20,9 @@ import (
 type lostReply struct {
 	mu    sync.Mutex
 	match func(args []any) bool
-	left  int // replies still to lose
-	lost  int // replies lost so far
+	left  int  // replies still to lose
+	lost  int  // replies lost so far
+	drop  bool // lose the command itself: it never reaches the server
 }
 
 // errLostReply is what a reply lost to a read deadline looks like to a caller.
@@ -31,7 +32,15 @@ var errLostReply error = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlin
 func (h *lostReply) arm(n int, match func(args []any) bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.match, h.left = match, n
+	h.match, h.left, h.drop = match, n, false
+}
+
+// armDrop is arm for commands lost on the way to the server: they do not run.
+func (h *lostReply) armDrop(n int, match func(args []any) bool) {
+	h.arm(n, match)
+	h.mu.Lock()
+	h.drop = true
+	h.mu.Unlock()
 }
 
 // count is how many replies were lost.
@@ -41,10 +50,12 @@ func (h *lostReply) count() int {
 	return h.lost
 }
 
-func (h *lostReply) take(args []any) bool {
+// take reports whether this command is lost: before it is sent (before,
+// when armed to drop commands) or after it ran without error (its reply).
+func (h *lostReply) take(args []any, before bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.left == 0 || h.match == nil || !h.match(args) {
+	if h.drop != before || h.left == 0 || h.match == nil || !h.match(args) {
 		return false
 	}
 	h.left--
@@ -60,8 +71,12 @@ func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.take(cmd.Args(), true) {
+			cmd.SetErr(errLostReply)
+			return errLostReply
+		}
 		err := next(ctx, cmd)
-		if err == nil && h.take(cmd.Args()) {
+		if err == nil && h.take(cmd.Args(), false) {
 			cmd.SetErr(errLostReply)
 			return errLostReply
 		}
@@ -83,8 +98,19 @@ func isReserveMode(mode stock.Mode) func(args []any) bool {
 }
 
 // withLostReplies is a client of backend b with a lostReply failpoint on it.
+// Neither client re-sends a command after an error (the cluster client's
+// MaxRedirects would, on a network error): the engine itself resolves what
+// a lost reply leaves behind.
 func withLostReplies(t *testing.T, b backend) (redis.UniversalClient, *lostReply) {
-	rdb := b.client(t)
+	var rdb redis.UniversalClient
+	switch b.name {
+	case "cluster":
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: sharedCluster.Addrs(), PoolSize: 64, MaxRedirects: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		rdb = c
+	default:
+		rdb = b.client(t) // MaxRetries: -1
+	}
 	h := &lostReply{}
 	stock.AddHook(rdb, h)
 	return rdb, h

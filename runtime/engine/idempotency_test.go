@@ -2,7 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,4 +257,55 @@ func testRetryOfAPaidRequest(t *testing.T, rdb redis.UniversalClient, max int) {
 	if c.Sold != 1 || c.Reserved != 0 || c.Available != 2 {
 		t.Fatalf("maxPerUser %d: counts %+v, want 1 sold, 2 available", max, c)
 	}
+}
+
+// isQuotaOp matches a quota.lua call of op (its ARGV[1]).
+func isQuotaOp(op string) func(args []any) bool {
+	return func(args []any) bool {
+		if len(args) < 6 {
+			return false
+		}
+		name, _ := args[0].(string)
+		got, _ := args[5].(string)
+		return strings.HasPrefix(strings.ToLower(name), "eval") && got == op
+	}
+}
+
+// The confirm of a stolen reservation gets no answer, whether it ran (its
+// reply lost) or not (the command lost): the unit and the quota both go
+// back, once, and the request can be retried at once (no claim is left to
+// answer BUSY).
+func TestLostConfirmGivesBackOnce(t *testing.T) {
+	for _, b := range backends() {
+		for _, ran := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/ran=%v", b.name, ran), func(t *testing.T) { testLostConfirm(t, b, ran) })
+		}
+	}
+}
+
+func testLostConfirm(t *testing.T, b backend, ran bool) {
+	rdb, lost := withLostReplies(t, b)
+	f := newFixture(t, rdb, withAllocation(3), withShards(3), withMaxPerUser(1))
+	ctx := context.Background()
+	f.sellOutShard(0)
+	before := f.perBuyerState()
+	buyer := userHomedOn("buyer", 0, 3)
+	if ran {
+		lost.arm(1, isQuotaOp("confirm"))
+	} else {
+		lost.armDrop(1, isQuotaOp("confirm"))
+	}
+	if r, err := f.e.Reserve(ctx, buyer, "r", 1); !errors.Is(err, engine.ErrUnavailable) || lost.count() != 1 {
+		t.Fatalf("reserve with the confirm reply lost: %+v %v (%d lost)", r, err, lost.count())
+	}
+	if after := f.perBuyerState(); after != before {
+		t.Fatalf("after the lost confirm:\n%s\nwant\n%s", after, before)
+	}
+	if c := f.assertConserved(); c.Available != 2 {
+		t.Fatalf("counts %+v: the stolen unit did not come back", c)
+	}
+	if r := f.reserve(buyer, "r", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("retry: %+v", r)
+	}
+	f.assertQuotaCovers()
 }

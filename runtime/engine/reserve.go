@@ -193,10 +193,17 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 			ok, err := e.store.ConfirmClaim(cctx, home, req.Key, claim, t, r.ExpiryMs)
 			cancel()
 			if err != nil || !ok {
-				// The claim vanished (the home shard lost its data): this reservation has
-				// no quota behind it, so give the unit back rather than risk the limit.
+				// The claim vanished (the home shard lost its data), or the
+				// confirm's answer did: give the unit back rather than risk the
+				// limit. The release gives back the quota if the confirm ran (the
+				// pointer then names this reservation); otherwise the claim is
+				// still this attempt's, and goes back too. Both are exact, so
+				// neither gives back twice.
 				e.release(ctx, t, req.Key)
-				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: the user's quota on shard %d was lost", ErrUnavailable, home)
+				if err != nil {
+					_ = unclaim()
+				}
+				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: the user's quota on shard %d was lost or not confirmed: %v", ErrUnavailable, home, err)
 			}
 			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
 		case stock.SoldOut:
