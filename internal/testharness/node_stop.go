@@ -58,6 +58,12 @@ func (c *Cluster) stop() error {
 	if c.net != nil {
 		errs = append(errs, c.net.remove())
 	}
+	// runc also makes the pods' cgroups in hierarchies the kubelet was not
+	// given a root in (the unified one of a hybrid layout).
+	if c.cgroupRoot != "" {
+		all, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", c.cgroupRoot))
+		c.cgroupDirs = all
+	}
 	errs = append(errs, c.removeCgroups())
 	if c.Dir != "" {
 		errs = append(errs, os.RemoveAll(c.Dir))

@@ -176,6 +176,9 @@ func TestClusterRunsARestrictedPodAndLeavesNothingBehind(t *testing.T) {
 			t.Errorf("cgroup %s left", d)
 		}
 	}
+	if left, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", filepath.Base(dir))); len(left) > 0 {
+		t.Errorf("cgroups left: %v", left)
+	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s left", dir)
 	}
