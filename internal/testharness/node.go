@@ -48,6 +48,7 @@ type Cluster struct {
 	Netns      string // /run/netns/<name>
 
 	net        *nodeNet
+	sockDir    string // containerd's sockets: a unix socket path has at most 107 bytes
 	cgroupRoot string
 	cgroupDirs []string
 	procs      []*namedProc
@@ -160,7 +161,13 @@ func StartCluster() (_ *Cluster, err error) {
 		return nil, err
 	}
 	sweepStaleNodes()
-	dir, err := tempDir("node")
+	// The kubelet and containerd make unix sockets below it: a short path.
+	base := os.TempDir()
+	if len(base) > 24 {
+		base = "/tmp"
+	}
+	sweepOnce.Do(sweepStale)
+	dir, err := os.MkdirTemp(base, fmt.Sprintf("%s%d-node-", tempPrefix, os.Getpid()))
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +182,12 @@ func StartCluster() (_ *Cluster, err error) {
 			err = errors.Join(err, c.Stop())
 		}
 	}()
-	if c.net, err = newNodeNet(int(nodeSeq.Add(1))); err != nil {
+	seq := int(nodeSeq.Add(1))
+	c.sockDir = fmt.Sprintf("/run/flashsale-node-%d-%d", os.Getpid(), seq)
+	if err := os.Mkdir(c.sockDir, 0o700); err != nil {
+		return nil, err
+	}
+	if c.net, err = newNodeNet(seq); err != nil {
 		return nil, err
 	}
 	c.NodeIP, c.Netns = c.net.nodeIP, c.net.path()
@@ -189,7 +201,7 @@ func StartCluster() (_ *Cluster, err error) {
 }
 
 func (c *Cluster) containerdSock() string {
-	return filepath.Join(c.Dir, "containerd", "containerd.sock")
+	return filepath.Join(c.sockDir, "containerd.sock")
 }
 
 // startControlPlane starts etcd and the API server (envtest, in the node's
@@ -263,7 +275,7 @@ func (c *Cluster) startNode(bins string) error {
 	kubeletDir := filepath.Join(c.Dir, "kubelet")
 	c.cgroupRoot = "/" + filepath.Base(c.Dir)
 	if err := writeFiles(map[string]string{
-		filepath.Join(cd, "config.toml"):             containerdConfig(cd, cniConf),
+		filepath.Join(cd, "config.toml"):             containerdConfig(cd, c.sockDir, cniConf),
 		filepath.Join(cniConf, "10-bridge.conflist"): cniConfig(filepath.Join(c.Dir, "cni", "ipam")),
 	}); err != nil {
 		return err

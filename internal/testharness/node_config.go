@@ -12,7 +12,7 @@ import (
 // CAP_SYS_RESOURCE: without it runc fails with "can't get final child's PID
 // from pipe"), the pause image built locally, netns mounts under the state
 // directory (so Stop finds every one), and cgroupfs.
-func containerdConfig(dir, cniConf string) string {
+func containerdConfig(dir, sockDir, cniConf string) string {
 	return fmt.Sprintf(`version = 2
 root = %[1]q
 state = %[2]q
@@ -44,8 +44,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "/usr/lib/cni"
       conf_dir = %[7]q
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"),
-		filepath.Join(dir, "containerd.sock.ttrpc"), filepath.Join(dir, "opt"), PauseImage, cniConf)
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(sockDir, "containerd.sock"),
+		filepath.Join(sockDir, "containerd.sock.ttrpc"), filepath.Join(dir, "opt"), PauseImage, cniConf)
 }
 
 // cniConfig is the pod network: one bridge inside the node's namespace, its

@@ -74,6 +74,10 @@ func newNodeNet(seq int) (*nodeNet, error) {
 		{"-n", n.name, "addr", "add", n.nodeIP + "/30", "dev", "eth0"},
 		{"-n", n.name, "link", "set", "eth0", "up"},
 		{"-n", n.name, "link", "set", "lo", "up"},
+		// Connections made on the node itself to a ClusterIP need a route
+		// before kube-proxy's DNAT rewrites them; through lo, one that
+		// matches no Service goes nowhere.
+		{"-n", n.name, "route", "add", serviceCIDR, "dev", "lo"},
 	}
 	for _, s := range steps {
 		if err := ipCmd(s...); err != nil {
@@ -134,33 +138,54 @@ func (n *nodeNet) nsenterArgs(name string, args ...string) (string, []string) {
 	return "nsenter", append([]string{"--net=" + n.path(), "--", name}, args...)
 }
 
-// listenIn opens a TCP listener inside the namespace: the socket is made by
-// a thread that joined it, and stays there; the thread is thrown away.
-func listenIn(nsPath, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
+// inNetns runs f on a thread that joined the namespace, then puts the thread
+// back in this process's namespace. The thread must not die in between: a
+// child process started from it earlier (the harness starts its servers with
+// a parent-death signal, which is per thread) would be killed with it.
+func inNetns(nsPath string, f func()) error {
+	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread ends with the goroutine, so no other
-		// goroutine ever runs in the node's namespace.
 		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer unix.Close(orig)
 		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			ch <- result{err: err}
+			runtime.UnlockOSThread()
+			errc <- err
 			return
 		}
 		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", nsPath, err)}
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("setns %s: %w", nsPath, err)
 			return
 		}
-		l, err := net.Listen("tcp", addr)
-		ch <- result{l, err}
+		f()
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			// Stays locked: the thread ends with the goroutine rather than
+			// run other goroutines in the node's namespace.
+			errc <- nil
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- nil
 	}()
-	r := <-ch
-	return r.l, r.err
+	return <-errc
+}
+
+// listenIn opens a TCP listener inside the namespace: the socket stays there.
+func listenIn(nsPath, addr string) (net.Listener, error) {
+	var l net.Listener
+	var lerr error
+	if err := inNetns(nsPath, func() { l, lerr = net.Listen("tcp", addr) }); err != nil {
+		return nil, err
+	}
+	return l, lerr
 }
 
 // forwarder accepts connections inside the node's namespace and relays each
@@ -260,28 +285,16 @@ func (f *forwarder) close() error {
 
 // dialIn connects from inside the namespace (as listenIn does): the socket
 // belongs to the namespace, so its Service and pod addresses are reachable.
+// Only the socket's creation needs the namespace; the connect that follows
+// happens there whatever thread waits for it.
 func dialIn(ctx context.Context, nsPath, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: see listenIn
-		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", nsPath, err)}
-			return
-		}
+	var c net.Conn
+	var derr error
+	if err := inNetns(nsPath, func() {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
+		c, derr = d.DialContext(ctx, network, addr)
+	}); err != nil {
+		return nil, err
+	}
+	return c, derr
 }

@@ -65,6 +65,9 @@ func (c *Cluster) stop() error {
 		c.cgroupDirs = all
 	}
 	errs = append(errs, c.removeCgroups())
+	if c.sockDir != "" {
+		errs = append(errs, os.RemoveAll(c.sockDir))
+	}
 	if c.Dir != "" {
 		errs = append(errs, os.RemoveAll(c.Dir))
 	}
@@ -154,8 +157,11 @@ func (c *Cluster) removeContainers() {
 // containerd, or a process running from or in its directory.
 func (c *Cluster) ownedBy(pid int) bool {
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if bytes.Contains(cmdline, []byte(c.containerdSock())) {
+	if c.sockDir != "" && bytes.Contains(cmdline, []byte(c.containerdSock())) {
 		return true
+	}
+	if c.Dir == "" {
+		return false
 	}
 	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); strings.HasPrefix(exe, c.Dir+"/") {
 		return true
@@ -306,6 +312,10 @@ var sweepNodesOnce sync.Once
 func sweepStaleNodes() {
 	sweepNodesOnce.Do(func() {
 		matches, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPrefix+"*-node-*"))
+		if os.TempDir() != "/tmp" {
+			more, _ := filepath.Glob(filepath.Join("/tmp", tempPrefix+"*-node-*"))
+			matches = append(matches, more...)
+		}
 		for _, m := range matches {
 			rest := strings.TrimPrefix(filepath.Base(m), tempPrefix)
 			pid, err := strconv.Atoi(rest[:max(strings.IndexByte(rest, '-'), 0)])
@@ -322,6 +332,21 @@ func sweepStaleNodes() {
 			_ = unmountUnder(m)
 			_ = stale.removeCgroups()
 			_ = os.RemoveAll(m)
+		}
+		socks, _ := filepath.Glob("/run/flashsale-node-*")
+		for _, d := range socks {
+			rest := strings.TrimPrefix(filepath.Base(d), "flashsale-node-")
+			pid, err := strconv.Atoi(rest[:max(strings.IndexByte(rest, '-'), 0)])
+			if err == nil && pid != os.Getpid() {
+				if live, _ := procState(pid); !live {
+					stale := &Cluster{sockDir: d}
+					_ = killMatching(func(pid int) bool {
+						cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+						return bytes.Contains(cmdline, []byte(stale.containerdSock()))
+					})
+					_ = os.RemoveAll(d)
+				}
+			}
 		}
 		sweepStaleNodeNets()
 	})

@@ -147,7 +147,7 @@ func TestClusterRunsARestrictedPodAndLeavesNothingBehind(t *testing.T) {
 	if len(MountsUnder(c.Dir)) == 0 {
 		t.Errorf("no mount under %s while a pod runs: the check below would prove nothing", c.Dir)
 	}
-	dir, netns, link, cgroups := c.Dir, c.Netns, c.net.host, append([]string(nil), c.cgroupDirs...)
+	dir, netns, link, cgroups, socks := c.Dir, c.Netns, c.net.host, append([]string(nil), c.cgroupDirs...), c.sockDir
 
 	stopped = true
 	if err := c.Stop(); err != nil {
@@ -179,8 +179,10 @@ func TestClusterRunsARestrictedPodAndLeavesNothingBehind(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", filepath.Base(dir))); len(left) > 0 {
 		t.Errorf("cgroups left: %v", left)
 	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Errorf("%s left", dir)
+	for _, d := range []string{dir, socks} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s left", d)
+		}
 	}
 }
 
