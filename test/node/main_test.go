@@ -193,7 +193,12 @@ func logStorm(t *testing.T, rep *storm.Report) {
 // eventually polls cond every half second for up to two minutes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	eventuallyWithin(t, 2*time.Minute, what, cond)
+}
+
+func eventuallyWithin(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
