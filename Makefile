@@ -89,6 +89,10 @@ deps: ## Install the system packages the tests need (when missing).
 envtest: ## Build the kube-apiserver and etcd test binaries (cached).
 	hack/build-envtest.sh
 
+.PHONY: kube-node
+kube-node: ## Build the test node's kubelet, kube-controller-manager, kube-scheduler and kube-proxy (cached).
+	hack/build-kube-node.sh
+
 .PHONY: demo
 demo: ## Run a whole flash sale on this machine: local cluster, operator, storm, audit (DEMO_FLAGS=--keep keeps it up).
 	go run ./hack/demo $(DEMO_FLAGS)
@@ -102,8 +106,8 @@ bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (RE
 	go run ./hack/rebuildbench $(REBUILD_ARGS)
 
 .PHONY: test
-test: deps envtest ## Install what is missing, build the envtest binaries, run every test.
-	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" go test -race -count=1 ./...
+test: deps envtest kube-node ## Install what is missing, build the envtest and test node binaries, run every test.
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" FLASHSALE_KUBE_NODE="$$(hack/build-kube-node.sh | tail -1)" go test -race -count=1 ./...
 	go vet ./...
 	$(MAKE) --no-print-directory verify-mod
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$unformatted" ]; then \

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the build and the tests need: Redis
 # (server and redis-cli), PostgreSQL (server and client), git, make, procps,
-# util-linux (setpriv, for the test API server), CA certificates, and a C
-# compiler with the C library headers (go test -race needs cgo). Packages
+# util-linux (setpriv, for the test API server; nsenter, for the test node),
+# CA certificates, a C compiler with the C library headers (go test -race
+# needs cgo), and what the test node runs beside the kubelet: containerd,
+# runc, the CNI plugins (bridge, host-local, loopback), iptables and
+# conntrack for kube-proxy, and iproute2 for its network namespace. Packages
 # already present are left alone, so a second run does nothing and prints
 # nothing.
 set -euo pipefail
@@ -19,6 +22,12 @@ checks=(
 	"util-linux:setpriv"
 	"gcc:gcc"
 	"libc6-dev:"
+	"containerd:containerd"
+	"runc:runc"
+	"containernetworking-plugins:"
+	"iptables:iptables"
+	"conntrack:conntrack"
+	"iproute2:ip"
 )
 
 have_postgres() {

@@ -27,7 +27,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/manager"
-	"github.com/flashsale-dev/flashsale-operator/internal/cmd/podrunner"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/storm"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/sweeper"
@@ -44,7 +43,6 @@ func main() {
 	}
 	root.AddCommand(
 		manager.NewCmd(),
-		podrunner.NewCmd(),
 		reserve.NewCmd(),
 		sweeper.NewCmd(),
 		storm.NewCmd(),

@@ -1,12 +1,16 @@
 // Command demo is `make demo`: a whole flash sale on one machine. It installs
-// what is missing, builds bin/flashsale, starts a Kubernetes API server and
-// etcd, Redis, PostgreSQL, the operator and the local pod runner under one
-// working directory, applies the samples from config/samples with kubectl,
-// storms the sale with `flashsale storm`, prints `kubectl get flashsales` and
-// the audit, and tears everything down again; with --keep it stays up until
-// Ctrl-C so that a person can poke at it.
+// what is missing, builds what is not cached, starts a real one-node
+// Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+// containerd, the kubelet and kube-proxy, in a network namespace of their
+// own), Redis and PostgreSQL, deploys the operator from config/default as a
+// pod of its image, applies the samples from config/samples with kubectl,
+// shows the pods the operator made and their logs, storms the sale through
+// its Service with `flashsale storm`, prints `kubectl get flashsales` and the
+// audit, and tears everything down again; with --keep it stays up until
+// Ctrl-C so that a person can poke at it. --node=false runs the operator and
+// the local pod runner as processes instead (no root needed).
 //
-//	go run ./hack/demo [--keep] [--dir .demo] [--buyers 10000]
+//	go run ./hack/demo [--keep] [--dir .demo] [--buyers 10000] [--node=false]
 package main
 
 import (
@@ -48,6 +52,7 @@ var secretManifests = []string{
 }
 
 type options struct {
+	node   bool
 	keep   bool
 	dir    string
 	buyers int
@@ -55,6 +60,7 @@ type options struct {
 
 func main() {
 	var o options
+	flag.BoolVar(&o.node, "node", true, "run on a real node (kubelet, containerd, kube-proxy; needs root); false: the local pod runner")
 	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the storm, until Ctrl-C")
 	flag.StringVar(&o.dir, "dir", ".demo", "working directory (wiped at start; logs stay there afterwards)")
 	flag.IntVar(&o.buyers, "buyers", 10000, "buyers in the storm")
@@ -134,20 +140,31 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	bin := filepath.Join(root, "bin", "flashsale")
-	if err := p.timed("bin/flashsale (go build -o bin/flashsale ./cmd/flashsale)", func() error {
+	if o.node {
+		if err := p.timed("node binaries (hack/build-kube-node.sh, cached)", func() error {
+			return runQuiet(ctx, "bash", "hack/build-kube-node.sh")
+		}); err != nil {
+			return err
+		}
+		if err := testharness.NodeSupported(); err != nil {
+			return fmt.Errorf("%w (run as root, or --node=false for the local pod runner)", err)
+		}
+	} else if err := p.timed("bin/flashsale (go build -o bin/flashsale ./cmd/flashsale)", func() error {
 		return runQuiet(ctx, "go", "build", "-o", bin, "./cmd/flashsale")
 	}); err != nil {
 		return err
 	}
 
 	p.section("Start a local cluster")
-	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, Binary: bin, Progress: p.done})
+	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, Binary: bin, Node: o.node, Progress: p.done})
 	if env != nil {
 		defer func() {
 			p.section("Tear down")
 			start := time.Now()
 			cerr := env.Close()
-			if cerr == nil {
+			if cerr == nil && env.Cluster != nil {
+				p.done("stopped the pods, the node, the control plane, Redis and PostgreSQL; no mount, namespace or rule left", time.Since(start))
+			} else if cerr == nil {
 				p.done(fmt.Sprintf("stopped the pod runner (pid %d), the manager (pid %d), the API server, Redis and PostgreSQL",
 					env.Runner.PID(), env.Manager.PID()), time.Since(start))
 				fmt.Fprintf(p.w, "  logs: %s\n", filepath.Join(dir, "logs"))
@@ -158,8 +175,17 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(p.w, "  API server %s, Redis %s, PostgreSQL 127.0.0.1:%d\n", env.Kube.Config.Host, env.Redis.Addr(), env.Postgres.Port())
-	fmt.Fprintf(p.w, "  manager pid %d, pod runner pid %d; logs in %s\n", env.Manager.PID(), env.Runner.PID(), filepath.Join(dir, "logs"))
+	if env.Cluster != nil {
+		bin = env.Binary
+		fmt.Fprintf(p.w, "  node %s at %s (network namespace %s), API server %s\n", testharness.NodeName, env.Cluster.NodeIP, filepath.Base(env.Cluster.Netns), env.Kube.Config.Host)
+		fmt.Fprintf(p.w, "  Redis %s and PostgreSQL 127.0.0.1:%d on this machine, reached by the pods at %s\n", env.Redis.Addr(), env.Postgres.Port(), env.Cluster.NodeIP)
+		if err := printKubectl(ctx, p, env, "get", "nodes,pods", "-A", "-o", "wide"); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(p.w, "  API server %s, Redis %s, PostgreSQL 127.0.0.1:%d\n", env.Kube.Config.Host, env.Redis.Addr(), env.Postgres.Port())
+		fmt.Fprintf(p.w, "  manager pid %d, pod runner pid %d; logs in %s\n", env.Manager.PID(), env.Runner.PID(), filepath.Join(dir, "logs"))
+	}
 
 	p.section("Apply the samples from config/samples with kubectl")
 	kubectl := func(stdin []byte, args ...string) (string, error) {
@@ -192,6 +218,10 @@ func run(ctx context.Context, o options) (err error) {
 	start := time.Now()
 	if _, err := kubectl(nil, "wait", "-n", namespace, "--for=condition=Ready", "flashsale/"+saleName,
 		"--timeout="+readyTimeout.String()); err != nil {
+		if env.Cluster != nil {
+			logs, _ := env.Kubectl(ctx, nil, "logs", "-n", localenv.ManagerNamespace, "deployment/flashsale-controller-manager", "--tail=20")
+			return fmt.Errorf("%w\n%s", err, logs)
+		}
 		return fmt.Errorf("%w\n%s\n%s", err, localenv.LogTail(env.Manager.Log, 20), localenv.LogTail(env.Runner.Log, 20))
 	}
 	p.done("FlashSale "+saleName+" is Ready: stock seeded, reserve API up", time.Since(start))
@@ -201,9 +231,21 @@ func run(ctx context.Context, o options) (err error) {
 			return err
 		}
 	}
-	p.done("every replica ready, as the pod runner reports it", time.Since(start))
+	if env.Cluster != nil {
+		p.done("every pod Running and Ready under the kubelet", time.Since(start))
+	} else {
+		p.done("every replica ready, as the pod runner reports it", time.Since(start))
+	}
 	if err := printKubectl(ctx, p, env, "get", "flashsales,deployments,services", "-n", namespace); err != nil {
 		return err
+	}
+	if env.Cluster != nil {
+		if err := printKubectl(ctx, p, env, "get", "pods", "-n", namespace, "-o", "wide"); err != nil {
+			return err
+		}
+		if err := printKubectl(ctx, p, env, "logs", "-n", namespace, "deployment/"+saleName+"-reserve", "--tail=3"); err != nil {
+			return err
+		}
 	}
 
 	alloc, err := env.Kubectl(ctx, nil, "get", "flashsale", saleName, "-n", namespace, "-o", "jsonpath={.spec.allocation}")
@@ -345,13 +387,19 @@ func storm(ctx context.Context, p *out, env *localenv.Env, bin, dir, url string,
 	}
 	args := []string{"storm", "--url", url, "--buyers", strconv.Itoa(buyers), "--sku", sku,
 		"--campaign-id", uid, "--redis-addresses", redisAddr, "--key-file", keyFile}
-	fmt.Fprintf(p.w, "  # the reserve Service %s/%s-reserve is exposed by the pod runner at %s\n", namespace, saleName, url)
+	prefix := []string{"bin/flashsale"}
+	if env.Cluster != nil {
+		prefix = []string{"ip", "netns", "exec", filepath.Base(env.Cluster.Netns), rel(bin)}
+		fmt.Fprintf(p.w, "  # the reserve Service %s/%s-reserve at its ClusterIP %s, through kube-proxy, from inside the node's namespace\n", namespace, saleName, url)
+	} else {
+		fmt.Fprintf(p.w, "  # the reserve Service %s/%s-reserve is exposed by the pod runner at %s\n", namespace, saleName, url)
+	}
 	fmt.Fprintf(p.w, "  # half the buyers who get a unit pay, a tenth cancel, the rest walk away\n")
 	fmt.Fprintf(p.w, "  $ export FLASHSALE_POSTGRES_DSN=\"$(kubectl get secret shop-ledger -n %s -o jsonpath={.data.dsn} | base64 -d)\"\n", namespace)
-	p.command(append([]string{"bin/flashsale"}, args...)...)
+	p.command(append(prefix, args...)...)
 	sctx, cancel := context.WithTimeout(ctx, stormTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(sctx, bin, args...)
+	cmd := env.Command(sctx, bin, args...)
 	cmd.Env = append(os.Environ(), "FLASHSALE_POSTGRES_DSN="+dsn)
 	cmd.Stdout, cmd.Stderr = indent(p.w), indent(os.Stderr)
 	start := time.Now()
@@ -390,14 +438,41 @@ func waitStatusSettled(ctx context.Context, env *localenv.Env) error {
 	}
 }
 
+// rel is path relative to the repository when it is inside it.
+func rel(path string) string {
+	if r, err := filepath.Rel(testharness.RepoRoot(), path); err == nil && !strings.HasPrefix(r, "..") {
+		return r
+	}
+	return path
+}
+
+// keepNode is keep on a real node.
+func keepNode(ctx context.Context, p *out, env *localenv.Env, bin, dir, url string) error {
+	ns := filepath.Base(env.Cluster.Netns)
+	fmt.Fprintf(p.w, `
+  export KUBECONFIG=%s
+  export PATH=%s:$PATH    # the kubectl built with the envtest binaries
+
+  kubectl get nodes,pods -A -o wide
+  kubectl get pods -n %s -w
+  kubectl logs -n %s deployment/%s-reserve -f
+  kubectl logs -n %s deployment/flashsale-controller-manager
+  kubectl patch flashsale %s -n %s --type merge -p '{"spec":{"paused":true}}'
+
+  reservation API (Service %s/%s-reserve, ClusterIP, inside the node's network namespace): %s
+  ip netns exec %s %s storm --url %s --buyers 1000 --sku itm-ps5-pro --key-file %s ...
+`, env.Kubeconfig, filepath.Dir(env.KubectlBin), namespace, namespace, saleName, localenv.ManagerNamespace, saleName, namespace,
+		namespace, saleName, url, ns, rel(bin), url, rel(filepath.Join(dir, "hmac-key")))
+	<-ctx.Done()
+	fmt.Fprintln(p.w)
+	return nil
+}
+
 // keep leaves everything running until Ctrl-C and says how to reach it.
 func keep(ctx context.Context, p *out, env *localenv.Env, bin, dir, url string) error {
 	p.section("Still running (--keep): press Ctrl-C to tear everything down")
-	rel := func(path string) string {
-		if r, err := filepath.Rel(testharness.RepoRoot(), path); err == nil && !strings.HasPrefix(r, "..") {
-			return r
-		}
-		return path
+	if env.Cluster != nil {
+		return keepNode(ctx, p, env, bin, dir, url)
 	}
 	fmt.Fprintf(p.w, `
   export KUBECONFIG=%s

@@ -1,8 +1,9 @@
 // Package localenv starts a whole flash-sale environment on one machine, under
 // one working directory: a Kubernetes API server and etcd with the CRDs from
 // config/crd/bases, Redis, PostgreSQL, the operator (`flashsale manager`) and
-// the local pod runner (`flashsale podrunner`), both run from the built
-// binary. `make demo` and the end-to-end tests use it; it drives the
+// the local pod runner (internal/podrunner/podrunner, built on its own), run
+// as processes; or, with Options.Node, a real node (internal/testharness.Cluster)
+// with the operator deployed as a pod of its image. `make demo` and the end-to-end tests use it; it drives the
 // environment the way a person would, with kubectl.
 //
 // The servers come from internal/testharness. Their directories, like
@@ -72,6 +73,11 @@ type Options struct {
 	Image string
 	// Progress, if set, is told about each step once it is done.
 	Progress func(step string, took time.Duration)
+	// Node runs everything on a real node (internal/testharness.Cluster):
+	// the operator as a Deployment of its image, its pods under the kubelet,
+	// Services through kube-proxy. Binary is then ignored: the binary built
+	// for the image is used (Env.Binary).
+	Node bool
 }
 
 // Env is a running environment. Close stops it.
@@ -88,6 +94,13 @@ type Env struct {
 	Runner     *Process
 	RunnerAPI  *podrunner.Client
 	RunnerDir  string
+	// On a real node: the cluster, and the ledger's DSN as pods reach it
+	// (DSN is this machine's, for the tests' own queries).
+	Cluster *testharness.Cluster
+	PodDSN  string
+
+	podRedis     string
+	imageArchive string
 
 	opts       Options
 	extras     []*testharness.Redis
@@ -96,7 +109,7 @@ type Env struct {
 
 // Start brings the environment up. On error, everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
-	if opts.Dir == "" || opts.Binary == "" {
+	if opts.Dir == "" || (opts.Binary == "" && !opts.Node) {
 		return nil, errors.New("localenv: Dir and Binary are required")
 	}
 	if opts.StatusRefresh <= 0 {
@@ -115,9 +128,11 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err != nil {
 		return nil, err
 	}
-	bin, err := filepath.Abs(opts.Binary)
-	if err != nil {
-		return nil, err
+	bin := ""
+	if !opts.Node {
+		if bin, err = filepath.Abs(opts.Binary); err != nil {
+			return nil, err
+		}
 	}
 	e := &Env{Dir: dir, Binary: bin, opts: opts, RunnerDir: filepath.Join(dir, "podrunner")}
 	defer func() {
@@ -170,6 +185,12 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 		return nil
 	}
+	if opts.Node {
+		if err := e.startNode(ctx, step); err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
 	if err := step("Kubernetes API server + etcd, CRDs from config/crd/bases", func() error {
 		k, err := testharness.StartKube()
 		if err != nil {
@@ -188,28 +209,35 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := step("Redis", func() error {
-		e.Redis, err = testharness.StartRedis()
-		return err
-	}); err != nil {
-		return nil, err
-	}
-	if err := step("PostgreSQL", func() error {
-		if e.Postgres, err = testharness.StartPostgres(); err != nil {
-			return err
-		}
-		e.DSN, err = createDatabase(ctx, e.Postgres)
-		return err
-	}); err != nil {
+	if err := e.startServers(ctx, step); err != nil {
 		return nil, err
 	}
 	if err := step("operator (flashsale manager)", e.startManager); err != nil {
 		return nil, err
 	}
-	if err := step("local pod runner (flashsale podrunner)", e.startRunner); err != nil {
+	if err := step("local pod runner (internal/podrunner/podrunner)", e.startRunner); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// startServers starts Redis and PostgreSQL and creates the ledger's database.
+func (e *Env) startServers(ctx context.Context, step func(string, func() error) error) error {
+	if err := step("Redis", func() error {
+		var err error
+		e.Redis, err = testharness.StartRedis()
+		return err
+	}); err != nil {
+		return err
+	}
+	return step("PostgreSQL", func() error {
+		var err error
+		if e.Postgres, err = testharness.StartPostgres(); err != nil {
+			return err
+		}
+		e.DSN, err = createDatabase(ctx, e.Postgres)
+		return err
+	})
 }
 
 // createDatabase makes the ledger's role and database, as a DBA would.
@@ -274,7 +302,13 @@ func (e *Env) startManager() error {
 
 func (e *Env) startRunner() error {
 	state := filepath.Join(e.RunnerDir, "state.json")
-	p, err := startProcess("flashsale podrunner", e.logPath("podrunner"), childEnv(), e.Binary, "podrunner",
+	runner := filepath.Join(e.Dir, "podrunner-bin")
+	build := exec.Command("go", "build", "-o", runner, "./internal/podrunner/podrunner")
+	build.Dir = testharness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./internal/podrunner/podrunner: %w\n%s", err, out)
+	}
+	p, err := startProcess("podrunner", e.logPath("podrunner"), childEnv(), runner,
 		"--kubeconfig", e.Kubeconfig,
 		"--binary", e.Binary,
 		"--dir", e.RunnerDir,
@@ -330,7 +364,9 @@ func (e *Env) Close() error {
 	if e.Manager != nil {
 		errs = append(errs, e.Manager.Stop(10*time.Second))
 	}
-	if e.Kube != nil {
+	if e.Cluster != nil {
+		errs = append(errs, e.Cluster.Stop())
+	} else if e.Kube != nil {
 		errs = append(errs, e.Kube.Stop())
 	}
 	for _, r := range append([]*testharness.Redis{e.Redis}, e.extras...) {
@@ -393,6 +429,12 @@ func (e *Env) Kubectl(ctx context.Context, stdin []byte, args ...string) (string
 // SecretValues are the values this environment puts into the sample Secrets in
 // place of their placeholders: secret name → key → value.
 func (e *Env) SecretValues() map[string]map[string]string {
+	if e.Cluster != nil {
+		return map[string]map[string]string{
+			"shop-redis":  {"addresses": e.podRedis},
+			"shop-ledger": {"dsn": e.PodDSN},
+		}
+	}
 	return map[string]map[string]string{
 		"shop-redis":  {"addresses": e.Redis.Addr()},
 		"shop-ledger": {"dsn": e.DSN},
@@ -434,6 +476,9 @@ func RenderSecret(path string, values map[string]map[string]string) (manifest []
 
 // ServiceURL waits until the pod runner exposes the Service and returns its URL.
 func (e *Env) ServiceURL(ctx context.Context, namespace, name string) (string, error) {
+	if e.Cluster != nil {
+		return e.serviceURLOnNode(ctx, namespace, name)
+	}
 	for {
 		st, err := e.RunnerAPI.State(ctx)
 		if err == nil {

@@ -1,6 +1,8 @@
-// Package podrunner is the `flashsale podrunner` command: the local pod runner
-// that plays the kubelet's part for the operator's Deployments and Services
-// where there is an API server but no cluster (make demo, the end-to-end tests).
+// Package podrunner is the `podrunner` command (built on its own from
+// internal/podrunner/podrunner, not a flashsale subcommand): the local pod
+// runner that plays the kubelet's part for the operator's Deployments and
+// Services where there is an API server but no node (`make demo
+// --node=false`, test/e2e).
 package podrunner
 
 import (

@@ -1,0 +1,70 @@
+package node_test
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+)
+
+// The README's sale on a real node, in a namespace that enforces the
+// restricted Pod Security Standard: every pod the operator writes is
+// admitted, runs under the kubelet from the operator's image (non-root, read-
+// only root file system) and turns Ready; `kubectl logs` reads a reserve
+// pod; a storm through the Service (kube-proxy) passes its audit.
+func TestSamplesOnARealNode(t *testing.T) {
+	needNode(t)
+	storms.Lock()
+	defer storms.Unlock()
+	ns := "shop"
+	samples := filepath.Join(testharness.RepoRoot(), "config", "samples")
+	kubectl(t, nil, "create", "namespace", ns)
+	kubectl(t, nil, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+	for _, f := range []string{"secret_shop-redis.yaml", "secret_shop-ledger.yaml", "secret_waiting-room.yaml"} {
+		manifest, _, err := localenv.RenderSecret(filepath.Join(samples, f), env.SecretValues())
+		if err != nil {
+			t.Fatal(err)
+		}
+		kubectl(t, manifest, "apply", "-n", ns, "-f", "-")
+	}
+	kubectl(t, nil, "apply", "-n", ns, "-f", filepath.Join(samples, "flashsale_v1alpha1_flashsale.yaml"))
+	t.Cleanup(func() { kubectl(t, nil, "delete", "flashsale", "ps5-drop", "-n", ns, "--timeout=120s") })
+	s := waitReady(t, ns, "ps5-drop")
+
+	// Every pod of the sale runs and is ready; none was refused admission.
+	states := podStates(t, ns)
+	reserve := 0
+	for _, st := range states {
+		f := strings.Fields(st)
+		if len(f) != 4 || f[1] != "Running" || f[2] != "true" {
+			t.Errorf("pod %q is not Running and ready", st)
+		}
+		if strings.Contains(f[0], "-reserve-") {
+			reserve++
+		}
+	}
+	if reserve != 3 {
+		t.Errorf("%d reserve pods, want the sample's 3: %v", reserve, states)
+	}
+	events := kubectl(t, nil, "get", "events", "-n", ns, "-o", "jsonpath={.items[*].message}")
+	if strings.Contains(events, "violates PodSecurity") {
+		t.Errorf("pod security refused a pod: %s", events)
+	}
+	// The operator's own pod, from the image, as user 65532.
+	version := strings.TrimSpace(kubectl(t, nil, "exec", "-n", localenv.ManagerNamespace, "deployment/flashsale-controller-manager", "--", "/flashsale", "version"))
+	if version == "" {
+		t.Error("kubectl exec of /flashsale version in the manager pod printed nothing")
+	}
+	pod := strings.Fields(states[0])[0]
+	if logs := kubectl(t, nil, "logs", "-n", ns, pod); strings.TrimSpace(logs) == "" {
+		t.Errorf("kubectl logs %s printed nothing", pod)
+	}
+
+	rep := s.storm(t, "--buyers", "3000", "--checkout-ratio", "0.5", "--cancel-ratio", "0.1")
+	checkAudit(t, rep)
+	if rep.Audit.Allocation != 1000 || rep.Confirmed == 0 {
+		t.Fatalf("the storm did not exercise the sale: allocation %d, %d confirmed", rep.Audit.Allocation, rep.Confirmed)
+	}
+}
