@@ -20,6 +20,7 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	goflag "flag"
 	"fmt"
 	"os"
@@ -56,6 +57,11 @@ type Options struct {
 	// authenticates (TokenReview) and allows to get /metrics
 	// (SubjectAccessReview); false serves plain HTTP to anyone.
 	MetricsSecure bool
+	// EnableHTTP2 lets the metrics server negotiate HTTP/2. Off by default:
+	// HTTP/2's stream handling has had denial-of-service flaws (the "Rapid
+	// Reset" and "CONTINUATION flood" advisories) and a scraper needs only
+	// HTTP/1.1.
+	EnableHTTP2 bool
 	// HealthProbeBindAddress serves /healthz and /readyz.
 	HealthProbeBindAddress string
 	// LeaderElect makes the manager wait for the Lease before reconciling.
@@ -130,6 +136,8 @@ func NewCmd() *cobra.Command {
 		`address the metrics endpoint binds to; "0" disables it`)
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", opts.MetricsSecure,
 		"serve metrics over HTTPS (a self-signed certificate) to callers the API server authenticates and authorizes for GET /metrics; false: plain HTTP to anyone")
+	f.BoolVar(&opts.EnableHTTP2, "enable-http2", opts.EnableHTTP2,
+		"let the metrics server negotiate HTTP/2 (off by default: HTTP/1.1 only)")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", opts.HealthProbeBindAddress,
 		"address the /healthz and /readyz probes bind to")
 	f.BoolVar(&opts.LeaderElect, "leader-elect", opts.LeaderElect,
@@ -241,6 +249,9 @@ func watchedNamespaces(in []string) []string {
 // with the metrics-reader ClusterRole) read them.
 func metricsOptions(opts Options) metricsserver.Options {
 	o := metricsserver.Options{BindAddress: opts.MetricsBindAddress}
+	if !opts.EnableHTTP2 {
+		o.TLSOpts = append(o.TLSOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
 	if opts.MetricsSecure {
 		o.SecureServing = true
 		o.FilterProvider = filters.WithAuthenticationAndAuthorization
