@@ -96,7 +96,7 @@ func DefaultOptions() Options {
 		MetricsBindAddress:      ":8443",
 		MetricsSecure:           true,
 		HealthProbeBindAddress:  ":8081",
-		Image:                   envOr(EnvImage, "flashsale-operator:latest"),
+		Image:                   envOr(EnvImage, "flashsale-operator:"+version.Version),
 		StatusRefresh:           controllers.DefaultStatusRefresh,
 		MaxConcurrentReconciles: 8,
 		ReconcileTimeout:        10 * time.Minute,
@@ -147,7 +147,7 @@ func NewCmd() *cobra.Command {
 	f.StringSliceVar(&opts.Namespaces, "namespaces", opts.Namespaces,
 		"comma-separated namespaces to watch (default: all)")
 	f.StringVar(&opts.Image, "image", opts.Image,
-		"image of the reserve and sweeper pods (default: $"+EnvImage+", the operator's own image)")
+		"image of the reserve and sweeper pods (default: $"+EnvImage+", the operator's own image; without it flashsale-operator:<this build's version>)")
 	f.DurationVar(&opts.StatusRefresh, "status-refresh", opts.StatusRefresh,
 		"how often a live sale's counts are refreshed and Redis is checked for data loss")
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles,
