@@ -44,6 +44,7 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/version"
+	runtimeconfig "github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 // LeaderElectionID names the Lease that elects the active manager.
@@ -123,6 +124,8 @@ func NewCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			redisLog := ctrl.Log.WithName("redis-client")
+			runtimeconfig.RouteRedisLogs(func(line string, dropped int) { redisLog.Info(line, "dropped", dropped) })
 			cfg, err := config.GetConfig()
 			if err != nil {
 				return fmt.Errorf("loading the Kubernetes client configuration: %w", err)
