@@ -56,6 +56,9 @@ manifests: controller-gen envtest ## Generate the CRD, the manager's ClusterRole
 	sed -i -E 's/^version: .*/version: $(RELEASE_VERSION:v%=%)/; s/^appVersion: .*/appVersion: $(RELEASE_VERSION)/' $(CHART)/Chart.yaml
 	sed -i -E 's/^(  newTag:) .*/\1 $(RELEASE_VERSION)/' config/manager/kustomization.yaml
 	$(MAKE) --no-print-directory build-installer
+	@# docs/reference.md: the FlashSale API reference, from the Go types.
+	"$$(hack/build-tool.sh crd-ref-docs | tail -1)" --config hack/crd-ref-docs.yaml --source-path api/v1alpha1 \
+		--renderer markdown --output-path docs/reference.md --log-level ERROR
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
