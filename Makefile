@@ -114,8 +114,14 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 bench: deps ## Run the benchmarks of docs/benchmarks.md (5–7 minutes); BENCH_ARGS="--json" for JSON.
 	go run ./hack/bench $(BENCH_ARGS)
 
+.PHONY: tools
+tools: ## Build helm, promtool and crd-ref-docs from their Go modules (cached).
+	hack/build-tool.sh helm
+	hack/build-tool.sh promtool
+	hack/build-tool.sh crd-ref-docs
+
 .PHONY: test
-test: deps envtest ## Install what is missing, build the envtest binaries, run every test.
+test: deps envtest tools ## Install what is missing, build the envtest binaries and tools, run every test.
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" go test -race -count=1 ./...
 	go vet ./...
 	$(MAKE) --no-print-directory verify-mod
