@@ -157,6 +157,7 @@ func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings, withAdmissionKey b
 		secret(config.EnvRedisPassword, redisSecret, SecretKeyRedisPassword, true),
 		secret(config.EnvPostgresDSN, fs.Spec.Postgres.SecretRef.Name, s.postgresKey, false),
 	}
+	env = append(env, redisTLSEnv(redisSecret)...)
 	if withAdmissionKey {
 		env = append(env,
 			secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false),

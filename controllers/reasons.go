@@ -12,10 +12,14 @@ const (
 	// ReasonInvalid: a Secret's value cannot be used (a DSN that does not parse).
 	ReasonInvalid             = "Invalid"
 	ReasonLedgerSecretInvalid = "LedgerSecretInvalid"
-	ReasonReachable           = "Reachable"
-	ReasonUnreachable         = "Unreachable"
-	ReasonLedgerUnreachable   = "LedgerUnreachable"
-	ReasonRedisUnreachable    = "RedisUnreachable"
+	// ReasonRedisSecretInvalid: the Redis Secret's addresses or TLS keys
+	// cannot be used (a CA bundle without a certificate, a key without its
+	// certificate, a "tls" value other than true or false).
+	ReasonRedisSecretInvalid = "RedisSecretInvalid"
+	ReasonReachable          = "Reachable"
+	ReasonUnreachable        = "Unreachable"
+	ReasonLedgerUnreachable  = "LedgerUnreachable"
+	ReasonRedisUnreachable   = "RedisUnreachable"
 	// Events: Redis or the ledger healthy again after a failure.
 	ReasonRedisRecovered   = "RedisRecovered"
 	ReasonLedgerRecovered  = "LedgerRecovered"

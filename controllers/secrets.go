@@ -23,12 +23,22 @@ const (
 	SecretKeyRedisAddresses = "addresses"
 	SecretKeyRedisUsername  = "username"
 	SecretKeyRedisPassword  = "password"
+	// TLS (optional): "true" turns it on, as rediss:// addresses do; a PEM CA
+	// bundle (none: the system's roots); a PEM client certificate and key
+	// (the keys of a kubernetes.io/tls Secret); the name the servers'
+	// certificates carry (none: each address's host).
+	SecretKeyRedisTLS           = "tls"
+	SecretKeyRedisTLSCA         = "ca.crt"
+	SecretKeyRedisTLSCert       = "tls.crt"
+	SecretKeyRedisTLSKey        = "tls.key"
+	SecretKeyRedisTLSServerName = "serverName"
 )
 
 // references are the values a FlashSale's Secrets hold. Never logged, never in
 // status or events.
 type references struct {
 	redis        config.Redis
+	redisTLS     config.RedisTLS // as the Secret holds it; redis.TLS is its tls.Config
 	postgresDSN  string
 	admissionKey []byte
 }
@@ -39,6 +49,7 @@ func (r references) fingerprint() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%s", r.redis.Mode, strings.Join(r.redis.Addresses, ","),
 		r.redis.Username, r.redis.Password, r.postgresDSN, r.admissionKey)
+	writeRedisTLS(h, r.redisTLS)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -49,6 +60,7 @@ func (r references) fingerprint() string {
 func (r references) podFingerprint(idKey []byte, withAdmissionKey bool) string {
 	m := hmac.New(sha256.New, idKey)
 	fmt.Fprintf(m, "%s\x00%s\x00%s\x00%s", strings.Join(r.redis.Addresses, ","), r.redis.Username, r.redis.Password, r.postgresDSN)
+	writeRedisTLS(m, r.redisTLS)
 	if withAdmissionKey {
 		fmt.Fprintf(m, "\x00%s", r.admissionKey)
 	}
@@ -93,10 +105,8 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 	if err != nil {
 		return out, err
 	}
-	for _, a := range strings.Split(addrs, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			out.redis.Addresses = append(out.redis.Addresses, a)
-		}
+	if err := readRedisTLS(rs, addrs, &out); err != nil {
+		return out, err
 	}
 	if len(out.redis.Addresses) == 0 {
 		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("Redis Secret %q key %q lists no address", rs.Name, SecretKeyRedisAddresses)}

@@ -72,6 +72,26 @@ commit "change a type without regenerating"
 run_verify "type changed, CRD not regenerated" fail "flashsale\.dev_flashsales\.yaml.*generated files are out of date"
 git reset -q --hard clean && git clean -qfd
 
+# The chart's copy of the CRD, edited by hand: make manifests copies it again.
+echo "# edited by hand" >>charts/flashsale-operator/crds/flashsale.dev_flashsales.yaml
+commit "hand-edit the chart's CRD"
+run_verify "hand-edited chart CRD" fail "charts/flashsale-operator/crds/.*generated files are out of date"
+git reset -q --hard clean && git clean -qfd
+
+# The install bundle, stale after a change to config/: build-installer
+# writes it again.
+sed -i 's/terminationGracePeriodSeconds: 40/terminationGracePeriodSeconds: 41/' config/manager/manager.yaml
+git diff --quiet -- config/manager/manager.yaml && { echo "FAIL  install bundle: manager.yaml has no grace period to edit"; exit 1; }
+commit "change config/manager without rebuilding the installer"
+run_verify "stale dist/install.yaml" fail "dist/install\.yaml.*generated files are out of date"
+git reset -q --hard clean && git clean -qfd
+
+# The API reference, edited by hand: crd-ref-docs writes it again.
+echo "edited by hand" >>docs/reference.md
+commit "hand-edit the API reference"
+run_verify "hand-edited docs/reference.md" fail "docs/reference\.md.*generated files are out of date"
+git reset -q --hard clean && git clean -qfd
+
 # A generated file that git does not track.
 git rm -q --cached "$deepcopy"
 commit "forget to add the deepcopy file"

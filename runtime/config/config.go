@@ -7,6 +7,7 @@ package config
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -59,6 +60,8 @@ type Redis struct {
 	Addresses []string
 	Username  string
 	Password  string
+	// TLS, when set, is used for every connection (redis_tls.go).
+	TLS *tls.Config
 }
 
 // Client returns a client for the mode: a cluster client, or a plain client on the
@@ -76,13 +79,13 @@ type Redis struct {
 func (r Redis) Client() redis.UniversalClient {
 	if r.Mode == RedisCluster {
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: r.Addresses, Username: r.Username, Password: r.Password,
+			Addrs: r.Addresses, Username: r.Username, Password: r.Password, TLSConfig: r.TLS,
 			DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
 			PoolSize: 128, MaxRetries: -1,
 		})
 	}
 	return redis.NewClient(&redis.Options{
-		Addr: r.Addresses[0], Username: r.Username, Password: r.Password,
+		Addr: r.Addresses[0], Username: r.Username, Password: r.Password, TLSConfig: r.TLS,
 		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
 		PoolSize: 128, MaxRetries: -1,
 	})
@@ -150,6 +153,7 @@ func (c *Campaign) Complete() error {
 		// Also for "," or " , ": a list with no address in it.
 		errs = append(errs, fmt.Errorf("--redis-addresses (or %s) is required: a comma-separated list of host:port", EnvRedisAddresses))
 	}
+	errs = append(errs, c.completeRedisTLS())
 	if c.Redis.Mode != RedisStandalone && c.Redis.Mode != RedisCluster {
 		errs = append(errs, fmt.Errorf("--redis-mode must be %q or %q, got %q", RedisStandalone, RedisCluster, c.Redis.Mode))
 	}

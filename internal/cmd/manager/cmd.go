@@ -20,6 +20,7 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	goflag "flag"
 	"fmt"
 	"os"
@@ -43,6 +44,7 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/version"
+	runtimeconfig "github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 // LeaderElectionID names the Lease that elects the active manager.
@@ -56,6 +58,11 @@ type Options struct {
 	// authenticates (TokenReview) and allows to get /metrics
 	// (SubjectAccessReview); false serves plain HTTP to anyone.
 	MetricsSecure bool
+	// EnableHTTP2 lets the metrics server negotiate HTTP/2. Off by default:
+	// HTTP/2's stream handling has had denial-of-service flaws (the "Rapid
+	// Reset" and "CONTINUATION flood" advisories) and a scraper needs only
+	// HTTP/1.1.
+	EnableHTTP2 bool
 	// HealthProbeBindAddress serves /healthz and /readyz.
 	HealthProbeBindAddress string
 	// LeaderElect makes the manager wait for the Lease before reconciling.
@@ -90,7 +97,7 @@ func DefaultOptions() Options {
 		MetricsBindAddress:      ":8443",
 		MetricsSecure:           true,
 		HealthProbeBindAddress:  ":8081",
-		Image:                   envOr(EnvImage, "flashsale-operator:latest"),
+		Image:                   envOr(EnvImage, "flashsale-operator:"+version.Version),
 		StatusRefresh:           controllers.DefaultStatusRefresh,
 		MaxConcurrentReconciles: 8,
 		ReconcileTimeout:        10 * time.Minute,
@@ -117,6 +124,8 @@ func NewCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			redisLog := ctrl.Log.WithName("redis-client")
+			runtimeconfig.RouteRedisLogs(func(line string, dropped int) { redisLog.Info(line, "dropped", dropped) })
 			cfg, err := config.GetConfig()
 			if err != nil {
 				return fmt.Errorf("loading the Kubernetes client configuration: %w", err)
@@ -130,6 +139,8 @@ func NewCmd() *cobra.Command {
 		`address the metrics endpoint binds to; "0" disables it`)
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", opts.MetricsSecure,
 		"serve metrics over HTTPS (a self-signed certificate) to callers the API server authenticates and authorizes for GET /metrics; false: plain HTTP to anyone")
+	f.BoolVar(&opts.EnableHTTP2, "enable-http2", opts.EnableHTTP2,
+		"let the metrics server negotiate HTTP/2 (off by default: HTTP/1.1 only)")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", opts.HealthProbeBindAddress,
 		"address the /healthz and /readyz probes bind to")
 	f.BoolVar(&opts.LeaderElect, "leader-elect", opts.LeaderElect,
@@ -139,7 +150,7 @@ func NewCmd() *cobra.Command {
 	f.StringSliceVar(&opts.Namespaces, "namespaces", opts.Namespaces,
 		"comma-separated namespaces to watch (default: all)")
 	f.StringVar(&opts.Image, "image", opts.Image,
-		"image of the reserve and sweeper pods (default: $"+EnvImage+", the operator's own image)")
+		"image of the reserve and sweeper pods (default: $"+EnvImage+", the operator's own image; without it flashsale-operator:<this build's version>)")
 	f.DurationVar(&opts.StatusRefresh, "status-refresh", opts.StatusRefresh,
 		"how often a live sale's counts are refreshed and Redis is checked for data loss")
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles,
@@ -241,6 +252,9 @@ func watchedNamespaces(in []string) []string {
 // with the metrics-reader ClusterRole) read them.
 func metricsOptions(opts Options) metricsserver.Options {
 	o := metricsserver.Options{BindAddress: opts.MetricsBindAddress}
+	if !opts.EnableHTTP2 {
+		o.TLSOpts = append(o.TLSOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
 	if opts.MetricsSecure {
 		o.SecureServing = true
 		o.FilterProvider = filters.WithAuthenticationAndAuthorization

@@ -168,6 +168,11 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 		}
 	}
 
+	// HTTP/2 is off unless --enable-http2: a client offering h2 gets HTTP/1.1.
+	if proto := negotiatedProtocol(t, opts.MetricsBindAddress); proto != "http/1.1" {
+		t.Fatalf("the metrics server negotiated %q with a client offering h2, want http/1.1 (--enable-http2 is off)", proto)
+	}
+
 	// A sale in a watched namespace shows in the metrics with its status: its
 	// Secrets do not exist, so it is not Ready.
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
@@ -204,6 +209,39 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + opts.HealthProbeBindAddress + "/healthz"); err == nil {
 		t.Error("the probe server still answers after Run returned")
+	}
+}
+
+// negotiatedProtocol is the ALPN protocol the TLS server at addr picks for a
+// client that offers h2 and http/1.1.
+func negotiatedProtocol(t *testing.T, addr string) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{
+		InsecureSkipVerify: true, //nolint:gosec // a test against 127.0.0.1
+		NextProtos:         []string{"h2", "http/1.1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().NegotiatedProtocol
+}
+
+func TestMetricsHTTP2OnlyWhenEnabled(t *testing.T) {
+	for _, enable := range []bool{false, true} {
+		opts := DefaultOptions()
+		opts.EnableHTTP2 = enable
+		c := &tls.Config{NextProtos: []string{"h2", "http/1.1"}}
+		for _, f := range metricsOptions(opts).TLSOpts {
+			f(c)
+		}
+		hasH2 := false
+		for _, p := range c.NextProtos {
+			hasH2 = hasH2 || p == "h2"
+		}
+		if hasH2 != enable {
+			t.Errorf("--enable-http2=%v: the metrics server offers %v", enable, c.NextProtos)
+		}
 	}
 }
 

@@ -122,6 +122,7 @@ On SIGTERM or SIGINT in-flight requests finish, then the process exits 0.`,
 			if err != nil {
 				return err
 			}
+			config.RouteRedisLogs(config.SlogRedisSink(log))
 			return Run(cmd.Context(), opts, log)
 		},
 	}

@@ -85,6 +85,7 @@ which it does not need.`,
 			if err != nil {
 				return err
 			}
+			config.RouteRedisLogs(config.SlogRedisSink(log))
 			if err := opts.Campaign.Complete(); err != nil {
 				return err
 			}

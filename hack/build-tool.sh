@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds one of the project's release and docs tools from its Go module at a
+# pinned version, so no prebuilt download is needed, and caches it:
+#
+#   hack/build-tool.sh helm          # prints the binary's path as the last line
+#   "$(hack/build-tool.sh promtool | tail -1)" check rules ...
+#
+# Tools (name: module, version variable):
+#   helm          helm.sh/helm/v3/cmd/helm                 HELM_VERSION
+#   promtool      github.com/prometheus/prometheus/cmd/promtool  PROMETHEUS_VERSION
+#   crd-ref-docs  github.com/elastic/crd-ref-docs          CRD_REF_DOCS_VERSION
+#
+# When the binary is cached the script only prints its path. Environment:
+#   FLASHSALE_CACHE  cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/flashsale-operator)
+#   GOPROXY, GOFLAGS, GOCACHE, GOMODCACHE and the other go env variables are honoured.
+set -euo pipefail
+
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+CRD_REF_DOCS_VERSION="${CRD_REF_DOCS_VERSION:-v0.3.0}"
+
+log() { printf '[build-tool] %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+[[ $# -eq 1 ]] || die "usage: $0 helm|promtool|crd-ref-docs"
+name="$1"
+ldflags="-s -w"
+tags=""
+case "${name}" in
+helm)
+	pkg=helm.sh/helm/v3/cmd/helm version="${HELM_VERSION}"
+	# What `helm version` prints; helm's own Makefile stamps it the same way.
+	ldflags+=" -X helm.sh/helm/v3/internal/version.version=${version}"
+	;;
+promtool)
+	pkg=github.com/prometheus/prometheus/cmd/promtool version="${PROMETHEUS_VERSION}"
+	ldflags+=" -X github.com/prometheus/common/version.Version=${version#v}"
+	# Rule checks and rule unit tests need no service discovery: leaving the
+	# cloud SDKs out (Prometheus's own build tag) saves most of the build.
+	tags=remove_all_sd
+	;;
+crd-ref-docs)
+	pkg=github.com/elastic/crd-ref-docs version="${CRD_REF_DOCS_VERSION}"
+	;;
+*) die "unknown tool '${name}' (helm, promtool or crd-ref-docs)" ;;
+esac
+
+CACHE_ROOT="${FLASHSALE_CACHE:-${XDG_CACHE_HOME:-${HOME:?HOME is not set}/.cache}/flashsale-operator}"
+DIR="${CACHE_ROOT}/tools/${name}-${version}${tags:+-${tags}}"
+BIN="${DIR}/${name}"
+
+if [[ -x "${BIN}" ]]; then
+	printf '%s\n' "${BIN}"
+	exit 0
+fi
+command -v go >/dev/null 2>&1 || die "go is not on PATH"
+mkdir -p "${CACHE_ROOT}/tools"
+
+# Serialise concurrent builds of the same tool; the second finds it built.
+if command -v flock >/dev/null 2>&1; then
+	exec 9>"${DIR}.lock"
+	flock 9
+	if [[ -x "${BIN}" ]]; then
+		printf '%s\n' "${BIN}"
+		exit 0
+	fi
+fi
+
+STAGE="$(mktemp -d "${DIR}.tmp.XXXXXX")"
+trap 'rm -rf "${STAGE}"' EXIT
+start="${SECONDS}"
+log "building ${name} from ${pkg}@${version} (first time only)"
+# Outside any module and workspace: go install PKG@VERSION uses the tool's
+# own go.mod and go.sum, as its maintainers test it.
+(cd "${STAGE}" && GOWORK=off CGO_ENABLED=0 GOBIN="${STAGE}" GOFLAGS="${GOFLAGS:-} -trimpath" \
+	go install -tags "${tags}" -ldflags "${ldflags}" "${pkg}@${version}") || die "building ${name} failed"
+[[ -x "${STAGE}/${name}" ]] || die "go install left no ${name} binary"
+rm -rf "${DIR}"
+mv -T "${STAGE}" "${DIR}"
+log "built ${name} in $((SECONDS - start))s: ${BIN}"
+printf '%s\n' "${BIN}"

@@ -1,0 +1,92 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package chart
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// writeRules renders the chart's PrometheusRule and writes its spec, a
+// Prometheus rule file, into dir as rules.yaml.
+func writeRules(t *testing.T, dir string, set ...string) string {
+	t.Helper()
+	objs := render(t, append([]string{"monitoring.prometheusRule.enabled=true"}, set...)...)
+	rule := find(t, objs, "PrometheusRule", "flashsale-operator")
+	b, err := yaml.Marshal(rule.Object["spec"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestPrometheusRuleChecks: promtool accepts the rendered rules, and its
+// unit tests (testdata/rules_test.yaml) fire FailClosed, NotReady past a
+// rollout, stale counts and a stalled sweeper, and nothing else there.
+func TestPrometheusRuleChecks(t *testing.T) {
+	promtool := tool(t, "promtool")
+	dir := t.TempDir()
+	rules := writeRules(t, dir)
+	if out, err := run(t, promtool, "check", "rules", rules); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join("testdata", "rules_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "rules_test.yaml"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, promtool, "test", "rules", filepath.Join(dir, "rules_test.yaml")); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// TestPrometheusRuleTestsCanFail: the same unit tests fail against rules
+// whose FailClosed alert waits longer, so a passing run means something.
+func TestPrometheusRuleTestsCanFail(t *testing.T) {
+	promtool := tool(t, "promtool")
+	dir := t.TempDir()
+	rules := writeRules(t, dir)
+	b, err := os.ReadFile(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := strings.Replace(string(b), "for: 1m", "for: 10m", 1)
+	if slow == string(b) {
+		t.Fatal("the rendered rules have no `for: 1m` to change")
+	}
+	if err := os.WriteFile(rules, []byte(slow), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests, _ := os.ReadFile(filepath.Join("testdata", "rules_test.yaml"))
+	if err := os.WriteFile(filepath.Join(dir, "rules_test.yaml"), tests, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, promtool, "test", "rules", filepath.Join(dir, "rules_test.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "FlashSaleFailClosed") {
+		t.Fatalf("promtool test rules passed against a FailClosed alert that waits 10m: %v\n%s", err, out)
+	}
+}
