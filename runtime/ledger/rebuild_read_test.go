@@ -28,19 +28,30 @@ func TestReadRebuildIsOneSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	var streamed []Order
+	holders := map[string]int64{}
 	batches := 0
 	counts, err := l.ReadRebuild(ctx, c.ID, c.Shards, RebuildReader{
 		Batch: 2,
 		Pending: func(ctx context.Context, os []Order) error {
 			if batches++; batches == 1 {
-				// Every order, streamed or not yet, is paid for meanwhile.
-				for _, o := range orders {
+				// Every order, streamed or not yet, is paid for meanwhile,
+				// but the last, which its buyer cancels.
+				for _, o := range orders[:5] {
 					if out, _, err := l.Checkout(ctx, c.ID, o.ReservationID, o.UserID, "pay"); err != nil || out != CheckoutCommitted {
 						return fmt.Errorf("checkout %s: %v %v", o.ReservationID, out, err)
 					}
 				}
+				if out, _, err := l.CancelByUser(ctx, c.ID, orders[5].ReservationID, orders[5].UserID); err != nil || out != CancelCancelled {
+					return fmt.Errorf("cancel %s: %v %v", orders[5].ReservationID, out, err)
+				}
 			}
 			streamed = append(streamed, os...)
+			return nil
+		},
+		Holders: func(_ context.Context, hs []Holder) error {
+			for _, h := range hs {
+				holders[h.UserID] += h.Units
+			}
 			return nil
 		},
 	})
@@ -53,8 +64,12 @@ func TestReadRebuildIsOneSnapshot(t *testing.T) {
 	if want := []ShardCounts{{Pending: 3}, {Pending: 3}}; !slices.Equal(counts, want) {
 		t.Errorf("counts %v, want %v: the reads saw the checkouts halfway", counts, want)
 	}
-	// The next rebuild sees them all sold.
-	if _, _, counts := readRebuild(t, l, snap.Campaign, 10); !slices.Equal(counts, []ShardCounts{{Committed: 3}, {Committed: 3}}) {
+	// The buyers are read after the orders: still as they were.
+	if len(holders) != 6 || holders[orders[5].UserID] != 1 {
+		t.Errorf("holders %v: the buyers were read after the cancel", holders)
+	}
+	// The next rebuild sees them sold and cancelled.
+	if _, _, counts := readRebuild(t, l, snap.Campaign, 10); !slices.Equal(counts, []ShardCounts{{Committed: 3}, {Committed: 2}}) {
 		t.Errorf("counts after the checkouts %v", counts)
 	}
 }
