@@ -34,6 +34,9 @@ func TestSamplesOnARealNode(t *testing.T) {
 	s := waitReady(t, ns, "ps5-drop")
 
 	// Every pod of the sale runs and is ready; none was refused admission.
+	// The sale is Ready with one sweeper ready: the standby may still be
+	// starting, so the pods are waited for first.
+	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Ready", "pod", "--all", "--timeout=120s")
 	states := podStates(t, ns)
 	reserve := 0
 	for _, st := range states {
