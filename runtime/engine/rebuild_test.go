@@ -2,11 +2,18 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -122,4 +129,220 @@ func sum(xs []int64) (n int64) {
 		n += x
 	}
 	return n
+}
+
+// Failure matrix: a materialization racing a rebuild is counted or refused, never
+// both, never neither. Reservations keep flowing while rebuilds run (without data
+// loss, the worst case for fencing); at the end Redis and the ledger agree exactly.
+func TestMaterializationRacingRebuild(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(3000), withShards(4), withMaxPerUser(1))
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		var refused, acked atomic.Int64
+		var reservations []engine.Reservation
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reservations = storm(t, f, 2500, "racer", func(r engine.ReserveResult, err error) {
+				switch {
+				case errors.Is(err, engine.ErrUnavailable):
+					refused.Add(1)
+				case err != nil:
+					t.Errorf("reserve: %v", err)
+				case r.Outcome == engine.OutcomeReserved:
+					acked.Add(1)
+				}
+			})
+		}()
+		for range 3 {
+			time.Sleep(30 * time.Millisecond)
+			if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Wait()
+		f.sweepUntilQuiet()
+		c := f.assertConserved()
+		if c.Pending != acked.Load() {
+			t.Fatalf("ledger has %d pending units, %d were acknowledged", c.Pending, acked.Load())
+		}
+		f.assertLedgerHolds(reservations, nil)
+		t.Logf("acknowledged %d, refused %d, epoch %d", acked.Load(), refused.Load(), c.Epoch)
+	})
+}
+
+// A reservation hash outlives its reservation's whole lifetime (TTL and
+// grace) by the backstop: with a TTL beyond the default 24 h backstop, a hash
+// that expired first would take its unit with it.
+func TestBackstopOutlivesLongReservations(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(1), withTTL(30*time.Hour, time.Hour))
+	r := f.reserve("vera", "r", 1)
+	if r.Outcome != engine.OutcomeReserved {
+		t.Fatal(r.Outcome)
+	}
+	ttl, err := rdb.TTL(context.Background(), f.e.Store().Keys(0).Res(strings.TrimPrefix(r.Reservation.ID, "0."))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 31*time.Hour + stock.DefaultBackstop - time.Minute; ttl < want {
+		t.Fatalf("reservation hash TTL %s, want at least %s", ttl, want)
+	}
+
+	// The TTL is lowered, then Redis is rebuilt: the restored hash still
+	// outlives the reservation's own expiry, 30 h away, not the new TTL's.
+	cfg := f.cfg
+	cfg.TTL = 10 * time.Minute
+	e := openEngine(t, cfg, rdb, f.l)
+	if _, err := e.Rebuild(context.Background(), gate(stock.StateOpen)); err != nil {
+		t.Fatal(err)
+	}
+	ttl, err = rdb.TTL(context.Background(), f.e.Store().Keys(0).Res(strings.TrimPrefix(r.Reservation.ID, "0."))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 30*time.Hour + stock.DefaultBackstop - time.Minute; ttl < want {
+		t.Fatalf("restored hash TTL %s, want at least %s", ttl, want)
+	}
+	if got := stock.BackstopFor(math.MaxInt64 - time.Hour); got <= 0 {
+		t.Fatalf("BackstopFor overflowed: %s", got)
+	}
+}
+
+// I4 across a rebuild: a paid request retried after Redis lost its data
+// replays its reservation, as before the loss, instead of answering
+// LIMIT_EXCEEDED (the rebuilt quota counts the paid unit) or taking a unit
+// for a moment (with room in the quota). Its hash is restored as committed.
+func TestPaidRequestReplaysAfterARebuild(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, limit := range []int{1, 2} {
+			f := newFixture(t, rdb, withAllocation(10), withShards(2), withMaxPerUser(limit))
+			ctx := context.Background()
+			r := f.reserve("paula", "r", 1)
+			if r.Outcome != engine.OutcomeReserved {
+				t.Fatal(r.Outcome)
+			}
+			if co, err := f.e.Checkout(ctx, "paula", r.Reservation.ID, "pay-1"); err != nil || co.Outcome != ledger.CheckoutCommitted {
+				t.Fatalf("checkout: %+v %v", co, err)
+			}
+			if _, err := f.e.Store().DeleteAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+				t.Fatal(err)
+			}
+			before := f.counts()
+			again := f.reserve("paula", "r", 1)
+			if again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != r.Reservation.ID {
+				t.Fatalf("maxPerUser %d: the paid request retried after a rebuild: %+v, want REPLAYED %s", limit, again, r.Reservation.ID)
+			}
+			if c := f.assertConserved(); c.Available != before.Available || c.Sold != 1 || c.Reserved != 0 {
+				t.Fatalf("maxPerUser %d: counts %+v, before the retry %+v", limit, c, before)
+			}
+		}
+	})
+}
+
+// A rebuild cut short after it began on every shard (its process died, a
+// leadership handover) leaves them REBUILDING at the ledger's new epoch.
+// Seeding must not take that for a live sale: nothing else would finish them.
+func TestRebuildCutShortIsFinished(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10), withShards(2))
+	ctx := context.Background()
+	f.reserve("rita", "r", 1)
+	snap, err := f.l.BeginRebuild(ctx, f.cfg.CampaignID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for shard := range 2 {
+		if err := f.e.Store().RebuildBegin(ctx, shard, snap.Campaign.Epoch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
+		t.Fatalf("seeding over shards left being rebuilt: %v, want ErrNeedsRebuild", err)
+	}
+	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.assertConserved(); c.Available != 9 || c.Reserved != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// TestPartialRebuildAdmitsNothing: a rebuild that fails on one shard (here an
+// ACL that keeps the rebuilding client off shard 2's keys) leaves every shard
+// closed, the rebuilt ones included, so the sale is as closed as the
+// controller's status says until a rebuild succeeds on all of them.
+func TestPartialRebuildAdmitsNothing(t *testing.T) {
+	srv := testharness.RedisT(t)
+	admin := standaloneClient(t, srv.Addr())
+	f := newFixture(t, admin, withAllocation(40), withShards(4))
+	ctx := context.Background()
+	reserveMany(t, f, "held", 6)
+	tag := stock.CampaignTag(f.cfg.CampaignID)
+	args := []any{"ACL", "SETUSER", "partial", "on", ">pw", "+@all", "&*"}
+	for _, n := range []int{0, 1, 3} {
+		args = append(args, fmt.Sprintf("~{fs:%s:%d}:*", tag, n))
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	partial := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "partial", Password: "pw"})
+	t.Cleanup(func() { _ = partial.Close() })
+	e := openEngine(t, f.cfg, partial, f.l)
+	// As the controller does before it rebuilds: every shard refuses.
+	if _, err := f.e.Store().SetGate(ctx, stock.StateFailClosed, 0); err != nil {
+		t.Fatal(err)
+	}
+	unasked := func() string { t.Fatal("a failed rebuild asked for the gate"); return stock.StateOpen }
+	if _, err := e.Rebuild(ctx, unasked); err == nil || !strings.Contains(err.Error(), "shard 2") {
+		t.Fatalf("rebuild without access to shard 2: %v", err)
+	}
+	states, err := f.e.Store().State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range states {
+		if s.State == stock.StateOpen {
+			t.Fatalf("shard %d admits reservations after a failed rebuild: %+v", s.Index, s)
+		}
+	}
+	for i := range 8 {
+		if r := f.reserve(fmt.Sprintf("during-%d", i), "r", 1); r.Outcome != engine.OutcomeClosed {
+			t.Fatalf("reserve after a failed rebuild: %s", r.Outcome)
+		}
+	}
+	// A rebuild that reaches every shard opens them all, in the state asked
+	// for once every shard is rebuilt (and still closed).
+	asked := 0
+	rep, err := f.e.Rebuild(ctx, func() string {
+		asked++
+		c, err := f.e.Counts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sh := range c.Shards {
+			if sh.State != stock.StateFailClosed {
+				t.Errorf("shard %d is %s when the gate is asked", sh.Index, sh.State)
+			}
+		}
+		if c.Available != 34 || c.Reserved != 6 {
+			t.Errorf("the gate was asked before every shard was rebuilt: %+v", c)
+		}
+		return stock.StateOpen
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asked != 1 || rep.Gate != stock.StateOpen {
+		t.Fatalf("gate asked %d times, report says %q", asked, rep.Gate)
+	}
+	if c := f.assertConserved(); c.Reserved != 6 || c.Available != 34 {
+		t.Fatalf("after the full rebuild: %+v", c)
+	}
+	if r := f.reserve("after", "r", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("reserve after the full rebuild: %s", r.Outcome)
+	}
 }

@@ -1,0 +1,74 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+func TestDeleteKeepsLedger(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f := newFixture(t, rdb, withAllocation(10))
+		ctx := context.Background()
+		ids := reserveMany(t, f, "d", 3)
+		if err := f.e.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, err := f.e.Store().State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st {
+			if s.Present || s.Available != 0 {
+				t.Fatalf("shard %d still there: %+v", s.Index, s)
+			}
+		}
+		if n, _ := f.e.Store().DeleteAll(ctx); n != 0 {
+			t.Fatalf("%d keys left after delete", n)
+		}
+		// Retried (the operator's finalizer failed later on): nothing left
+		// to scan for, and no SCAN sent.
+		if c, ok := rdb.(*redis.Client); ok {
+			scans := func() string {
+				return testharness.InfoField(t, c, "commandstats", "cmdstat_scan")
+			}
+			before := scans()
+			if err := f.e.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if after := scans(); after != before {
+				t.Fatalf("a retried delete scanned Redis again: %s → %s", before, after)
+			}
+		}
+		for _, id := range ids {
+			if s := orderStatus(t, f, id); s != ledger.StatusPending {
+				t.Fatalf("ledger row %s: %s", id, s)
+			}
+		}
+		c, err := f.l.GetCampaign(ctx, f.cfg.CampaignID)
+		if err != nil || c.DeletedAt == nil {
+			t.Fatalf("campaign %+v %v", c, err)
+		}
+	})
+}
+
+// A sale deleted before it was ever seeded (its ledger was unreachable the
+// whole time) has nothing to clean: Delete succeeds, so the FlashSale's
+// finalizer does not block its deletion forever.
+func TestDeleteOfACampaignNeverCreated(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()))
+	cfg := f.cfg
+	cfg.CampaignID = "c-" + randomID()
+	e := openEngine(t, cfg, f.rdb, f.l)
+	if err := e.Delete(context.Background()); err != nil {
+		t.Fatalf("delete of a campaign the ledger never had: %v", err)
+	}
+	if _, err := f.l.GetCampaign(context.Background(), cfg.CampaignID); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("Delete created the campaign: %v", err)
+	}
+}
