@@ -52,27 +52,6 @@ const (
 	ManagedBy      = "flashsale-operator"
 )
 
-// EnvListen is the address a data-plane container listens on, and
-// EnvMetricsListen where the reserve container serves /metrics.
-const (
-	EnvListen        = "FLASHSALE_LISTEN"
-	EnvMetricsListen = "FLASHSALE_METRICS_LISTEN"
-)
-
-// EnvSweepInterval and EnvLeaderLock configure the sweeper container.
-const (
-	EnvSweepInterval = "FLASHSALE_SWEEP_INTERVAL"
-	EnvLeaderLock    = "FLASHSALE_LEADER_LOCK"
-)
-
-// containerPort is where reserve and sweeper serve HTTP (API, health; the
-// sweeper's metrics). The reserve pods serve their metrics on metricsPort,
-// which the Service does not expose: buyers reach the API only.
-const (
-	containerPort = 8080
-	metricsPort   = 9090
-)
-
 // settings are a FlashSale's spec with the CRD defaults applied, so builders also
 // work on objects that never went through the API server (unit tests).
 type settings struct {
@@ -151,7 +130,7 @@ func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings, withAdmissionKey b
 		{Name: config.EnvTTL, Value: s.ttl.String()},
 		{Name: config.EnvGracePeriod, Value: s.grace.String()},
 		{Name: config.EnvRedisMode, Value: s.redisMode},
-		{Name: EnvListen, Value: ":" + strconv.Itoa(containerPort)},
+		{Name: config.EnvListen, Value: config.ListenAddr(config.PortHTTP)},
 		secret(config.EnvRedisAddresses, redisSecret, SecretKeyRedisAddresses, false),
 		secret(config.EnvRedisUsername, redisSecret, SecretKeyRedisUsername, true),
 		secret(config.EnvRedisPassword, redisSecret, SecretKeyRedisPassword, true),
@@ -179,7 +158,7 @@ func restrictedContainer() *corev1.SecurityContext {
 
 func probe(path string, period int32) *corev1.Probe {
 	return &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString("http")}},
+		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(config.PortNameHTTP)}},
 		PeriodSeconds: period, TimeoutSeconds: 2, FailureThreshold: 3,
 		// Spelled out although it is the API server's default: apply compares
 		// the numbers it sets with the live object's.
@@ -191,10 +170,10 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 	labels := childLabels(fs, component)
 	c.Name = component
 	c.Image = image
-	c.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: containerPort, Protocol: corev1.ProtocolTCP}}
+	c.Ports = []corev1.ContainerPort{{Name: config.PortNameHTTP, ContainerPort: config.PortHTTP, Protocol: corev1.ProtocolTCP}}
 	c.SecurityContext = restrictedContainer()
-	c.LivenessProbe = probe("/healthz", 10)
-	c.ReadinessProbe = probe("/readyz", 2)
+	c.LivenessProbe = probe(config.PathHealthz, 10)
+	c.ReadinessProbe = probe(config.PathReadyz, 2)
 	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: ChildName(fs, component), Namespace: fs.Namespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
@@ -238,7 +217,7 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 // ReserveDeployment runs the reservation API of a FlashSale.
 func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
 	s := resolve(fs)
-	env := append(campaignEnv(fs, s, true), corev1.EnvVar{Name: EnvMetricsListen, Value: ":" + strconv.Itoa(metricsPort)})
+	env := append(campaignEnv(fs, s, true), corev1.EnvVar{Name: config.EnvMetricsListen, Value: config.ListenAddr(config.PortMetrics)})
 	c := corev1.Container{Args: []string{"reserve"}, Env: env}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
@@ -253,7 +232,7 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: reservePreStopSeconds}}}
 	d := deployment(fs, ComponentReserve, image, s.replicas, c)
 	cs := &d.Spec.Template.Spec.Containers[0]
-	cs.Ports = append(cs.Ports, corev1.ContainerPort{Name: "metrics", ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP})
+	cs.Ports = append(cs.Ports, corev1.ContainerPort{Name: config.PortNameMetrics, ContainerPort: config.PortMetrics, Protocol: corev1.ProtocolTCP})
 	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](reservePreStopSeconds + 30)
 	return d
 }
@@ -311,7 +290,7 @@ func ReserveService(fs *flashsalev1alpha1.FlashSale) *corev1.Service {
 		Spec: corev1.ServiceSpec{
 			Selector: labels,
 			Ports: []corev1.ServicePort{{
-				Name: "http", Port: 80, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP,
+				Name: config.PortNameHTTP, Port: 80, TargetPort: intstr.FromString(config.PortNameHTTP), Protocol: corev1.ProtocolTCP,
 			}},
 		},
 	}
@@ -325,8 +304,8 @@ const sweeperReplicas = 2
 func SweeperDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
 	s := resolve(fs)
 	env := append(campaignEnv(fs, s, false),
-		corev1.EnvVar{Name: EnvSweepInterval, Value: s.sweepInterval.String()},
-		corev1.EnvVar{Name: EnvLeaderLock, Value: "postgres"},
+		corev1.EnvVar{Name: config.EnvSweepInterval, Value: s.sweepInterval.String()},
+		corev1.EnvVar{Name: config.EnvLeaderLock, Value: config.LeaderLockPostgres},
 	)
 	c := corev1.Container{
 		Args: []string{"sweeper"},

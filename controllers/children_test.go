@@ -57,7 +57,7 @@ func TestReserveDeployment(t *testing.T) {
 				config.EnvCampaignID: "6f1c1f4e-0000-4000-8000-000000000001", config.EnvSKU: "itm-ps5-pro",
 				config.EnvShards: "10", config.EnvMaxPerUser: "1", config.EnvStealProbes: "2", config.EnvTTL: "10m0s",
 				config.EnvGracePeriod: "30s", config.EnvRedisMode: "standalone", config.EnvNamespace: "shop", config.EnvName: "ps5-drop",
-				EnvListen: ":8080", EnvMetricsListen: ":9090",
+				config.EnvListen: ":8080", config.EnvMetricsListen: ":9090",
 			},
 			secrets: map[string][2]string{
 				config.EnvRedisAddresses: {"shop-redis", "addresses"}, config.EnvPostgresDSN: {"shop-ledger", "dsn"},
@@ -150,7 +150,7 @@ func TestServiceAndSweeper(t *testing.T) {
 	d := SweeperDeployment(fs, "img")
 	c := d.Spec.Template.Spec.Containers[0]
 	env := envOf(c)
-	if d.Name != "ps5-drop-sweeper" || c.Args[0] != "sweeper" || env[EnvSweepInterval].Value != "5s" || env[EnvLeaderLock].Value != "postgres" {
+	if d.Name != "ps5-drop-sweeper" || c.Args[0] != "sweeper" || env[config.EnvSweepInterval].Value != "5s" || env[config.EnvLeaderLock].Value != "postgres" {
 		t.Fatalf("sweeper %s %v %v", d.Name, c.Args, env)
 	}
 	if *d.Spec.Replicas != 2 || d.Spec.Selector.MatchLabels[LabelComponent] != ComponentSweeper {

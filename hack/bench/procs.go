@@ -19,6 +19,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 func numCPU() int       { return runtime.NumCPU() }
@@ -150,7 +151,7 @@ func startServer(ctx context.Context, name, logDir, bin string, args []string, l
 	}
 	defer logf.Close() // the child has its own descriptor
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append(os.Environ(), env...), "FLASHSALE_LISTEN="+addr)
+	cmd.Env = append(append(os.Environ(), env...), config.EnvListen+"="+addr)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A server must not outlive a bench that was killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -171,7 +172,7 @@ func startServer(ctx context.Context, name, logDir, bin string, args []string, l
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		resp, err := client.Get("http://" + addr + "/readyz")
+		resp, err := client.Get("http://" + addr + config.PathReadyz)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {

@@ -174,7 +174,7 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 				return nil, err
 			}
 			e.debugAddr = fmt.Sprintf("127.0.0.1:%d", port)
-			env = append(env, "FLASHSALE_DEBUG_LISTEN="+e.debugAddr)
+			env = append(env, config.EnvDebugListen+"="+e.debugAddr)
 		}
 		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, env)
 	}

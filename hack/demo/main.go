@@ -31,6 +31,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 // The sample the demo runs, as config/samples has it.
@@ -395,12 +396,12 @@ func storm(ctx context.Context, p *out, env *localenv.Env, bin, dir, url string,
 		fmt.Fprintf(p.w, "  # the reserve Service %s/%s-reserve is exposed by the pod runner at %s\n", namespace, saleName, url)
 	}
 	fmt.Fprintf(p.w, "  # half the buyers who get a unit pay, a tenth cancel, the rest walk away\n")
-	fmt.Fprintf(p.w, "  $ export FLASHSALE_POSTGRES_DSN=\"$(kubectl get secret shop-ledger -n %s -o jsonpath={.data.dsn} | base64 -d)\"\n", namespace)
+	fmt.Fprintf(p.w, "  $ export %s=\"$(kubectl get secret shop-ledger -n %s -o jsonpath={.data.dsn} | base64 -d)\"\n", config.EnvPostgresDSN, namespace)
 	p.command(append(prefix, args...)...)
 	sctx, cancel := context.WithTimeout(ctx, stormTimeout)
 	defer cancel()
 	cmd := env.Command(sctx, bin, args...)
-	cmd.Env = append(os.Environ(), "FLASHSALE_POSTGRES_DSN="+dsn)
+	cmd.Env = append(os.Environ(), config.EnvPostgresDSN+"="+dsn)
 	cmd.Stdout, cmd.Stderr = indent(p.w), indent(os.Stderr)
 	start := time.Now()
 	if err := cmd.Run(); err != nil {

@@ -60,6 +60,8 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 // Defaults for Config's zero values.
@@ -69,8 +71,8 @@ const (
 	// DefaultEntrypoint is the entrypoint of the operator's image.
 	DefaultEntrypoint = "/flashsale"
 	// DefaultListenEnv is the variable that holds a data-plane process's listen address.
-	DefaultListenEnv      = "FLASHSALE_LISTEN"
-	DefaultAsideListenEnv = "FLASHSALE_METRICS_LISTEN"
+	DefaultListenEnv      = config.EnvListen
+	DefaultAsideListenEnv = config.EnvMetricsListen
 	DefaultMaxGrace       = 30 * time.Second
 	DefaultBackoffInitial = time.Second
 	DefaultBackoffMax     = 30 * time.Second

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -163,11 +164,11 @@ func New(cfg Config) (*Server, error) {
 		{"checkout", http.MethodPost, "/api/v1/flash-sale/checkout", s.checkout},
 		{"cancel", http.MethodDelete, "/api/v1/flash-sale/reservations/{reservation_id}", s.cancel},
 		{"availability", http.MethodGet, "/api/v1/flash-sale/items/{item_id}/availability", s.availability},
-		{"healthz", http.MethodGet, "/healthz", s.healthz},
-		{"readyz", http.MethodGet, "/readyz", s.readyz},
+		{"healthz", http.MethodGet, config.PathHealthz, s.healthz},
+		{"readyz", http.MethodGet, config.PathReadyz, s.readyz},
 	}
 	if !cfg.MetricsElsewhere {
-		s.routes = append(s.routes, Route{"metrics", http.MethodGet, "/metrics", s.metricsHandler()})
+		s.routes = append(s.routes, Route{"metrics", http.MethodGet, config.PathMetrics, s.metricsHandler()})
 	}
 	s.metrics.reg.MustRegister(stockCollector{s})
 	s.mux = http.NewServeMux()

@@ -128,7 +128,7 @@ func (c *Campaign) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.StealProbes, "steal-probes", c.envInt(EnvStealProbes, 2), "other shards tried when the home shard is sold out, 0-2 (env "+EnvStealProbes+")")
 	fs.DurationVar(&c.TTL, "ttl", c.envDuration(EnvTTL, 10*time.Minute), "reservation lifetime (env "+EnvTTL+")")
 	fs.DurationVar(&c.GracePeriod, "grace-period", c.envDuration(EnvGracePeriod, 30*time.Second), "time after expiry before the sweeper releases (env "+EnvGracePeriod+")")
-	fs.StringVar(&c.Redis.Mode, "redis-mode", envString(EnvRedisMode, RedisStandalone), "standalone or cluster (env "+EnvRedisMode+")")
+	fs.StringVar(&c.Redis.Mode, "redis-mode", EnvString(EnvRedisMode, RedisStandalone), "standalone or cluster (env "+EnvRedisMode+")")
 	fs.StringVar(&c.redisAddresses, "redis-addresses", os.Getenv(EnvRedisAddresses), "comma-separated host:port list (env "+EnvRedisAddresses+")")
 	fs.StringVar(&c.Redis.Username, "redis-username", os.Getenv(EnvRedisUsername), "Redis ACL user (env "+EnvRedisUsername+")")
 }
@@ -235,13 +235,6 @@ func Secret(env string) (string, error) {
 		return strings.TrimRight(string(b), "\r\n"), nil
 	}
 	return strings.TrimRight(v, "\r\n"), nil
-}
-
-func envString(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func (c *Campaign) envInt(name string, def int) int {

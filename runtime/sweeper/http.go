@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 // probeTimeout bounds one readiness check: a probe must answer before the
@@ -21,10 +23,10 @@ const probeTimeout = 800 * time.Millisecond
 // own check, ReadyOnce over Redis and the ledger) and /metrics.
 func Handler(g prometheus.Gatherer, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET "+config.PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+config.PathReadyz, func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
 		defer cancel()
 		if err := ready(ctx); err != nil {
@@ -33,7 +35,7 @@ func Handler(g prometheus.Gatherer, ready func(context.Context) error) http.Hand
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.Handle("GET "+config.PathMetrics, promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return mux
 }
 

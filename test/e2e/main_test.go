@@ -33,6 +33,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/podrunner"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
 )
 
@@ -244,7 +245,7 @@ func (s *sale) stormCmd(ctx context.Context, args ...string) *exec.Cmd {
 	all := append([]string{"storm", "--json", "--quiet", "--url", s.url, "--sku", s.sku,
 		"--campaign-id", s.uid, "--redis-addresses", s.redisAddr, "--key-file", s.keyFile}, args...)
 	cmd := exec.CommandContext(ctx, env.Binary, all...)
-	cmd.Env = append(os.Environ(), "FLASHSALE_POSTGRES_DSN="+env.DSN)
+	cmd.Env = append(os.Environ(), config.EnvPostgresDSN+"="+env.DSN)
 	return cmd
 }
 

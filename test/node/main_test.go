@@ -27,6 +27,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
 )
 
@@ -162,7 +163,7 @@ func (s *sale) runStorm(args ...string) (*storm.Report, error) {
 	all := append([]string{"storm", "--json", "--quiet", "--url", s.url, "--sku", s.sku,
 		"--campaign-id", s.uid, "--redis-addresses", s.redisAddr, "--key-file", s.keyFile}, args...)
 	cmd := env.Command(ctx, env.Binary, all...)
-	cmd.Env = append(os.Environ(), "FLASHSALE_POSTGRES_DSN="+env.PodDSN)
+	cmd.Env = append(os.Environ(), config.EnvPostgresDSN+"="+env.PodDSN)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -218,7 +218,7 @@ func (c *campaign) start(name string, env []string, args ...string) *process {
 	}
 	defer logf.Close()
 	p.cmd = exec.Command(binary, args...)
-	p.cmd.Env = append(env, "FLASHSALE_LISTEN="+p.addr)
+	p.cmd.Env = append(env, config.EnvListen+"="+p.addr)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

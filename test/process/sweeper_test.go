@@ -21,7 +21,7 @@ const (
 func (c *campaign) startSweeper(name string) *process {
 	// As the controller configures the sweeper pods: without the admission key.
 	var env []string
-	for _, kv := range c.env("FLASHSALE_SWEEP_INTERVAL="+sweepInterval.String(), "FLASHSALE_LEADER_LOCK=postgres") {
+	for _, kv := range c.env(config.EnvSweepInterval+"="+sweepInterval.String(), config.EnvLeaderLock+"="+config.LeaderLockPostgres) {
 		if !strings.HasPrefix(kv, config.EnvAdmissionKey) {
 			env = append(env, kv)
 		}

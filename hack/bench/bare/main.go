@@ -43,7 +43,7 @@ func main() {
 	var camp config.Campaign
 	fs := pflag.NewFlagSet("bare", pflag.ExitOnError)
 	camp.AddFlags(fs)
-	listen := fs.String("listen", os.Getenv("FLASHSALE_LISTEN"), "address to serve on (env FLASHSALE_LISTEN)")
+	listen := fs.String("listen", os.Getenv(config.EnvListen), "address to serve on (env "+config.EnvListen+")")
 	_ = fs.Parse(os.Args[1:])
 	if err := camp.Complete(); err != nil {
 		fmt.Fprintln(os.Stderr, "bare:", err)

@@ -45,28 +45,6 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// Environment variables of the reserve pods, besides config.Campaign's.
-const (
-	EnvListen            = "FLASHSALE_LISTEN"
-	EnvRateLimit         = "FLASHSALE_RATE_LIMIT"
-	EnvRateBurst         = "FLASHSALE_RATE_BURST"
-	EnvRequestTimeout    = "FLASHSALE_REQUEST_TIMEOUT"
-	EnvReadHeaderTimeout = "FLASHSALE_READ_HEADER_TIMEOUT"
-	EnvReadTimeout       = "FLASHSALE_READ_TIMEOUT"
-	EnvWriteTimeout      = "FLASHSALE_WRITE_TIMEOUT"
-	EnvIdleTimeout       = "FLASHSALE_IDLE_TIMEOUT"
-	EnvMaxBodyBytes      = "FLASHSALE_MAX_BODY_BYTES"
-	EnvAvailabilityCache = "FLASHSALE_AVAILABILITY_CACHE"
-	EnvShutdownTimeout   = "FLASHSALE_SHUTDOWN_TIMEOUT"
-	EnvDrainDelay        = "FLASHSALE_DRAIN_DELAY"
-	EnvLogLevel          = config.EnvLogLevel
-	EnvLedgerWriters     = "FLASHSALE_LEDGER_WRITERS"
-	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
-	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
-	EnvDebugListen       = "FLASHSALE_DEBUG_LISTEN"
-	EnvMetricsListen     = "FLASHSALE_METRICS_LISTEN"
-)
-
 // Defaults of the rate limit: generous for a person, tight for a retry loop.
 const (
 	DefaultRateLimit = 10
@@ -134,39 +112,41 @@ On SIGTERM or SIGINT in-flight requests finish, then the process exits 0.`,
 func (o *Options) AddFlags(f *pflag.FlagSet) {
 	o.Campaign.AddFlags(f)
 	s := &o.Server
-	f.StringVar(&o.Listen, "listen", envString(EnvListen, ":8080"), "address the API listens on (env "+EnvListen+")")
-	f.Float64Var(&s.RateLimit, "rate-limit", o.envFloat(EnvRateLimit, DefaultRateLimit),
-		"requests per second each buyer may send on the buyer routes, per replica; 0 disables the limit (env "+EnvRateLimit+")")
-	f.IntVar(&s.RateBurst, "rate-burst", o.envInt(EnvRateBurst, DefaultRateBurst), "requests a buyer may send at once (env "+EnvRateBurst+")")
-	f.DurationVar(&s.RequestTimeout, "request-timeout", o.envDuration(EnvRequestTimeout, api.DefaultRequestTimeout),
-		"deadline of the Redis and SQL work of one request (env "+EnvRequestTimeout+")")
-	f.DurationVar(&s.ReadHeaderTimeout, "read-header-timeout", o.envDuration(EnvReadHeaderTimeout, api.DefaultReadHeaderTimeout),
-		"time to read a request's headers (env "+EnvReadHeaderTimeout+")")
-	f.DurationVar(&s.ReadTimeout, "read-timeout", o.envDuration(EnvReadTimeout, api.DefaultReadTimeout),
-		"time to read a whole request, body included (env "+EnvReadTimeout+")")
-	f.DurationVar(&s.WriteTimeout, "write-timeout", o.envDuration(EnvWriteTimeout, 0),
-		"time to handle a request and write the answer; 0 means --request-timeout + 5s (env "+EnvWriteTimeout+")")
-	f.DurationVar(&s.IdleTimeout, "idle-timeout", o.envDuration(EnvIdleTimeout, api.DefaultIdleTimeout),
-		"how long an idle keep-alive connection stays open (env "+EnvIdleTimeout+")")
-	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", int64(o.envInt(EnvMaxBodyBytes, api.DefaultMaxBodyBytes)),
-		"largest request body accepted (env "+EnvMaxBodyBytes+")")
-	f.DurationVar(&s.AvailabilityCache, "availability-cache", o.envDuration(EnvAvailabilityCache, api.DefaultAvailabilityCache),
-		"how long one Redis read of the shards answers the availability route (env "+EnvAvailabilityCache+")")
-	f.DurationVar(&s.ShutdownTimeout, "shutdown-timeout", o.envDuration(EnvShutdownTimeout, api.DefaultShutdownTimeout),
-		"how long in-flight requests may take to finish after SIGTERM (env "+EnvShutdownTimeout+")")
-	f.DurationVar(&s.DrainDelay, "drain-delay", o.envDuration(EnvDrainDelay, 0),
-		"keep serving this long after SIGTERM with /readyz failing, before closing the listener (env "+EnvDrainDelay+")")
-	f.StringVar(&o.LogLevel, "log-level", envString(EnvLogLevel, "info"), "debug, info, warn or error (env "+EnvLogLevel+")")
-	f.IntVar(&o.Ledger.Concurrency, "ledger-writers", o.envInt(EnvLedgerWriters, DefaultLedgerWriters),
-		"most ledger transactions in flight at once; one at a time while it keeps up (batches grow with load), another only when a full batch of 256 rows waits (env "+EnvLedgerWriters+")")
-	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.envDuration(EnvLedgerLinger, 0),
-		"how long a ledger writer waits for more rows before writing a batch; 0 writes what is queued at once (env "+EnvLedgerLinger+")")
-	f.StringVar(&o.MetricsListen, "metrics-listen", envString(EnvMetricsListen, ""),
-		"serve /metrics on this address instead of the API's, e.g. :9090, so buyers cannot reach it (env "+EnvMetricsListen+")")
-	f.StringVar(&o.DebugListen, "debug-listen", envString(EnvDebugListen, ""),
-		"serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty; never expose it (env "+EnvDebugListen+")")
-	f.IntVar(&o.GCPercent, "gc-percent", o.envInt(EnvGCPercent, DefaultGCPercent),
-		"Go GC target: the process holds little memory, so collecting less often saves CPU on the hot path; GOGC, when set, wins (env "+EnvGCPercent+")")
+	f.StringVar(&o.Listen, "listen", config.EnvString(config.EnvListen, config.DefaultListen), "address the API listens on (env "+config.EnvListen+")")
+	f.Float64Var(&s.RateLimit, "rate-limit", o.envFloat(config.EnvRateLimit, DefaultRateLimit),
+		"requests per second each buyer may send on the buyer routes, per replica; 0 disables the limit (env "+config.EnvRateLimit+")")
+	f.IntVar(&s.RateBurst, "rate-burst", o.envInt(config.EnvRateBurst, DefaultRateBurst), "requests a buyer may send at once (env "+config.EnvRateBurst+")")
+	// The HTTP server's durations.
+	for _, d := range []struct {
+		v         *time.Duration
+		flag, env string
+		def       time.Duration
+		usage     string
+	}{
+		{&s.RequestTimeout, "request-timeout", config.EnvRequestTimeout, api.DefaultRequestTimeout, "deadline of the Redis and SQL work of one request"},
+		{&s.ReadHeaderTimeout, "read-header-timeout", config.EnvReadHeaderTimeout, api.DefaultReadHeaderTimeout, "time to read a request's headers"},
+		{&s.ReadTimeout, "read-timeout", config.EnvReadTimeout, api.DefaultReadTimeout, "time to read a whole request, body included"},
+		{&s.WriteTimeout, "write-timeout", config.EnvWriteTimeout, 0, "time to handle a request and write the answer; 0 means --request-timeout + 5s"},
+		{&s.IdleTimeout, "idle-timeout", config.EnvIdleTimeout, api.DefaultIdleTimeout, "how long an idle keep-alive connection stays open"},
+		{&s.AvailabilityCache, "availability-cache", config.EnvAvailabilityCache, api.DefaultAvailabilityCache, "how long one Redis read of the shards answers the availability route"},
+		{&s.ShutdownTimeout, "shutdown-timeout", config.EnvShutdownTimeout, api.DefaultShutdownTimeout, "how long in-flight requests may take to finish after SIGTERM"},
+		{&s.DrainDelay, "drain-delay", config.EnvDrainDelay, 0, "keep serving this long after SIGTERM with /readyz failing, before closing the listener"},
+	} {
+		f.DurationVar(d.v, d.flag, o.envDuration(d.env, d.def), d.usage+" (env "+d.env+")")
+	}
+	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", int64(o.envInt(config.EnvMaxBodyBytes, api.DefaultMaxBodyBytes)),
+		"largest request body accepted (env "+config.EnvMaxBodyBytes+")")
+	f.StringVar(&o.LogLevel, "log-level", config.EnvString(config.EnvLogLevel, "info"), "debug, info, warn or error (env "+config.EnvLogLevel+")")
+	f.IntVar(&o.Ledger.Concurrency, "ledger-writers", o.envInt(config.EnvLedgerWriters, DefaultLedgerWriters),
+		"most ledger transactions in flight at once; one at a time while it keeps up (batches grow with load), another only when a full batch of 256 rows waits (env "+config.EnvLedgerWriters+")")
+	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.envDuration(config.EnvLedgerLinger, 0),
+		"how long a ledger writer waits for more rows before writing a batch; 0 writes what is queued at once (env "+config.EnvLedgerLinger+")")
+	f.StringVar(&o.MetricsListen, "metrics-listen", config.EnvString(config.EnvMetricsListen, ""),
+		"serve /metrics on this address instead of the API's, e.g. :9090, so buyers cannot reach it (env "+config.EnvMetricsListen+")")
+	f.StringVar(&o.DebugListen, "debug-listen", config.EnvString(config.EnvDebugListen, ""),
+		"serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty; never expose it (env "+config.EnvDebugListen+")")
+	f.IntVar(&o.GCPercent, "gc-percent", o.envInt(config.EnvGCPercent, DefaultGCPercent),
+		"Go GC target: the process holds little memory, so collecting less often saves CPU on the hot path; GOGC, when set, wins (env "+config.EnvGCPercent+")")
 }
 
 // Defaults of the ledger writer and the GC.
@@ -312,13 +292,6 @@ func redactor(c *config.Campaign) func(string) string {
 		}
 		return s
 	}
-}
-
-func envString(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func (o *Options) envInt(name string, def int) int {

@@ -75,8 +75,8 @@ func TestFlagsDefaultToEnvironment(t *testing.T) {
 	for k, v := range map[string]string{
 		config.EnvCampaignID: "c-1", config.EnvSKU: "itm-1", config.EnvRedisAddresses: "127.0.0.1:6379",
 		config.EnvPostgresDSN: "postgres://x@127.0.0.1/db", config.EnvAdmissionKey: "0123456789abcdef-key",
-		EnvListen: "127.0.0.1:9999", EnvRateLimit: "2.5", EnvRateBurst: "7", EnvShutdownTimeout: "3s",
-		EnvDrainDelay: "1s", EnvAvailabilityCache: "50ms", EnvMaxBodyBytes: "4096", EnvLogLevel: "debug",
+		config.EnvListen: "127.0.0.1:9999", config.EnvRateLimit: "2.5", config.EnvRateBurst: "7", config.EnvShutdownTimeout: "3s",
+		config.EnvDrainDelay: "1s", config.EnvAvailabilityCache: "50ms", config.EnvMaxBodyBytes: "4096", config.EnvLogLevel: "debug",
 	} {
 		t.Setenv(k, v)
 	}
@@ -97,8 +97,8 @@ func TestFlagsDefaultToEnvironment(t *testing.T) {
 
 func TestCompleteNamesWhatIsWrong(t *testing.T) {
 	clearEnv(t)
-	t.Setenv(EnvRateLimit, "fast")
-	t.Setenv(EnvShutdownTimeout, "soon")
+	t.Setenv(config.EnvRateLimit, "fast")
+	t.Setenv(config.EnvShutdownTimeout, "soon")
 	var o Options
 	fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
 	o.AddFlags(fs)
@@ -106,7 +106,7 @@ func TestCompleteNamesWhatIsWrong(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := o.Complete()
-	for _, want := range []string{EnvRateLimit, EnvShutdownTimeout, "--log-level", "--campaign-id", config.EnvPostgresDSN} {
+	for _, want := range []string{config.EnvRateLimit, config.EnvShutdownTimeout, "--log-level", "--campaign-id", config.EnvPostgresDSN} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not name %s", err, want)
 		}
@@ -118,7 +118,7 @@ func TestCompleteNamesWhatIsWrong(t *testing.T) {
 func TestRateLimitMustBeFinite(t *testing.T) {
 	for _, v := range []string{"NaN", "+Inf", "-1"} {
 		clearEnv(t)
-		t.Setenv(EnvRateLimit, v)
+		t.Setenv(config.EnvRateLimit, v)
 		var o Options
 		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
 		o.AddFlags(fs)
@@ -256,7 +256,7 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 		config.EnvRedisAddresses+"="+sharedRedis.Addr(),
 		config.EnvPostgresDSN+config.FileSuffix+"="+dsnFile,
 		config.EnvAdmissionKey+config.FileSuffix+"="+keyFile,
-		EnvListen+"="+addr, EnvMetricsListen+"="+metricsAddr,
+		config.EnvListen+"="+addr, config.EnvMetricsListen+"="+metricsAddr,
 	)
 
 	var logs testharness.SyncBuffer

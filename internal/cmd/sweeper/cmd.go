@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -27,18 +28,11 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/sweeper"
 )
 
-// Environment variables of the sweeper pods, besides config.Campaign's.
-const (
-	EnvSweepInterval = "FLASHSALE_SWEEP_INTERVAL"
-	EnvListen        = "FLASHSALE_LISTEN"
-	EnvLeaderLock    = "FLASHSALE_LEADER_LOCK"
-)
-
 // Leader lock kinds (--leader-lock).
 const (
-	LockAuto     = "auto"     // a Lease when there is an API server, else PostgreSQL
-	LockLease    = "lease"    // a coordination.k8s.io Lease (needs RBAC on leases)
-	LockPostgres = "postgres" // a PostgreSQL session advisory lock
+	LockAuto     = config.LeaderLockAuto
+	LockLease    = config.LeaderLockLease
+	LockPostgres = config.LeaderLockPostgres
 )
 
 // inClusterNamespaceFile holds the pod's namespace, the Lease's fallback
@@ -63,8 +57,6 @@ type Options struct {
 // NewCmd returns the `sweeper` command.
 func NewCmd() *cobra.Command {
 	var opts Options
-	// The sweeper never checks a token nor derives a reservation id.
-	opts.Campaign.WithoutAdmissionKey = true
 	cmd := &cobra.Command{
 		Use:   "sweeper",
 		Short: "Release expired reservations of one FlashSale (one active replica)",
@@ -92,17 +84,33 @@ which it does not need.`,
 			return Run(cmd.Context(), opts, log.With("role", "sweeper", "campaign", opts.Campaign.ID))
 		},
 	}
-	f := cmd.Flags()
-	opts.Campaign.AddFlags(f)
-	interval, err := envDuration(EnvSweepInterval, 30*time.Second)
-	opts.envErr = err
-	f.DurationVar(&opts.Interval, "interval", interval, "time between sweep passes (env "+EnvSweepInterval+")")
-	f.StringVar(&opts.Listen, "listen", envString(EnvListen, ":8080"), "address of /healthz, /readyz and /metrics (env "+EnvListen+")")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file: elect the sweeper with a Lease through this API server (in a cluster the Lease is used without it)")
-	f.StringVar(&opts.LeaderLock, "leader-lock", envString(EnvLeaderLock, LockAuto),
-		"how one active sweeper is elected: auto (a Lease with --kubeconfig or in a cluster, else postgres), lease, or postgres (env "+EnvLeaderLock+")")
-	f.StringVar(&opts.LogLevel, "log-level", envString(config.EnvLogLevel, "info"), "debug, info, warn or error (env "+config.EnvLogLevel+")")
+	opts.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// AddFlags registers the flags; their defaults come from the environment. A
+// malformed value is reported by Complete.
+func (o *Options) AddFlags(f *pflag.FlagSet) {
+	// The sweeper never checks a token nor derives a reservation id.
+	o.Campaign.WithoutAdmissionKey = true
+	o.Campaign.AddFlags(f)
+	interval, err := envDuration(config.EnvSweepInterval, 30*time.Second)
+	o.envErr = err
+	f.DurationVar(&o.Interval, "interval", interval, "time between sweep passes (env "+config.EnvSweepInterval+")")
+	f.StringVar(&o.Listen, "listen", config.EnvString(config.EnvListen, config.DefaultListen), "address of /healthz, /readyz and /metrics (env "+config.EnvListen+")")
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file: elect the sweeper with a Lease through this API server (in a cluster the Lease is used without it)")
+	f.StringVar(&o.LeaderLock, "leader-lock", config.EnvString(config.EnvLeaderLock, LockAuto),
+		"how one active sweeper is elected: auto (a Lease with --kubeconfig or in a cluster, else postgres), lease, or postgres (env "+config.EnvLeaderLock+")")
+	f.StringVar(&o.LogLevel, "log-level", config.EnvString(config.EnvLogLevel, "info"), "debug, info, warn or error (env "+config.EnvLogLevel+")")
+}
+
+// Complete reads the campaign's secrets and checks the settings, naming what
+// is wrong.
+func (o *Options) Complete() error {
+	if o.envErr != nil {
+		return o.envErr
+	}
+	return o.Campaign.Complete()
 }
 
 // Run sweeps until ctx is cancelled, then finishes the current pass, gives
@@ -198,13 +206,6 @@ func newElector(opts Options, log *slog.Logger) (sweeper.Elector, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return sweeper.NewLease(cs, ns, sweeper.LeaseName(camp.ID), sweeper.Identity(), sweeper.DefaultLeaseTiming, log)
-}
-
-func envString(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func envDuration(name string, def time.Duration) (time.Duration, error) {

@@ -57,9 +57,9 @@ func TestElectorChoice(t *testing.T) {
 }
 
 func TestFlagsFromEnvironment(t *testing.T) {
-	t.Setenv(EnvSweepInterval, "2s")
-	t.Setenv(EnvListen, "127.0.0.1:9999")
-	t.Setenv(EnvLeaderLock, LockPostgres)
+	t.Setenv(config.EnvSweepInterval, "2s")
+	t.Setenv(config.EnvListen, "127.0.0.1:9999")
+	t.Setenv(config.EnvLeaderLock, LockPostgres)
 	t.Setenv(config.EnvLogLevel, "debug")
 	cmd := NewCmd()
 	f := cmd.Flags()
@@ -76,11 +76,11 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		t.Fatalf("--log-level=loud gave %v", err)
 	}
 
-	t.Setenv(EnvSweepInterval, "soon")
+	t.Setenv(config.EnvSweepInterval, "soon")
 	cmd = NewCmd()
 	cmd.SetArgs(nil)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), EnvSweepInterval) {
-		t.Fatalf("a malformed %s gave %v", EnvSweepInterval, err)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), config.EnvSweepInterval) {
+		t.Fatalf("a malformed %s gave %v", config.EnvSweepInterval, err)
 	}
 }

@@ -1,0 +1,80 @@
+package config
+
+import (
+	"os"
+	"strconv"
+)
+
+// The pod contract: what the controller's reserve and sweeper Deployments set
+// and what the `reserve` and `sweeper` commands in those pods read, besides
+// the campaign's variables above. Both sides use these names only, so a
+// rename is one edit (controllers' pod contract test parses the rendered
+// Deployments with the commands' own flags).
+const (
+	// EnvListen is where the pod serves HTTP: the reservation API (reserve),
+	// the probes and /metrics (sweeper).
+	EnvListen = "FLASHSALE_LISTEN"
+	// EnvMetricsListen, on reserve pods, serves /metrics apart from the API.
+	EnvMetricsListen = "FLASHSALE_METRICS_LISTEN"
+	// EnvDebugListen, on reserve pods, serves Go profiles (never exposed).
+	EnvDebugListen = "FLASHSALE_DEBUG_LISTEN"
+
+	// The sweeper's pass interval and how its one active replica is elected
+	// (LeaderLockAuto, LeaderLockLease or LeaderLockPostgres).
+	EnvSweepInterval = "FLASHSALE_SWEEP_INTERVAL"
+	EnvLeaderLock    = "FLASHSALE_LEADER_LOCK"
+
+	// Tuning of the reserve pods (runtime/api, the ledger writer, the GC).
+	EnvRateLimit         = "FLASHSALE_RATE_LIMIT"
+	EnvRateBurst         = "FLASHSALE_RATE_BURST"
+	EnvRequestTimeout    = "FLASHSALE_REQUEST_TIMEOUT"
+	EnvReadHeaderTimeout = "FLASHSALE_READ_HEADER_TIMEOUT"
+	EnvReadTimeout       = "FLASHSALE_READ_TIMEOUT"
+	EnvWriteTimeout      = "FLASHSALE_WRITE_TIMEOUT"
+	EnvIdleTimeout       = "FLASHSALE_IDLE_TIMEOUT"
+	EnvMaxBodyBytes      = "FLASHSALE_MAX_BODY_BYTES"
+	EnvAvailabilityCache = "FLASHSALE_AVAILABILITY_CACHE"
+	EnvShutdownTimeout   = "FLASHSALE_SHUTDOWN_TIMEOUT"
+	EnvDrainDelay        = "FLASHSALE_DRAIN_DELAY"
+	EnvLedgerWriters     = "FLASHSALE_LEDGER_WRITERS"
+	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
+	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
+)
+
+// Leader lock kinds of the sweeper (EnvLeaderLock, --leader-lock).
+const (
+	LeaderLockAuto     = "auto"     // a Lease when there is an API server, else PostgreSQL
+	LeaderLockLease    = "lease"    // a coordination.k8s.io Lease (needs RBAC on leases)
+	LeaderLockPostgres = "postgres" // a PostgreSQL session advisory lock
+)
+
+// Ports of the data-plane containers and their names in the pod spec. The
+// reserve pods serve /metrics on PortMetrics, which their Service does not
+// expose: buyers reach the API only.
+const (
+	PortHTTP        = 8080
+	PortMetrics     = 9090
+	PortNameHTTP    = "http"
+	PortNameMetrics = "metrics"
+)
+
+// Paths the reserve and sweeper pods serve for their probes and scrapes.
+const (
+	PathHealthz = "/healthz" // liveness: the process serves
+	PathReadyz  = "/readyz"  // readiness: Redis and the ledger answer
+	PathMetrics = "/metrics"
+)
+
+// ListenAddr is the listen address of port on every interface (":8080").
+func ListenAddr(port int) string { return ":" + strconv.Itoa(port) }
+
+// DefaultListen is EnvListen's default: the pods' HTTP port.
+var DefaultListen = ListenAddr(PortHTTP)
+
+// EnvString is the environment variable name, or def when it is unset or empty.
+func EnvString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
