@@ -5,9 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -16,9 +13,7 @@ import (
 // older one's reservations, quota fields and meta are refused, so nothing
 // from its older ledger snapshot lands in the newer rebuild.
 func TestOvertakenRebuildWritesNothing(t *testing.T) {
-	r := testharness.RedisT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := standalone(t)
 	s := openSale(t, rdb, "c-"+randomID(), 1, 10)
 	ctx := context.Background()
 	old := stock.Reservation{Key: "old-snapshot", User: "ann", Quantity: 1, Status: stock.ResReserved,

@@ -13,19 +13,34 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
+// standalone starts a Redis for the test and returns it with a client that
+// never re-sends a command.
+func standalone(t *testing.T) (*testharness.Redis, *redis.Client) {
+	t.Helper()
+	r := testharness.RedisT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 64, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return r, rdb
+}
+
+// cluster starts a Redis Cluster for the test and returns it with a client.
+func cluster(t *testing.T) (*testharness.RedisCluster, *redis.ClusterClient) {
+	t.Helper()
+	c := testharness.RedisClusterT(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), PoolSize: 64})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return c, rdb
+}
+
 // eachBackend runs a test on a standalone Redis and on a Redis Cluster of
 // its own.
 func eachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
 	t.Run("standalone", func(t *testing.T) {
-		r := testharness.RedisT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 64, MaxRetries: -1})
-		t.Cleanup(func() { _ = rdb.Close() })
+		_, rdb := standalone(t)
 		f(t, rdb)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		c := testharness.RedisClusterT(t)
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), PoolSize: 64})
-		t.Cleanup(func() { _ = rdb.Close() })
+		_, rdb := cluster(t)
 		f(t, rdb)
 	})
 }

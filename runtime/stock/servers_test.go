@@ -17,9 +17,7 @@ import (
 // restart) fails a keyless PING until its next refresh; by key it reaches a
 // known node.
 func TestPingAnswersWithAnEmptySlotMap(t *testing.T) {
-	c := testharness.RedisClusterT(t)
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	c, rdb := cluster(t)
 	campaign := "c-" + randomID()
 	openSale(t, rdb, campaign, 3, 4)
 	empty := redis.NewClusterClient(&redis.ClusterOptions{
@@ -40,9 +38,7 @@ func TestPingAnswersWithAnEmptySlotMap(t *testing.T) {
 // Stamp records the server once, after which a restart is caught as for any
 // other shard.
 func TestStampShardsWithoutServer(t *testing.T) {
-	r := testharness.RedisT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 64, MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
+	r, rdb := standalone(t)
 	s := openSale(t, rdb, "c-"+randomID(), 3, 10)
 	ctx := context.Background()
 	for i := range 3 {
