@@ -1,0 +1,99 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// applyAllocation brings the allocation to spec.allocation exactly once: a raise
+// adds units (restock); a decrease takes units out of available stock, and is
+// refused while it would fall below the units sold and reserved.
+func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bool, error) {
+	eng := s.conn.engine
+	want := s.fs.Spec.Allocation
+	c, err := eng.Ledger().GetCampaign(ctx, string(s.fs.UID))
+	if err != nil {
+		r.unhealthy(s, &ledgerError{err})
+		return true, nil
+	}
+	s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	// A spec that is refused or still being applied is not observed: the
+	// generation stays unobserved until it is in effect.
+	refuse := func(sold, reserved int64) {
+		msg := fmt.Sprintf("allocation %d refused: %d units are sold and %d reserved; allocation %d stays in effect", want, sold, reserved, c.Allocation)
+		// One event per refused spec: the counts in the message change with
+		// every reservation.
+		if cond := meta.FindStatusCondition(s.fs.Status.Conditions, ConditionAllocationApplied); cond == nil ||
+			cond.Reason != ReasonAllocationRefused || cond.ObservedGeneration != s.fs.Generation {
+			s.statusEvent(corev1.EventTypeWarning, ReasonAllocationRefused, "%s", msg)
+		}
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRefused, msg)
+		s.setNotReady(ReasonAllocationRefused, msg)
+		s.incomplete = true
+	}
+	if want < c.Allocation {
+		counts, err := eng.Counts(ctx)
+		if err != nil {
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+		if want < counts.Sold+counts.Reserved {
+			// Units withdrawn by an earlier attempt go back to the stock.
+			if _, err := eng.ApplyAllocation(ctx, c.Allocation); err != nil {
+				r.unhealthy(s, classify(err))
+				return true, nil
+			}
+			refuse(counts.Sold, counts.Reserved)
+			return false, nil
+		}
+	}
+	changed, err := eng.ApplyAllocation(ctx, want)
+	switch {
+	case errors.Is(err, engine.ErrBelowHeld):
+		counts, cerr := eng.Counts(ctx)
+		if cerr != nil {
+			// The refusal is sure; its counts are not: no message with zeros.
+			r.unhealthy(s, classify(cerr))
+			return true, nil
+		}
+		refuse(counts.Sold, counts.Reserved)
+		return false, nil
+	case errors.Is(err, engine.ErrAllocationPending):
+		msg := fmt.Sprintf("lowering the allocation to %d: %v; it completes as reserved units are released", want, err)
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationPending, msg)
+		// Not Ready either: a pipeline waiting on Ready waits for the change.
+		s.setNotReady(ReasonAllocationPending, msg)
+		s.incomplete = true
+		s.requeueAfter(retryUnhealthy)
+		return false, nil
+	case errors.Is(err, stock.ErrRebuilt), errors.Is(err, ledger.ErrEpochChanged):
+		// A rebuild ran meanwhile (another operator's, during a leadership
+		// handover): the change is applied over its result at the next try.
+		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRetried,
+			fmt.Sprintf("allocation %d: retried after a rebuild of the shards: %v", want, err))
+		s.incomplete = true
+		s.requeueAfter(retryUnhealthy)
+		return false, nil
+	case err != nil:
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	switch {
+	case changed && want > c.Allocation:
+		s.event(corev1.EventTypeNormal, ReasonRestocked, "Added %d units: allocation %d → %d", want-c.Allocation, c.Allocation, want)
+	case changed && want < c.Allocation:
+		s.event(corev1.EventTypeNormal, ReasonAllocationLowered, "Removed %d units from available stock: allocation %d → %d", c.Allocation-want, c.Allocation, want)
+	}
+	s.condition(ConditionAllocationApplied, metav1.ConditionTrue, ReasonApplied, fmt.Sprintf("allocation %d is in effect", want))
+	return false, nil
+}
