@@ -7,9 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -26,7 +24,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		r.unhealthy(s, &ledgerError{err})
 		return true, nil
 	}
-	s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	s.ledgerOK = true
 	// A spec that is refused or still being applied is not observed: the
 	// generation stays unobserved until it is in effect.
 	refuse := func(sold, reserved int64) {
@@ -37,9 +35,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 			cond.Reason != ReasonAllocationRefused || cond.ObservedGeneration != s.fs.Generation {
 			s.statusEvent(corev1.EventTypeWarning, ReasonAllocationRefused, "%s", msg)
 		}
-		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRefused, msg)
-		s.setNotReady(ReasonAllocationRefused, msg)
-		s.incomplete = true
+		s.allocation = &allocationVerdict{reason: ReasonAllocationRefused, message: msg}
 	}
 	if want < c.Allocation {
 		counts, err := eng.Counts(ctx)
@@ -70,18 +66,15 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		return false, nil
 	case errors.Is(err, engine.ErrAllocationPending):
 		msg := fmt.Sprintf("lowering the allocation to %d: %v; it completes as reserved units are released", want, err)
-		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationPending, msg)
 		// Not Ready either: a pipeline waiting on Ready waits for the change.
-		s.setNotReady(ReasonAllocationPending, msg)
-		s.incomplete = true
+		s.allocation = &allocationVerdict{reason: ReasonAllocationPending, message: msg}
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
 	case errors.Is(err, stock.ErrRebuilt), errors.Is(err, ledger.ErrEpochChanged):
 		// A rebuild ran meanwhile (another operator's, during a leadership
 		// handover): the change is applied over its result at the next try.
-		s.condition(ConditionAllocationApplied, metav1.ConditionFalse, ReasonAllocationRetried,
-			fmt.Sprintf("allocation %d: retried after a rebuild of the shards: %v", want, err))
-		s.incomplete = true
+		s.allocation = &allocationVerdict{reason: ReasonAllocationRetried,
+			message: fmt.Sprintf("allocation %d: retried after a rebuild of the shards: %v", want, err)}
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
 	case err != nil:
@@ -94,6 +87,6 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 	case changed && want < c.Allocation:
 		s.event(corev1.EventTypeNormal, ReasonAllocationLowered, "Removed %d units from available stock: allocation %d → %d", c.Allocation-want, c.Allocation, want)
 	}
-	s.condition(ConditionAllocationApplied, metav1.ConditionTrue, ReasonApplied, fmt.Sprintf("allocation %d is in effect", want))
+	s.allocation = &allocationVerdict{applied: true, reason: ReasonApplied, message: fmt.Sprintf("allocation %d is in effect", want)}
 	return false, nil
 }

@@ -28,20 +28,12 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	var refErr *referenceError
 	if errors.As(err, &refErr) {
 		s.requeueAfter(waitForReferences)
+		s.refErr = refErr
 		c := r.conns.cached(types.NamespacedName{Namespace: s.fs.Namespace, Name: s.fs.Name})
 		if c != nil && c.engine.Config().CampaignID == string(s.fs.UID) {
 			s.conn = c
-			s.setNotReady(refErr.reason, refErr.message+" (the sale is still served and gated with the connections opened before)")
-			s.incomplete = true // the spec's Secrets are not what these connections use
+			s.refsKept = true // the spec's Secrets are not what these connections use
 			return false, nil
-		}
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, refErr.reason, refErr.message)
-		// Nothing else was checked (an operator restarted while a Secret is
-		// gone): what these said before is not known to hold any more.
-		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
-			if meta.FindStatusCondition(s.fs.Status.Conditions, typ) != nil {
-				s.condition(typ, metav1.ConditionUnknown, refErr.reason, "not checked: "+refErr.message)
-			}
 		}
 		return true, nil
 	}
@@ -80,16 +72,23 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		if f.condition == flashsalev1alpha1.ConditionLedgerHealthy {
 			secret = fmt.Sprintf("ledger Secret %q", s.fs.Spec.Postgres.SecretRef.Name)
 		}
-		s.setNotReady(f.readyReason, "new connections, for the current values of the "+secret+" or a changed spec, do not open: "+f.message+
-			" (the sale is still served and gated with the connections opened before)")
+		f.message = "new connections, for the current values of the " + secret + " or a changed spec, do not open: " + f.message +
+			" (the sale is still served and gated with the connections opened before)"
+		s.replaced = &f
 		s.refs = nil // the pods are not rolled onto values that do not connect
-		s.incomplete = true
 		s.conn = prev
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
 	}
 	if err != nil {
 		r.unhealthy(s, err)
+		if isLedgerError(err) {
+			// The connections did not open because the ledger did not:
+			// close through Redis alone.
+			store, done := redisOnly(s.fs, s.refs)
+			s.closed = r.closeShards(ctx, s, store)
+			done()
+		}
 		return true, nil
 	}
 	s.conn = conn
@@ -97,7 +96,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	// ledger was last found down: the phases below may stop at Redis before
 	// any ledger query, and the recovery would not show until Redis is back.
 	if conn != prev || (ledgerUnreachable(s.fs) && pingLedger(ctx, conn) == nil) {
-		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+		s.ledgerOK = true
 	}
 	return false, nil
 }
@@ -105,11 +104,7 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 // unhealthy records a Redis or ledger failure: the sale is closed (no reservation
 // can be made durable or taken) and the controller retries soon.
 func (r *FlashSaleReconciler) unhealthy(s *scope, err error) {
-	f := describeFailure(s.fs, err)
-	s.ledgerDown = s.ledgerDown || f.condition == flashsalev1alpha1.ConditionLedgerHealthy
-	s.condition(f.condition, metav1.ConditionFalse, f.reason, f.message)
-	s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, f.readyReason, f.message)
-	s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+err.Error())
+	s.outage = err
 	s.requeueAfter(retryUnhealthy)
 }
 
@@ -152,6 +147,12 @@ func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
 func pgForbidden(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && (pe.Code == "28000" || pe.Code == "28P01" || pe.Code == "42501")
+}
+
+// isLedgerError: err came from the ledger (see classify).
+func isLedgerError(err error) bool {
+	var le *ledgerError
+	return errors.As(err, &le)
 }
 
 // classify turns errors that come from the ledger into ledgerErrors.

@@ -5,71 +5,32 @@ import (
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// observe reads the counts into status and sums the sale up in its phase and
-// conditions.
+// observe reads the counts and the readiness of the children, for the
+// status and its phase.
 func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, error) {
 	counts, err := s.conn.engine.Counts(ctx)
 	if err != nil {
 		r.unhealthy(s, classify(err))
 		return true, nil
 	}
-	s.counts = counts
-	st := &s.fs.Status
-	shards := make([]flashsalev1alpha1.ShardStatus, 0, len(counts.Shards))
-	for _, sh := range counts.Shards {
-		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
-	}
-	// Available from Redis, sold from the ledger, reserved the rest (see
-	// engine.ShardCounts.Unsold): they never add up to more than the allocation.
-	reserved := counts.Unsold()
-	changed := st.Allocation != counts.Allocation || st.Available != counts.Available || st.Reserved != reserved ||
-		st.Sold != counts.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
-	st.Epoch, st.Allocation = counts.Epoch, counts.Allocation
-	st.Available, st.Reserved, st.Sold = counts.Available, reserved, counts.Sold
-	st.Shards = shards
-	// Renewed with the counts, and at least every CountsStamp: counts older
-	// than that were not read (the reads above failed, or nobody ran them).
-	if now := r.now(); changed || st.CountsObservedAt == nil || now.Sub(st.CountsObservedAt.Time) >= r.countsStamp() {
-		st.CountsObservedAt = &metav1.Time{Time: now}
-	}
-	// Pending rows in the ledger count too: Completed means nothing can change any more.
-	st.Phase = salePhase(s.window.Gate, counts.Available, max(counts.Reserved, counts.Pending))
-
-	admitting := s.window.Gate == stock.StateOpen
-	switch {
-	case admitting && counts.Available > 0:
-		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
-	case admitting:
-		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
-	default:
-		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(s.window.Gate), gateMessage(s.window.Gate))
-	}
-
+	s.counts, s.countsAt, s.gate = &counts, r.now(), s.window.Gate
 	ready, reason, msg, err := r.childrenReady(ctx, s.fs)
 	if err != nil {
 		return true, err
 	}
-	if ready {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
-	} else {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
-	}
-
-	switch {
-	case st.Phase == flashsalev1alpha1.PhaseCompleted:
+	s.children = &readiness{ready: ready, reason: reason, message: msg}
+	// The refresh follows the phase the counts give.
+	switch salePhase(s.window.Gate, counts.Available, max(counts.Reserved, counts.Pending)) {
+	case flashsalev1alpha1.PhaseCompleted:
 		s.requeueAfter(idleRefresh)
-	case st.Phase == flashsalev1alpha1.PhaseScheduled:
+	case flashsalev1alpha1.PhaseScheduled:
 		s.requeueAfter(max(r.statusRefresh(), scheduledRefresh))
 	default:
 		s.requeueAfter(r.statusRefresh())
@@ -118,19 +79,15 @@ func rollingOut(d *appsv1.Deployment) bool {
 	return d.Status.ObservedGeneration < d.Generation && ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
 }
 
-// reportReservePods fills the scale subresource's status (the reserve pods and
-// their selector) whatever phase the reconcile stopped at: an autoscaler reads
-// it while Redis or the ledger is down too.
-func (r *FlashSaleReconciler) reportReservePods(ctx context.Context, fs *flashsalev1alpha1.FlashSale) error {
-	fs.Status.ReservationSelector = labels.SelectorFromSet(childLabels(fs, ComponentReserve)).String()
+// reservePods reads the reserve Deployment's replicas for the scale
+// subresource's status (0 when it does not exist).
+func (r *FlashSaleReconciler) reservePods(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (int32, error) {
 	var d appsv1.Deployment
 	switch err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); {
 	case apierrors.IsNotFound(err):
-		fs.Status.ReservationReplicas = 0
+		return 0, nil
 	case err != nil:
-		return err
-	default:
-		fs.Status.ReservationReplicas = d.Status.Replicas
+		return 0, err
 	}
-	return nil
+	return d.Status.Replicas, nil
 }

@@ -12,8 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -117,29 +115,14 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	// must end in a status that says so, not in a write that times out too.
 	pctx, cancel := phaseContext(ctx)
 	defer cancel()
-	completed, err := r.reconcilePhases(pctx, s)
-	if s.ledgerDown && s.conn == nil && s.refs != nil {
-		// The connections did not open because the ledger did not: close
-		// through Redis alone.
-		store, done := redisOnly(s.fs, s.refs)
-		s.closed = r.closeShards(ctx, s, store)
-		done()
+	s.completed, s.err = r.reconcilePhases(pctx, s)
+	if pods, serr := r.reservePods(pctx, fs); serr != nil && s.err == nil {
+		s.err = serr
+	} else if serr == nil {
+		s.reservePods = &pods
 	}
-	if !completed && s.closed != "" {
-		// observe did not run: the phase says what the shards hold.
-		s.fs.Status.Phase = closedPhase(s.closed, s.fs.Status.Phase)
-	}
-	if serr := r.reportReservePods(pctx, fs); serr != nil && err == nil {
-		err = serr
-	}
-	if p := s.notReady; p != nil {
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, p.Reason, p.Message)
-	}
-	// Only a reconcile that went through every phase has applied this spec.
-	if err == nil && completed && !s.incomplete {
-		fs.Status.ObservedGeneration = fs.Generation
-	}
-	keepTransitionTimes(before.Status.Conditions, fs.Status.Conditions)
+	fs.Status = computeStatus(fs, &s.facts, r.countsStamp())
+	err := s.err
 	if errors.Is(ctx.Err(), context.Canceled) {
 		// The manager is stopping (or lost its lease): what the cut phases
 		// found is not news, and another manager may be writing already.
@@ -176,18 +159,6 @@ func phaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, dl.Add(-min(statusWriteTime, time.Until(dl)/4)))
 }
 
-// keepTransitionTimes gives back the stored lastTransitionTime of every
-// condition that ends the reconcile with the status it started with: a phase
-// may set a condition one way and a later phase the other (the ledger answers,
-// then it turns out not to know the sale), and only the final status counts.
-func keepTransitionTimes(before, after []metav1.Condition) {
-	for i := range after {
-		if old := meta.FindStatusCondition(before, after[i].Type); old != nil && old.Status == after[i].Status {
-			after[i].LastTransitionTime = old.LastTransitionTime
-		}
-	}
-}
-
 // reconcilePhases runs the phases in order until one is done early (it set a
 // condition and a requeue) or fails; completed reports that every phase ran.
 //
@@ -196,18 +167,23 @@ func keepTransitionTimes(before, after []metav1.Condition) {
 // instead of at the reconcile's deadline, and the next reconcile, which
 // closes the shards first when the spec asks for it, comes that much sooner.
 func (r *FlashSaleReconciler) reconcilePhases(ctx context.Context, s *scope) (completed bool, err error) {
-	s.unbounded = ctx
-	for _, phase := range []func(context.Context, *scope) (bool, error){
-		r.connect,
-		r.closeFirst,
-		r.ensureStock,
-		r.applyAllocation,
-		r.applyGates,
-		r.reconcileChildren,
-		r.observe,
+	for _, phase := range []struct {
+		run       func(context.Context, *scope) (bool, error)
+		unbounded bool // bounds itself
+	}{
+		{run: r.connect},
+		{run: r.closeFirst},
+		{run: r.ensureStock, unbounded: true},
+		{run: r.applyAllocation},
+		{run: r.applyGates},
+		{run: r.reconcileChildren},
+		{run: r.observe},
 	} {
-		pctx, cancel := context.WithTimeout(ctx, r.phaseTimeout())
-		done, err := phase(pctx, s)
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if !phase.unbounded {
+			pctx, cancel = context.WithTimeout(ctx, r.phaseTimeout())
+		}
+		done, err := phase.run(pctx, s)
 		cancel()
 		if err != nil || done {
 			return false, err

@@ -33,9 +33,8 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonChildrenFailed {
 			s.statusEvent(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
 		}
-		s.setNotReady(ReasonChildrenFailed, msg)
+		s.childErr = msg
 		s.requeueAfter(retryUnhealthy)
-		s.incomplete = true
 	}
 	sweeper := SweeperDeployment(s.fs, r.Image)
 	deployments := []*appsv1.Deployment{sweeper}

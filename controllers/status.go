@@ -1,169 +1,203 @@
 package controllers
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"unicode/utf8"
+	"slices"
+	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	"k8s.io/apimachinery/pkg/labels"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// eventNoteLimit is the longest event message the API server takes (bytes):
-// a longer one is refused and the event lost.
-const eventNoteLimit = 1024
-
-// writeStatus patches the status, only when it changed, then emits the
-// events.
-func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsalev1alpha1.FlashSale, s *scope) error {
-	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
-		s.statusEvent(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
+// computeStatus is the one place the status is decided: the phase, every
+// condition, the counts and the records, from the status read (fs.Status)
+// and the facts the phases recorded. A condition no fact speaks of keeps
+// what it said.
+func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.Duration) flashsalev1alpha1.FlashSaleStatus {
+	st := *fs.Status.DeepCopy()
+	// Each condition is decided here in order, a later rule overriding an
+	// earlier one, and written once at the end: its lastTransitionTime moves
+	// only when the final verdict differs from the one read.
+	var decided []metav1.Condition
+	set := func(typ string, status metav1.ConditionStatus, reason, message string) {
+		c := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: fs.Generation}
+		if i := slices.IndexFunc(decided, func(d metav1.Condition) bool { return d.Type == typ }); i >= 0 {
+			decided[i] = c
+			return
+		}
+		decided = append(decided, c)
 	}
-	s.healthEvents(before.Status.Conditions)
-	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
-		var err error
-		if before.Status.ObservedGeneration == 0 && before.Status.Phase == "" {
-			// The first write stores every count, zeros included (a merge patch
-			// would leave out fields equal to the empty status), so the printer
-			// columns show 0 rather than nothing.
-			err = r.Status().Update(ctx, s.fs)
+	ready := func(reason, message string) {
+		set(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
+	}
+
+	// The records of what was seeded and rebuilt.
+	if f.servers != nil {
+		st.RedisServers = f.servers
+	}
+	if f.lastRebuild != nil {
+		st.LastRebuild = f.lastRebuild
+	}
+
+	// Health of Redis and the ledger.
+	if f.ledgerOK {
+		set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	}
+	if f.seeded {
+		if f.evicting != nil {
+			set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, f.evicting.Error())
 		} else {
-			err = r.patchStatus(ctx, before, s.fs)
+			set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", f.epoch))
 		}
-		if err != nil {
-			// What this reconcile did is still said: none of it is done
-			// again. What it found against the status it read comes from
-			// the next reconcile.
-			r.emit(ctx, s, false)
-			return err
-		}
+		set(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded,
+			fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(fs).shards, f.epoch))
 	}
-	r.emit(ctx, s, true)
-	return nil
-}
-
-// emit sends the reconcile's events, those found against the status it
-// read only when withStatus. Logged too: events expire after an hour, and
-// the log is the timeline of an incident after that.
-func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus bool) {
-	logger := log.FromContext(ctx)
-	for _, e := range s.events {
-		if e.fromStatus && !withStatus {
-			continue
+	if v := f.allocation; v != nil {
+		status := metav1.ConditionFalse
+		if v.applied {
+			status = metav1.ConditionTrue
 		}
-		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
-		logger.Info(e.message, "event", e.kind, "reason", e.reason)
+		set(ConditionAllocationApplied, status, v.reason, v.message)
 	}
-}
 
-// errStaleStatus: the reconcile read a status older than the stored one.
-var errStaleStatus = errors.New("the status was read from a copy older than the stored one")
-
-// patchStatus writes fs's status as a patch from before, guarded by the
-// resourceVersion.
-//
-// A reconcile that read the sale from a cache behind the last status write
-// (a child's event queued it meanwhile) would write conditions computed from
-// the older status: it gets errStaleStatus (a conflict) and runs again. Only
-// the record of a rebuild it did is written, which no later reconcile could
-// tell.
-//
-// A conflict with a change that left the status as it was read (the spec,
-// labels, finalizers) is no reason to drop what this reconcile found: the
-// patch is sent again on the newer version.
-func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flashsalev1alpha1.FlashSale) error {
-	from := before
-	for attempt := 1; ; attempt++ {
-		err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(from, client.MergeFromWithOptimisticLock{}))
-		if !apierrors.IsConflict(err) {
-			return err
+	// The phase: from the counts when observe read them, else from what
+	// this reconcile did to the shards, else what it was.
+	if f.rebuilt != nil {
+		st.Phase = salePhase(f.rebuilt.Gate, f.rebuilt.Available, f.rebuilt.Reserved)
+	}
+	if c := f.counts; c != nil {
+		shards := make([]flashsalev1alpha1.ShardStatus, 0, len(c.Shards))
+		for _, sh := range c.Shards {
+			shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
 		}
-		live := &flashsalev1alpha1.FlashSale{}
-		if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
-			return err
+		// Available from Redis, sold from the ledger, reserved the rest (see
+		// engine.ShardCounts.Unsold): they never add up to more than the allocation.
+		reserved := c.Unsold()
+		changed := st.Allocation != c.Allocation || st.Available != c.Available || st.Reserved != reserved ||
+			st.Sold != c.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
+		st.Epoch, st.Allocation = c.Epoch, c.Allocation
+		st.Available, st.Reserved, st.Sold = c.Available, reserved, c.Sold
+		st.Shards = shards
+		// Renewed with the counts, and at least every CountsStamp: counts older
+		// than that were not read (the reads above failed, or nobody ran them).
+		if changed || st.CountsObservedAt == nil || f.countsAt.Sub(st.CountsObservedAt.Time) >= countsStamp {
+			st.CountsObservedAt = &metav1.Time{Time: f.countsAt}
 		}
-		stale := !equality.Semantic.DeepEqual(live.Status, before.Status)
-		if stale || attempt == 3 {
-			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
-				return perr
-			}
-			if stale {
-				return fmt.Errorf("%w: %w", errStaleStatus, err)
-			}
-			return err
-		}
-		from = before.DeepCopy()
-		from.ResourceVersion = live.ResourceVersion
-	}
-}
-
-// keepRebuildRecord writes, over the stored status, the record of a rebuild
-// this reconcile did (lastRebuild, and the Redis servers' run ids it rebuilt
-// on, without which a restarted operator would take them for restarted and
-// rebuild again). Unguarded: these two fields are this reconcile's alone.
-func (r *FlashSaleReconciler) keepRebuildRecord(ctx context.Context, before, fs, live *flashsalev1alpha1.FlashSale) error {
-	rb := fs.Status.LastRebuild
-	if rb == nil || equality.Semantic.DeepEqual(rb, before.Status.LastRebuild) {
-		return nil
-	}
-	rebuilt := live.DeepCopy()
-	rebuilt.Status.LastRebuild = rb
-	rebuilt.Status.RedisServers = fs.Status.RedisServers
-	if equality.Semantic.DeepEqual(rebuilt.Status, live.Status) {
-		return nil
-	}
-	return r.Status().Patch(ctx, rebuilt, client.MergeFrom(live))
-}
-
-// healthEvents says when Redis or the ledger stops answering, or refuses the
-// operator, and when it is healthy again: the conditions alone leave no
-// trace of an outage once it is over. Data loss, an eviction policy and a
-// ledger mismatch have events of their own.
-func (s *scope) healthEvents(before []metav1.Condition) {
-	for _, h := range []struct {
-		typ, recovered string
-		failures       map[string]string // condition reason → event reason
-	}{
-		{flashsalev1alpha1.ConditionRedisHealthy, ReasonRedisRecovered, map[string]string{
-			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported}},
-		{flashsalev1alpha1.ConditionLedgerHealthy, ReasonLedgerRecovered, map[string]string{
-			ReasonUnreachable: ReasonLedgerUnreachable, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid}},
-	} {
-		was := meta.FindStatusCondition(before, h.typ)
-		now := meta.FindStatusCondition(s.fs.Status.Conditions, h.typ)
+		// Pending rows in the ledger count too: Completed means nothing can change any more.
+		st.Phase = salePhase(f.gate, c.Available, max(c.Reserved, c.Pending))
 		switch {
-		case now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason):
-		case now.Status == metav1.ConditionFalse && h.failures[now.Reason] != "":
-			s.statusEvent(corev1.EventTypeWarning, h.failures[now.Reason], "%s", now.Message)
-		case now.Status == metav1.ConditionTrue && was != nil && was.Status == metav1.ConditionFalse:
-			s.statusEvent(corev1.EventTypeNormal, h.recovered, "%s again: %s", h.typ, now.Message)
+		case f.gate == stock.StateOpen && c.Available > 0:
+			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
+		case f.gate == stock.StateOpen:
+			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
+		default:
+			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate))
 		}
 	}
+	if c := f.children; c != nil && c.ready {
+		set(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
+	} else if c != nil {
+		ready(c.reason, c.message)
+	}
+
+	// What stopped the reconcile, if anything: at most one of these.
+	switch {
+	case f.refErr != nil && !f.refsKept:
+		ready(f.refErr.reason, f.refErr.message)
+		// Nothing else was checked (an operator restarted while a Secret is
+		// gone): what these said before is not known to hold any more.
+		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+			if meta.FindStatusCondition(st.Conditions, typ) != nil {
+				set(typ, metav1.ConditionUnknown, f.refErr.reason, "not checked: "+f.refErr.message)
+			}
+		}
+	case f.outage != nil:
+		d := describeFailure(fs, f.outage)
+		set(d.condition, metav1.ConditionFalse, d.reason, d.message)
+		ready(d.readyReason, d.message)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+f.outage.Error())
+	case f.mismatch != nil:
+		msg := f.mismatch.Error()
+		set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, msg)
+		ready(ReasonLedgerMismatch, msg)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+msg)
+	case f.lost != "":
+		st.Phase = flashsalev1alpha1.PhaseFailClosed
+		msg := lostMessage(f.lost)
+		set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, msg)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		ready(ReasonFailClosed, msg)
+	case f.rebuildErr != nil:
+		msg := rebuildFailedMessage(f.rebuildErr)
+		ready(ReasonRebuildFailed, msg)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		if isLedgerError(f.rebuildErr) {
+			set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, f.rebuildErr.Error())
+		} else {
+			st.Phase = flashsalev1alpha1.PhaseRebuilding
+		}
+	}
+	if !f.completed && f.closed != "" {
+		// observe did not finish: the phase says what the shards hold.
+		st.Phase = closedPhase(f.closed, st.Phase)
+	}
+
+	// A problem that did not stop the phases has the last word on Ready.
+	if reason, message, ok := f.notReady(); ok {
+		ready(reason, message)
+	}
+	// Only a reconcile that went through every phase has applied this spec.
+	if f.err == nil && f.completed && !f.incomplete() {
+		st.ObservedGeneration = fs.Generation
+	}
+
+	// The scale subresource's status, whatever phase the reconcile stopped
+	// at: an autoscaler reads it while Redis or the ledger is down too.
+	st.ReservationSelector = labels.SelectorFromSet(childLabels(fs, ComponentReserve)).String()
+	if f.reservePods != nil {
+		st.ReservationReplicas = *f.reservePods
+	}
+	for _, c := range decided {
+		meta.SetStatusCondition(&st.Conditions, c)
+	}
+	return st
 }
 
-func orNone(p flashsalev1alpha1.FlashSalePhase) string {
-	if p == "" {
-		return "(none)"
+// notReady is what Ready says when a problem did not stop the phases (the
+// last phase's to find one): a child that cannot be written, an allocation
+// refused or still being lowered, a Redis that may evict, a Secret gone or
+// changed to values that do not connect while the old connections serve.
+func (f *facts) notReady() (reason, message string, ok bool) {
+	switch {
+	case f.childErr != "":
+		return ReasonChildrenFailed, f.childErr, true
+	case f.allocation != nil && (f.allocation.reason == ReasonAllocationRefused || f.allocation.reason == ReasonAllocationPending):
+		return f.allocation.reason, f.allocation.message, true
+	case f.seeded && f.evicting != nil:
+		return ReasonRedisEvictionPolicy, f.evicting.Error(), true
+	case f.refErr != nil && f.refsKept:
+		return f.refErr.reason, f.refErr.message + " (the sale is still served and gated with the connections opened before)", true
+	case f.replaced != nil:
+		return f.replaced.readyReason, f.replaced.message, true
 	}
-	return string(p)
+	return "", "", false
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const more = "…"
-	cut := n - len(more)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + more
+// incomplete: part of the spec is not in effect although the phases went
+// on; observedGeneration stays where it was.
+func (f *facts) incomplete() bool {
+	return f.refsKept || f.replaced != nil || f.childErr != "" || (f.allocation != nil && !f.allocation.applied)
+}
+
+func lostMessage(why string) string {
+	return "Redis lost the sale's state (" + why + "); every shard refuses reservations until the stock is rebuilt from the ledger"
+}
+
+func rebuildFailedMessage(err error) string {
+	return "rebuild from the ledger failed, the sale stays closed: " + err.Error()
 }

@@ -19,7 +19,13 @@ import (
 // without meta, a stale epoch, or a Redis server that restarted. Loss first shows
 // as FailClosed (every shard refuses), then the next reconcile rebuilds from the
 // ledger.
-func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, error) {
+//
+// It is given the reconcile's context without the phase bound, for the
+// rebuild (it streams every pending order and buyer); everything else is
+// bounded by PhaseTimeout.
+func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (bool, error) {
+	ctx, cancel := context.WithTimeout(unbounded, r.phaseTimeout())
+	defer cancel()
 	eng := s.conn.engine
 	lost, why := false, ""
 	// firstSeed: the sale never showed as seeded. Shards missing then are most
@@ -39,9 +45,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonLedgerMismatch {
 			s.statusEvent(corev1.EventTypeWarning, ReasonLedgerMismatch, "%s", err.Error())
 		}
-		s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, err.Error())
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonLedgerMismatch, err.Error())
-		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+err.Error())
+		s.mismatch = err
 		s.requeueAfter(retryUnhealthy)
 		return true, nil
 	case err != nil:
@@ -77,11 +81,8 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		cctx, cancel := closingContext(ctx)
 		_, _ = eng.Store().SetGate(cctx, stock.StateFailClosed, 0)
 		cancel()
-		s.fs.Status.Phase = flashsalev1alpha1.PhaseFailClosed
-		msg := "Redis lost the sale's state (" + why + "); every shard refuses reservations until the stock is rebuilt from the ledger"
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, msg)
-		s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
-		s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonFailClosed, msg)
+		s.lost = why
+		msg := lostMessage(why)
 		// Found against the status read (its phase, its servers' run ids):
 		// a stale read finds the same loss again and must not say it twice.
 		s.statusEvent(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", msg)
@@ -93,31 +94,21 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		// recomputes the window too): a rebuild of a large ledger may run
 		// across a schedule edge.
 		// Not bounded by the phase: a rebuild reads every live order.
-		rep, err := eng.Rebuild(s.unbounded, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
+		rep, err := eng.Rebuild(unbounded, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
 		if err != nil {
-			err = classify(err)
-			msg := "rebuild from the ledger failed, the sale stays closed: " + err.Error()
-			s.condition(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRebuildFailed, msg)
-			s.condition(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
-			var le *ledgerError
-			if errors.As(err, &le) {
-				s.ledgerDown = true
-				s.condition(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, err.Error())
-			} else {
-				s.fs.Status.Phase = flashsalev1alpha1.PhaseRebuilding
-			}
-			s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s", msg)
+			s.rebuildErr = classify(err)
+			s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s", rebuildFailedMessage(s.rebuildErr))
 			s.requeueAfter(retryUnhealthy)
 			return true, nil
 		}
 		// The rest of the phase gets a bound of its own: the rebuild may
 		// have outlasted the phase's.
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(s.unbounded, r.phaseTimeout())
+		ctx, cancel = context.WithTimeout(unbounded, r.phaseTimeout())
 		defer cancel()
 		s.epoch = rep.Epoch
 		s.conn.rebuiltEpoch = rep.Epoch
-		s.fs.Status.Phase = salePhase(rep.Gate, rep.Available, rep.Reserved)
+		s.rebuilt = &rep
 		if firstSeed && rep.Reserved == 0 && rep.Sold == 0 {
 			s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d), completing a first seeding that was cut short (%s)",
 				s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
@@ -126,13 +117,13 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 		if firstSeed {
 			s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
 		}
-		s.fs.Status.LastRebuild = &flashsalev1alpha1.RebuildStatus{
+		s.lastRebuild = &flashsalev1alpha1.RebuildStatus{
 			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
 			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, RestoredOrders: rep.Restored,
 			DurationSeconds: fmt.Sprintf("%.3f", rep.Duration.Seconds()),
 		}
 		if why == "" {
-			s.fs.Status.LastRebuild.Reason = "resumed after the sale failed closed"
+			s.lastRebuild.Reason = "resumed after the sale failed closed"
 		}
 		// The phase above is what the rebuilt shards say, until observe
 		// recomputes it: a later phase that stops early must not leave it blank.
@@ -147,7 +138,7 @@ func (r *FlashSaleReconciler) ensureStock(ctx context.Context, s *scope) (bool, 
 func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, ids map[string]string, srv stock.ServerCheck) (bool, error) {
 	eng := s.conn.engine
 	s.conn.rememberRunIDs(ids)
-	s.fs.Status.RedisServers = redisServers(ids)
+	s.servers = redisServers(ids)
 	// Shards seeded before metas recorded their server get it now, verified.
 	if _, err := eng.Store().Stamp(ctx); err != nil {
 		r.unhealthy(s, err)
@@ -159,11 +150,8 @@ func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, ids map[s
 		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != ReasonEvictionPolicy {
 			s.statusEvent(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
 		}
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, err.Error())
-		s.setNotReady(ReasonRedisEvictionPolicy, err.Error())
-	} else {
-		s.condition(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", s.epoch))
+		s.evicting = err
 	}
-	s.condition(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded, fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(s.fs).shards, s.epoch))
+	s.seeded = true
 	return false, nil
 }

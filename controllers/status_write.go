@@ -1,0 +1,169 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+)
+
+// eventNoteLimit is the longest event message the API server takes (bytes):
+// a longer one is refused and the event lost.
+const eventNoteLimit = 1024
+
+// writeStatus patches the status, only when it changed, then emits the
+// events.
+func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsalev1alpha1.FlashSale, s *scope) error {
+	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
+		s.statusEvent(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
+	}
+	s.healthEvents(before.Status.Conditions)
+	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
+		var err error
+		if before.Status.ObservedGeneration == 0 && before.Status.Phase == "" {
+			// The first write stores every count, zeros included (a merge patch
+			// would leave out fields equal to the empty status), so the printer
+			// columns show 0 rather than nothing.
+			err = r.Status().Update(ctx, s.fs)
+		} else {
+			err = r.patchStatus(ctx, before, s.fs)
+		}
+		if err != nil {
+			// What this reconcile did is still said: none of it is done
+			// again. What it found against the status it read comes from
+			// the next reconcile.
+			r.emit(ctx, s, false)
+			return err
+		}
+	}
+	r.emit(ctx, s, true)
+	return nil
+}
+
+// emit sends the reconcile's events, those found against the status it
+// read only when withStatus. Logged too: events expire after an hour, and
+// the log is the timeline of an incident after that.
+func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus bool) {
+	logger := log.FromContext(ctx)
+	for _, e := range s.events {
+		if e.fromStatus && !withStatus {
+			continue
+		}
+		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
+		logger.Info(e.message, "event", e.kind, "reason", e.reason)
+	}
+}
+
+// errStaleStatus: the reconcile read a status older than the stored one.
+var errStaleStatus = errors.New("the status was read from a copy older than the stored one")
+
+// patchStatus writes fs's status as a patch from before, guarded by the
+// resourceVersion.
+//
+// A reconcile that read the sale from a cache behind the last status write
+// (a child's event queued it meanwhile) would write conditions computed from
+// the older status: it gets errStaleStatus (a conflict) and runs again. Only
+// the record of a rebuild it did is written, which no later reconcile could
+// tell.
+//
+// A conflict with a change that left the status as it was read (the spec,
+// labels, finalizers) is no reason to drop what this reconcile found: the
+// patch is sent again on the newer version.
+func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flashsalev1alpha1.FlashSale) error {
+	from := before
+	for attempt := 1; ; attempt++ {
+		err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(from, client.MergeFromWithOptimisticLock{}))
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		live := &flashsalev1alpha1.FlashSale{}
+		if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
+			return err
+		}
+		stale := !equality.Semantic.DeepEqual(live.Status, before.Status)
+		if stale || attempt == 3 {
+			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
+				return perr
+			}
+			if stale {
+				return fmt.Errorf("%w: %w", errStaleStatus, err)
+			}
+			return err
+		}
+		from = before.DeepCopy()
+		from.ResourceVersion = live.ResourceVersion
+	}
+}
+
+// keepRebuildRecord writes, over the stored status, the record of a rebuild
+// this reconcile did (lastRebuild, and the Redis servers' run ids it rebuilt
+// on, without which a restarted operator would take them for restarted and
+// rebuild again). Unguarded: these two fields are this reconcile's alone.
+func (r *FlashSaleReconciler) keepRebuildRecord(ctx context.Context, before, fs, live *flashsalev1alpha1.FlashSale) error {
+	rb := fs.Status.LastRebuild
+	if rb == nil || equality.Semantic.DeepEqual(rb, before.Status.LastRebuild) {
+		return nil
+	}
+	rebuilt := live.DeepCopy()
+	rebuilt.Status.LastRebuild = rb
+	rebuilt.Status.RedisServers = fs.Status.RedisServers
+	if equality.Semantic.DeepEqual(rebuilt.Status, live.Status) {
+		return nil
+	}
+	return r.Status().Patch(ctx, rebuilt, client.MergeFrom(live))
+}
+
+// healthEvents says when Redis or the ledger stops answering, or refuses the
+// operator, and when it is healthy again: the conditions alone leave no
+// trace of an outage once it is over. Data loss, an eviction policy and a
+// ledger mismatch have events of their own.
+func (s *scope) healthEvents(before []metav1.Condition) {
+	for _, h := range []struct {
+		typ, recovered string
+		failures       map[string]string // condition reason → event reason
+	}{
+		{flashsalev1alpha1.ConditionRedisHealthy, ReasonRedisRecovered, map[string]string{
+			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported}},
+		{flashsalev1alpha1.ConditionLedgerHealthy, ReasonLedgerRecovered, map[string]string{
+			ReasonUnreachable: ReasonLedgerUnreachable, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid}},
+	} {
+		was := meta.FindStatusCondition(before, h.typ)
+		now := meta.FindStatusCondition(s.fs.Status.Conditions, h.typ)
+		switch {
+		case now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason):
+		case now.Status == metav1.ConditionFalse && h.failures[now.Reason] != "":
+			s.statusEvent(corev1.EventTypeWarning, h.failures[now.Reason], "%s", now.Message)
+		case now.Status == metav1.ConditionTrue && was != nil && was.Status == metav1.ConditionFalse:
+			s.statusEvent(corev1.EventTypeNormal, h.recovered, "%s again: %s", h.typ, now.Message)
+		}
+	}
+}
+
+func orNone(p flashsalev1alpha1.FlashSalePhase) string {
+	if p == "" {
+		return "(none)"
+	}
+	return string(p)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const more = "…"
+	cut := n - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
+}
