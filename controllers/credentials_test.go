@@ -26,6 +26,7 @@ import (
 // Wrong Redis credentials and an ACL user missing a command the operator needs
 // each say so in the Ready reason, and nothing is seeded until they are fixed.
 func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	admin := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	t.Cleanup(func() { _ = admin.Close() })
@@ -65,6 +66,7 @@ func TestRedisCredentialsAndPermissionsAreNamed(t *testing.T) {
 
 // A ledger DSN whose role PostgreSQL refuses says so in the Ready reason.
 func TestLedgerCredentialsAreNamed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	u, err := url.Parse(e.dsn)
 	if err != nil {
@@ -90,6 +92,7 @@ func TestLedgerCredentialsAreNamed(t *testing.T) {
 // admission key, so its ids do not change either; a Secret deleted while the
 // pods read it is not replaced by another key.
 func TestReservationIDKeySecret(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	stop := e.startController()
 	fs := e.apply(e.sale("keyed", 10))
@@ -193,6 +196,7 @@ func TestReservationIDKeySecret(t *testing.T) {
 // holds is shown nowhere: pgx quotes such a DSN in its error, redacting only
 // the passwords it can find.
 func TestLedgerDSNThatDoesNotParse(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.setSecret("shop-ledger", "dsn", "host=127.0.0.1 user=u password = Zz9secret dbname=x sslmode=requir")
 	e.startController()

@@ -24,6 +24,7 @@ import (
 )
 
 func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	fs := e.openSale("doomed", 30)
@@ -85,6 +86,7 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 // A deletion that waits for Redis says so in an event, and completes once
 // Redis is back.
 func TestDeletionWaitingForRedisSaysWhy(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	e.startController()
@@ -112,6 +114,7 @@ func TestDeletionWaitingForRedisSaysWhy(t *testing.T) {
 // cleaned up with the connections the operator opened before; after an
 // operator restart there are none, and the cleanup is skipped, saying so.
 func TestDeletionWithItsSecrets(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	stop := e.startController()
 	pruned := e.openSale("pruned", 10)
@@ -180,6 +183,7 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 // keys stay (every retry would scan a shared keyspace again) until the
 // campaign can be marked deleted.
 func TestDeletionWaitsForTheLedger(t *testing.T) {
+	t.Parallel()
 	pg := testharness.PostgresT(t)
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), pg)
@@ -220,6 +224,7 @@ func TestDeletionWaitsForTheLedger(t *testing.T) {
 // The same after an operator restart, with no connection of its own: the
 // sale is ended through Redis alone while the deletion waits.
 func TestDeletionAfterARestartWithTheLedgerDown(t *testing.T) {
+	t.Parallel()
 	pg := testharness.PostgresT(t)
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), pg)

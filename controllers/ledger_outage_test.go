@@ -22,6 +22,7 @@ import (
 )
 
 func TestLedgerDownStaysClosed(t *testing.T) {
+	t.Parallel()
 	pg := testharness.PostgresT(t)
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), pg)
@@ -83,6 +84,7 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 // The ledger back while Redis is still down shows as such, with its event:
 // the reconcile stops at Redis before any query of its own reaches the ledger.
 func TestLedgerRecoversWhileRedisIsDown(t *testing.T) {
+	t.Parallel()
 	pg := testharness.PostgresT(t)
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), pg)
@@ -120,6 +122,7 @@ func TestLedgerRecoversWhileRedisIsDown(t *testing.T) {
 // reserve pods may still reach it and would go on selling. Opening waits for
 // the ledger.
 func TestClosingDoesNotWaitForTheLedger(t *testing.T) {
+	t.Parallel()
 	pg := testharness.PostgresT(t)
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), pg)
@@ -200,6 +203,7 @@ func TestClosingDoesNotWaitForTheLedger(t *testing.T) {
 // does not hold the pause up either: the gate is written before the phases
 // that wait on the ledger, within seconds, not at the reconcile's deadline.
 func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.statusRefresh = time.Minute // no refresh of its own meanwhile
 	e.phaseTimeout = 10 * time.Second
@@ -246,6 +250,7 @@ func TestClosingDoesNotWaitForAHungLedger(t *testing.T) {
 // hold what was sold, says so in Ready (once as an event), and leaves that
 // database without the campaign.
 func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	fs := e.openSale("forked", 20)
@@ -290,6 +295,7 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 // not hold up the other sales: they are reconciled, seeded and opened while
 // its connection attempt is still waiting.
 func TestAStuckLedgerDoesNotHoldUpOtherSales(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	silent := testharness.StartSilentServer(t)
 	e.create(e.secret("stuck-ledger", map[string]string{"dsn": "postgres://u@" + silent.Addr() + "/db?sslmode=disable&connect_timeout=60"}))

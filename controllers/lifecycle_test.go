@@ -27,6 +27,7 @@ import (
 )
 
 func TestCreateSeedsDeploysAndReports(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.apply(e.sale("ps5-drop", 100))
@@ -134,6 +135,7 @@ func TestCreateSeedsDeploysAndReports(t *testing.T) {
 }
 
 func TestScheduleGatesAndLifecycle(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	// An hour ahead at first, so a slow first reconcile still sees a
@@ -182,6 +184,7 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 }
 
 func TestPauseRestockAndDecrease(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	stop := e.startController()
 	fs := e.openSale("restock", 100)
@@ -262,6 +265,7 @@ func TestPauseRestockAndDecrease(t *testing.T) {
 // shards by the time it reaches them, not by the time it began. The refresh is
 // a minute here, so only that reconcile can end the sale within the test.
 func TestSlowReconcileAcrossTheScheduleEnd(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	late := e.lateClock()
 	e.statusRefresh = time.Minute
@@ -280,6 +284,7 @@ func TestSlowReconcileAcrossTheScheduleEnd(t *testing.T) {
 // A sale that has not started is refreshed every 10 s, not at the live
 // refresh: a GitOps pipeline may hold many drops scheduled days ahead.
 func TestScheduledSaleIsRefreshedSlowly(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.countsStamp = 100 * time.Millisecond // every refresh writes the status
 	e.startController()
@@ -311,6 +316,7 @@ func TestScheduledSaleIsRefreshedSlowly(t *testing.T) {
 // stays 1, and a GitOps tool applying the same manifest server-side finds no
 // field the controller took over.
 func TestFinalizerLeavesTheSpecAsWritten(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	manifest := func() *unstructured.Unstructured {

@@ -22,6 +22,7 @@ import (
 )
 
 func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	e.startController()
@@ -104,6 +105,7 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 // A reconcile that rebuilds the stock but read a stale status still writes
 // the rebuild's record: no later reconcile could tell that it happened.
 func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	e.statusRefresh = time.Minute // only the reconciles below run, once the creation's are over
@@ -169,6 +171,7 @@ func TestRebuildOnAStaleReadIsRecorded(t *testing.T) {
 // moment they open, not of the moment the reconcile began. Here the rebuild
 // waits on the campaign row, held by the test, while the clock passes the end.
 func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	late := e.lateClock()
@@ -224,6 +227,7 @@ func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
 // shards' metas record no server here (as if seeded by an older version), so
 // the status is all that tells.
 func TestRedisRestartedWhileOperatorDown(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	stop := e.startController()
@@ -310,6 +314,7 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 // fixed) is completed from the ledger, and reported as a seeding, not as
 // Redis data loss: a sale that never opened does not fail closed.
 func TestFirstSeedingCutShortIsCompleted(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	fs := e.apply(e.sale("half", 10))
@@ -347,6 +352,7 @@ func TestFirstSeedingCutShortIsCompleted(t *testing.T) {
 // sale whose server starts evicting is reported (RedisHealthy False, Ready
 // False, one Warning) while it goes on being gated: pausing it still closes it.
 func TestRedisThatMayEvict(t *testing.T) {
+	t.Parallel()
 	srv, err := testharness.StartRedisArgs("--maxmemory", "100mb", "--maxmemory-policy", "noeviction")
 	if err != nil {
 		t.Fatal(err)

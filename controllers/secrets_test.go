@@ -22,6 +22,7 @@ import (
 )
 
 func TestMissingSecretOrKeyIsNamed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.apply(e.sale("orphan", 10).redisSecret("nowhere"))
@@ -59,6 +60,7 @@ func TestMissingSecretOrKeyIsNamed(t *testing.T) {
 // prune) is named in Ready, and the pause switch still closes the sale through
 // the connections opened before.
 func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	stop := e.startController()
 	fs := e.openSale("rotated", 10)
@@ -127,6 +129,7 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 // their Deployment rolls them onto it. The sweeper does not read the
 // admission key, so a rotated admission key leaves its pods alone.
 func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("rolled", 10)
@@ -166,6 +169,7 @@ func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
 // Secrets made from files that end in a newline work: the operator strips
 // trailing CR and LF from the DSN and the Redis password as the pods do.
 func TestSecretsWithATrailingNewline(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.setSecret("shop-ledger", "dsn", e.dsn+"\n")
 	e.startController()
@@ -176,6 +180,7 @@ func TestSecretsWithATrailingNewline(t *testing.T) {
 // whose values do not connect leaves the pods on the Secret they run with:
 // rolled onto the new one, they would not start. Once it connects, they roll.
 func TestSecretRenamedToOneThatDoesNotConnectKeepsThePods(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("renamed", 10)
@@ -213,6 +218,7 @@ func TestSecretRenamedToOneThatDoesNotConnectKeepsThePods(t *testing.T) {
 // gated with the connections opened before (pausing it still closes it), its
 // pods are not rolled onto the new values, and Ready says what is wrong.
 func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, secret, key, reason string
 		dead                      func(port int) string

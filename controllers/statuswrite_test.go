@@ -29,6 +29,7 @@ import (
 // and the ledger can be read, even when nothing changes, and left as it was
 // when they cannot, so stale counts show as such.
 func TestCountsSayHowOldTheyAre(t *testing.T) {
+	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	e.countsStamp = time.Second
@@ -63,6 +64,7 @@ func TestCountsSayHowOldTheyAre(t *testing.T) {
 // as recovered just now). What it did is still said: here it paused the
 // sale, as the older spec asked.
 func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("behind", 10)
@@ -112,6 +114,7 @@ func TestStatusFromAStaleCacheIsNotWritten(t *testing.T) {
 // made while a reconcile runs does not cost that reconcile its status write:
 // what it found (new counts here, a rebuild in earnest) is written.
 func TestStatusIsWrittenOverAChangeThatLeftItAlone(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.countsStamp = 100 * time.Millisecond // every reconcile writes the status
 	e.statusRefresh = time.Minute          // and none runs unless asked
@@ -137,6 +140,7 @@ func TestStatusIsWrittenOverAChangeThatLeftItAlone(t *testing.T) {
 // While reservations move the counts, the status is written about once per
 // refresh (1 s here), not once per reconcile that each write would start.
 func TestStatusWritesFollowTheRefresh(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	fs := e.openSale("busy", 1000)
@@ -174,6 +178,7 @@ func TestStatusWritesFollowTheRefresh(t *testing.T) {
 // phases (here a Secret deleted mid-sale) keeps Ready False with a steady
 // lastTransitionTime, instead of a True then False on every status refresh.
 func TestReadyDoesNotFlapWhileNotReady(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.apply(e.sale("steady", 10))

@@ -27,6 +27,7 @@ import (
 // is not the sale's) is named in Ready, and the sale is still gated and
 // observed on time: the schedule's end closes it.
 func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.create(e.foreignDeployment("clash-reserve"))
 	e.startController()
@@ -76,6 +77,7 @@ func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
 // fought the Deployment controller over its revision annotation), and when
 // one is, labels and annotations others keep on it stay.
 func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("quiet", 10)
@@ -118,6 +120,7 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 // Deployment, which is then left alone; so is a field someone else adds (a
 // policy engine's toleration), and a quantity the API server rounds.
 func TestPodPlacementFollowsTheSpec(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	s := e.sale("placed", 10)
@@ -180,6 +183,7 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 // nodeSelector value that is not a label value) is named in Ready, the sale
 // goes on being gated, and fixing the spec clears it.
 func TestPodPlacementTheAPIServerRefusesIsNamed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("misplaced", 10)
@@ -207,6 +211,7 @@ func TestPodPlacementTheAPIServerRefusesIsNamed(t *testing.T) {
 // spec.reservation.replicas, the reserve Deployment follows, and the scale's
 // status reports the pods and their selector.
 func TestScaleSubresource(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("scaled", 10)
