@@ -28,8 +28,6 @@ type campaignConn struct {
 	ledger *ledger.Ledger
 	engine *engine.Engine
 	runIDs map[string]string // Redis run ids seen at the last healthy check
-	// rebuiltEpoch is the epoch of the last rebuild this connection made.
-	rebuiltEpoch int64
 }
 
 func (c *campaignConn) close() {
@@ -39,15 +37,15 @@ func (c *campaignConn) close() {
 }
 
 // runIDsChanged compares the Redis servers holding the sale's shards now with
-// those verified before (this connection's memory, else the sale's status,
+// those verified before (this connection's memory, else the ledger's record,
 // which survives an operator restart). It reports why the data may be older
 // than the ledger: a server restarted (its run id changed), or a server not
 // seen before holds shards (a failover promoted a replica). Nothing known
 // before (a new sale) is no change, and neither is a known server reached under
 // another address (a new DNS name or IP for the same process: same run id).
-func (c *campaignConn) runIDsChanged(status []flashsalev1alpha1.RedisServerStatus, now map[string]string) (string, bool) {
+func (c *campaignConn) runIDsChanged(recorded []flashsalev1alpha1.RedisServerStatus, now map[string]string) (string, bool) {
 	known := map[string]string{}
-	for _, srv := range status {
+	for _, srv := range recorded {
 		known[srv.Address] = srv.RunID
 	}
 	maps.Copy(known, c.runIDs)

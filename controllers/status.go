@@ -105,6 +105,9 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		ready(c.reason, c.message)
 	}
 
+	if f.lost != "" {
+		set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, lostMessage(f.lost))
+	}
 	// What stopped the reconcile, if anything: at most one of these.
 	switch {
 	case f.refErr != nil && !f.refsKept:
@@ -127,9 +130,7 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		ready(ReasonLedgerMismatch, msg)
 		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+msg)
 	case f.lost != "":
-		st.Phase = flashsalev1alpha1.PhaseFailClosed
 		msg := lostMessage(f.lost)
-		set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, msg)
 		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
 		ready(ReasonFailClosed, msg)
 	case f.rebuildErr != nil:
@@ -141,6 +142,10 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		} else {
 			st.Phase = flashsalev1alpha1.PhaseRebuilding
 		}
+	}
+	if f.lost != "" {
+		// The shards were failed closed, whatever stopped the reconcile next.
+		st.Phase = flashsalev1alpha1.PhaseFailClosed
 	}
 	if !f.completed && f.closed != "" {
 		// observe did not finish: the phase says what the shards hold.

@@ -184,6 +184,10 @@ func TestComputeStatus(t *testing.T) {
 					t.Errorf("Ready: %+v", c)
 				}
 			}},
+		{name: "failed closed, then the ledger did not take the record", facts: stopped(func(f *facts) {
+			f.lost, f.outage = "shard 0 has no meta", ledgerDown
+		}), phase: flashsalev1alpha1.PhaseFailClosed,
+			conds: want{"LedgerHealthy": "False/Unreachable", "Ready": "False/LedgerUnreachable", "RedisHealthy": "False/RedisDataLost"}},
 		{name: "the rebuild failed on Redis", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseFailClosed },
 			facts: stopped(func(f *facts) { f.rebuildErr = redisDown }), phase: flashsalev1alpha1.PhaseRebuilding,
 			conds: want{"Ready": "False/RebuildFailed", "Admitting": "False/FailClosed", "LedgerHealthy": "True/Reachable"}},

@@ -72,9 +72,9 @@ var errStaleStatus = errors.New("the status was read from a copy older than the 
 //
 // A reconcile that read the sale from a cache behind the last status write
 // (a child's event queued it meanwhile) would write conditions computed from
-// the older status: it gets errStaleStatus (a conflict) and runs again. Only
-// the record of a rebuild it did is written, which no later reconcile could
-// tell.
+// the older status: it gets errStaleStatus (a conflict) and runs again. What
+// must outlive it (the record of a rebuild, the servers it verified) is in
+// the ledger, and the next reconcile reports it.
 //
 // A conflict with a change that left the status as it was read (the spec,
 // labels, finalizers) is no reason to drop what this reconcile found: the
@@ -90,37 +90,15 @@ func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flash
 		if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
 			return err
 		}
-		stale := !equality.Semantic.DeepEqual(live.Status, before.Status)
-		if stale || attempt == 3 {
-			if perr := r.keepRebuildRecord(ctx, before, fs, live); perr != nil {
-				return perr
-			}
-			if stale {
-				return fmt.Errorf("%w: %w", errStaleStatus, err)
-			}
+		if !equality.Semantic.DeepEqual(live.Status, before.Status) {
+			return fmt.Errorf("%w: %w", errStaleStatus, err)
+		}
+		if attempt == 3 {
 			return err
 		}
 		from = before.DeepCopy()
 		from.ResourceVersion = live.ResourceVersion
 	}
-}
-
-// keepRebuildRecord writes, over the stored status, the record of a rebuild
-// this reconcile did (lastRebuild, and the Redis servers' run ids it rebuilt
-// on, without which a restarted operator would take them for restarted and
-// rebuild again). Unguarded: these two fields are this reconcile's alone.
-func (r *FlashSaleReconciler) keepRebuildRecord(ctx context.Context, before, fs, live *flashsalev1alpha1.FlashSale) error {
-	rb := fs.Status.LastRebuild
-	if rb == nil || equality.Semantic.DeepEqual(rb, before.Status.LastRebuild) {
-		return nil
-	}
-	rebuilt := live.DeepCopy()
-	rebuilt.Status.LastRebuild = rb
-	rebuilt.Status.RedisServers = fs.Status.RedisServers
-	if equality.Semantic.DeepEqual(rebuilt.Status, live.Status) {
-		return nil
-	}
-	return r.Status().Patch(ctx, rebuilt, client.MergeFrom(live))
 }
 
 // healthEvents says when Redis or the ledger stops answering, or refuses the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,7 @@ import (
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -28,17 +30,12 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	defer cancel()
 	eng := s.conn.engine
 	lost, why := false, ""
-	// firstSeed: the sale never showed as seeded. Shards missing then are most
-	// likely a first seeding cut short (an operator restart, a Redis refusal
-	// fixed since): they are written from the ledger as a rebuild would, and
-	// reported as data loss only if the ledger shows the sale had taken
-	// reservations.
-	firstSeed := false
+	// seededBefore: only the status can tell that a ledger without the
+	// campaign is not the sale's (the ledger cannot witness its own loss).
 	res, err := eng.SeedSale(ctx, s.window.Gate, s.fs.Status.Epoch > 0)
 	switch {
 	case errors.Is(err, engine.ErrNeedsRebuild):
 		lost, why = true, err.Error()
-		firstSeed = s.fs.Status.Epoch == 0 && !meta.IsStatusConditionTrue(s.fs.Status.Conditions, flashsalev1alpha1.ConditionSeeded)
 	case errors.Is(err, engine.ErrLedgerMismatch):
 		// Neither seeded nor rebuilt: either would trust a ledger that does
 		// not hold what was sold. Pods writing to it are fenced (no campaign).
@@ -56,6 +53,17 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	if res.Seeded > 0 {
 		s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d)", res.Campaign.Allocation, res.Seeded, res.Campaign.Epoch)
 	}
+	// What the ledger keeps for the operator (the servers verified before,
+	// the last rebuild) decides, and the status reports it.
+	rec, err := eng.Record(ctx)
+	if err != nil {
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	s.lastRebuild = rebuildStatus(rec.LastRebuild)
+	if len(rec.Servers) > 0 {
+		s.servers = redisServers(rec.Servers)
+	}
 	srv, err := eng.Store().Servers(ctx)
 	if err != nil {
 		r.unhealthy(s, err)
@@ -63,29 +71,33 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	}
 	ids := srv.RunIDs
 	if !lost {
-		why, lost = s.conn.runIDsChanged(s.fs.Status.RedisServers, ids)
+		why, lost = s.conn.runIDsChanged(redisServers(rec.Servers), ids)
 	}
-	phase := s.fs.Status.Phase
-	if !lost && s.conn.rebuiltEpoch == res.Campaign.Epoch && s.conn.rebuiltEpoch > 0 &&
-		(phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding) {
-		// This connection rebuilt the shards at the ledger's epoch and nothing
-		// is lost since: the phase read is older than that rebuild's status
-		// write (a cache that has not caught up), not a reason to rebuild again.
-		phase = ""
-	}
-	needsRebuild := lost || phase == flashsalev1alpha1.PhaseFailClosed || phase == flashsalev1alpha1.PhaseRebuilding
-	if needsRebuild && !firstSeed && phase != flashsalev1alpha1.PhaseFailClosed && phase != flashsalev1alpha1.PhaseRebuilding {
-		// Close every shard at once (shards without meta already refuse), say so, and
-		// rebuild on the next reconcile, right after this status is written.
-		// On a context of its own: a slow ledger may have spent the phase's.
+	// firstSeed: the sale was never recorded as seeded (its servers are
+	// recorded once it is). Shards missing then are most likely a first
+	// seeding cut short (an operator restart, a Redis refusal fixed since):
+	// they are written from the ledger as a rebuild would, and reported as
+	// data loss only if the ledger shows the sale had taken reservations.
+	firstSeed := lost && rec.Servers == nil && rec.LastRebuild == nil
+	// Redis and the ledger decide, never the status: a loss found now, or
+	// shards failed closed before and not rebuilt since.
+	due := rec.RebuildDue()
+	needsRebuild := lost || due
+	if needsRebuild && !firstSeed && !due {
+		// Close every shard at once (shards without meta already refuse), say
+		// so, record it, and rebuild on the next reconcile, right after this
+		// status is written. On a context of its own: a slow ledger may have
+		// spent the phase's.
 		cctx, cancel := closingContext(ctx)
 		_, _ = eng.Store().SetGate(cctx, stock.StateFailClosed, 0)
 		cancel()
 		s.lost = why
-		msg := lostMessage(why)
-		// Found against the status read (its phase, its servers' run ids):
-		// a stale read finds the same loss again and must not say it twice.
-		s.statusEvent(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", msg)
+		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(why))
+		if err := eng.RecordFailClosed(ctx, ledger.FailClosedRecord{Time: s.now, Reason: truncate(why, 256), Epoch: res.Campaign.Epoch}); err != nil {
+			// Found again, and recorded, once the ledger answers.
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
 		s.result.RequeueAfter = time.Millisecond
 		return true, nil
 	}
@@ -107,38 +119,64 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		ctx, cancel = context.WithTimeout(unbounded, r.phaseTimeout())
 		defer cancel()
 		s.epoch = rep.Epoch
-		s.conn.rebuiltEpoch = rep.Epoch
 		s.rebuilt = &rep
 		if firstSeed && rep.Reserved == 0 && rep.Sold == 0 {
 			s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d), completing a first seeding that was cut short (%s)",
 				s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
-			return r.afterSeed(ctx, s, ids, srv)
+			return r.afterSeed(ctx, s, rec.Servers, srv)
 		}
 		if firstSeed {
 			s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
 		}
-		s.lastRebuild = &flashsalev1alpha1.RebuildStatus{
-			Time: metav1.NewTime(s.now), Reason: truncate(why, 256),
-			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, RestoredOrders: rep.Restored,
-			DurationSeconds: fmt.Sprintf("%.3f", rep.Duration.Seconds()),
-		}
+		rb := ledger.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
+			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, Restored: rep.Restored, Duration: rep.Duration}
 		if why == "" {
-			s.lastRebuild.Reason = "resumed after the sale failed closed"
+			rb.Reason = "resumed after the sale failed closed"
 		}
+		// Kept in the ledger with the servers it rebuilt on: a later
+		// reconcile, or another operator, must not take them for restarted
+		// and rebuild again, whatever status it reads.
+		if err := eng.RecordRebuild(ctx, rb, ids); err != nil {
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+		s.lastRebuild = rebuildStatus(&rb)
 		// The phase above is what the rebuilt shards say, until observe
 		// recomputes it: a later phase that stops early must not leave it blank.
 		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
 			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
 	}
-	return r.afterSeed(ctx, s, ids, srv)
+	return r.afterSeed(ctx, s, rec.Servers, srv)
 }
 
-// afterSeed records the Redis servers that hold the verified shards, stamps
-// shards seeded before metas recorded their server, and reports Redis health.
-func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, ids map[string]string, srv stock.ServerCheck) (bool, error) {
+// rebuildStatus is the status form of the ledger's rebuild record (nil for none).
+func rebuildStatus(rb *ledger.RebuildRecord) *flashsalev1alpha1.RebuildStatus {
+	if rb == nil {
+		return nil
+	}
+	return &flashsalev1alpha1.RebuildStatus{
+		// The status keeps whole seconds: a finer time would differ from the
+		// stored one at every reconcile.
+		Time: metav1.NewTime(rb.Time.Truncate(time.Second)), Reason: rb.Reason,
+		Available: rb.Available, Reserved: rb.Reserved, Sold: rb.Sold, RestoredOrders: rb.Restored,
+		DurationSeconds: fmt.Sprintf("%.3f", rb.Duration.Seconds()),
+	}
+}
+
+// afterSeed records the Redis servers that hold the verified shards (in the
+// ledger, where known says what it holds, and in the status), stamps shards
+// seeded before metas recorded their server, and reports Redis health.
+func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map[string]string, srv stock.ServerCheck) (bool, error) {
 	eng := s.conn.engine
+	ids := srv.RunIDs
 	s.conn.rememberRunIDs(ids)
 	s.servers = redisServers(ids)
+	if len(ids) > 0 && !maps.Equal(known, ids) {
+		if err := eng.RecordServers(ctx, ids); err != nil {
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+	}
 	// Shards seeded before metas recorded their server get it now, verified.
 	if _, err := eng.Store().Stamp(ctx); err != nil {
 		r.unhealthy(s, err)
