@@ -19,7 +19,6 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // finalize closes the gates, deletes the Redis keys and the children, marks the
@@ -80,8 +79,8 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 			// The deletion waits for the ledger; the sale is ended meanwhile,
 			// through Redis alone.
 			cctx, cancel := closingContext(ctx)
-			store, done := redisOnly(fs, &refs)
-			_, _ = store.SetGate(cctx, stock.StateEnded, 0)
+			gates, done := redisOnly(fs, &refs)
+			_ = gates.End(cctx)
 			done()
 			cancel()
 		}

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -21,12 +22,19 @@ func closingContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 }
 
-// redisOnly is the sale's Store on a Redis client of its own, for closing
+// redisOnly is the sale's gates on a Redis client of its own, for closing
 // the sale when its connections did not open because the ledger did not;
 // done closes the client.
-func redisOnly(fs *flashsalev1alpha1.FlashSale, refs *references) (store *stock.Store, done func()) {
+func redisOnly(fs *flashsalev1alpha1.FlashSale, refs *references) (gates *engine.Gates, done func()) {
 	rdb := refs.redis.Client()
-	return stock.New(rdb, string(fs.UID), int(resolve(fs).shards)), func() { _ = rdb.Close() }
+	return engine.RedisGates(rdb, string(fs.UID), int(resolve(fs).shards)), func() { _ = rdb.Close() }
+}
+
+// shardGates reads and closes the shards' gates: the sale's engine, or its
+// Redis alone (redisOnly).
+type shardGates interface {
+	ShardStates(ctx context.Context) ([]stock.ShardState, error)
+	CloseOpen(ctx context.Context, gate string) ([]int, error)
 }
 
 // closeFirst writes the closing gate the spec asks for (paused, ended, not
@@ -36,7 +44,7 @@ func redisOnly(fs *flashsalev1alpha1.FlashSale, refs *references) (store *stock.
 // refused by a full PostgreSQL) must not keep a paused or ended sale
 // selling. Opening waits for the ledger (applyGates).
 func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, error) {
-	s.closed = r.closeShards(ctx, s, s.conn.engine.Store())
+	s.closed = r.closeShards(ctx, s, s.conn.engine)
 	return false, nil
 }
 
@@ -45,7 +53,7 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 // schedule has moved past, which applyGates writes once the ledger answers),
 // and returns the gate when every shard is known to hold it. A shard being
 // rebuilt is left to the rebuild, which opens it in the gate of its moment.
-func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *stock.Store) string {
+func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store shardGates) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
 	if gate == stock.StateOpen {
 		return ""
@@ -53,7 +61,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	// The read has a context of its own: one that hangs must not spend the
 	// write's time.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout/2)
-	states, err := store.State(rctx)
+	states, err := store.ShardStates(rctx)
 	rcancel()
 	ctx, cancel := closingContext(ctx)
 	defer cancel()
@@ -118,7 +126,7 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 	if s.window.Gate != s.closed {
 		s.closed = "" // the schedule moved on since closeFirst
 	}
-	states, err := s.conn.engine.Store().State(ctx)
+	states, err := s.conn.engine.ShardStates(ctx)
 	if err != nil {
 		r.unhealthy(s, err)
 		return true, nil

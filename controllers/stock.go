@@ -64,7 +64,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	if len(rec.Servers) > 0 {
 		s.servers = redisServers(rec.Servers)
 	}
-	srv, err := eng.Store().Servers(ctx)
+	srv, err := eng.Servers(ctx)
 	if err != nil {
 		r.unhealthy(s, err)
 		return true, nil
@@ -89,7 +89,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		// status is written. On a context of its own: a slow ledger may have
 		// spent the phase's.
 		cctx, cancel := closingContext(ctx)
-		_, _ = eng.Store().SetGate(cctx, stock.StateFailClosed, 0)
+		_ = eng.FailClose(cctx)
 		cancel()
 		s.lost = why
 		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(why))
@@ -178,7 +178,7 @@ func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map
 		}
 	}
 	// Shards seeded before metas recorded their server get it now, verified.
-	if _, err := eng.Store().Stamp(ctx); err != nil {
+	if _, err := eng.StampShards(ctx); err != nil {
 		r.unhealthy(s, err)
 		return true, nil
 	}

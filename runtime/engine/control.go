@@ -3,7 +3,10 @@ package engine
 import (
 	"context"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // Record is what the ledger keeps of the campaign for the operator: the
@@ -42,4 +45,60 @@ func (e *Engine) RecordFailClosed(ctx context.Context, fc ledger.FailClosedRecor
 		return ledgerFailure("campaign record", err)
 	}
 	return nil
+}
+
+// ShardStates reads every shard's gate, epoch and stock, and whether the
+// server holding it is the one that wrote it (stock.Store.State).
+func (e *Engine) ShardStates(ctx context.Context) ([]stock.ShardState, error) {
+	return e.store.State(ctx)
+}
+
+// CloseOpen writes the closing gate on every shard that is OPEN, whatever its
+// epoch, and says per shard what came of it (stock.GateSet when written).
+func (e *Engine) CloseOpen(ctx context.Context, gate string) ([]int, error) {
+	return e.store.CloseOpen(ctx, gate)
+}
+
+// FailClose closes every shard that has a meta, whatever its epoch, until a
+// rebuild reopens it (shards without one refuse already).
+func (e *Engine) FailClose(ctx context.Context) error {
+	_, err := e.store.SetGate(ctx, stock.StateFailClosed, 0)
+	return err
+}
+
+// Servers reads the run ids of the Redis servers holding the shards, and
+// whether one may evict keys.
+func (e *Engine) Servers(ctx context.Context) (stock.ServerCheck, error) {
+	return e.store.Servers(ctx)
+}
+
+// StampShards records, in the meta of shards seeded before metas recorded
+// their server, the server holding them now.
+func (e *Engine) StampShards(ctx context.Context) (int, error) {
+	return e.store.Stamp(ctx)
+}
+
+// Gates closes a campaign's shards through Redis alone, for a caller whose
+// ledger does not answer: closing needs no ledger (opening does).
+type Gates struct{ store *stock.Store }
+
+// RedisGates is the campaign's Gates on rdb.
+func RedisGates(rdb redis.UniversalClient, campaignID string, shards int) *Gates {
+	return &Gates{store: stock.New(rdb, campaignID, shards)}
+}
+
+// ShardStates is Engine.ShardStates.
+func (g *Gates) ShardStates(ctx context.Context) ([]stock.ShardState, error) {
+	return g.store.State(ctx)
+}
+
+// CloseOpen is Engine.CloseOpen.
+func (g *Gates) CloseOpen(ctx context.Context, gate string) ([]int, error) {
+	return g.store.CloseOpen(ctx, gate)
+}
+
+// End writes ENDED on every shard that has a meta, whatever its epoch.
+func (g *Gates) End(ctx context.Context) error {
+	_, err := g.store.SetGate(ctx, stock.StateEnded, 0)
+	return err
 }
