@@ -30,13 +30,6 @@ func redisOnly(fs *flashsalev1alpha1.FlashSale, refs *references) (gates *engine
 	return engine.RedisGates(rdb, string(fs.UID), int(resolve(fs).shards)), func() { _ = rdb.Close() }
 }
 
-// shardGates reads and closes the shards' gates: the sale's engine, or its
-// Redis alone (redisOnly).
-type shardGates interface {
-	ShardStates(ctx context.Context) ([]stock.ShardState, error)
-	CloseOpen(ctx context.Context, gate string) ([]int, error)
-}
-
 // closeFirst writes the closing gate the spec asks for (paused, ended, not
 // yet started) before any phase that needs the ledger. Closing needs only
 // Redis, and a ledger that hangs or refuses the operator while the reserve
@@ -44,7 +37,7 @@ type shardGates interface {
 // refused by a full PostgreSQL) must not keep a paused or ended sale
 // selling. Opening waits for the ledger (applyGates).
 func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, error) {
-	s.closed = r.closeShards(ctx, s, s.conn.engine)
+	s.closed = r.closeShards(ctx, s, s.conn.engine.Gates())
 	return false, nil
 }
 
@@ -53,7 +46,7 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 // schedule has moved past, which applyGates writes once the ledger answers),
 // and returns the gate when every shard is known to hold it. A shard being
 // rebuilt is left to the rebuild, which opens it in the gate of its moment.
-func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store shardGates) string {
+func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *engine.Gates) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
 	if gate == stock.StateOpen {
 		return ""
@@ -126,7 +119,7 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 	if s.window.Gate != s.closed {
 		s.closed = "" // the schedule moved on since closeFirst
 	}
-	states, err := s.conn.engine.ShardStates(ctx)
+	states, err := s.conn.engine.Gates().ShardStates(ctx)
 	if err != nil {
 		r.unhealthy(s, err)
 		return true, nil

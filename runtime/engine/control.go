@@ -47,17 +47,8 @@ func (e *Engine) RecordFailClosed(ctx context.Context, fc ledger.FailClosedRecor
 	return nil
 }
 
-// ShardStates reads every shard's gate, epoch and stock, and whether the
-// server holding it is the one that wrote it (stock.Store.State).
-func (e *Engine) ShardStates(ctx context.Context) ([]stock.ShardState, error) {
-	return e.store.State(ctx)
-}
-
-// CloseOpen writes the closing gate on every shard that is OPEN, whatever its
-// epoch, and says per shard what came of it (stock.GateSet when written).
-func (e *Engine) CloseOpen(ctx context.Context, gate string) ([]int, error) {
-	return e.store.CloseOpen(ctx, gate)
-}
+// Gates reads and closes the campaign's shards on the engine's Redis.
+func (e *Engine) Gates() *Gates { return &Gates{store: e.store} }
 
 // FailClose closes every shard that has a meta, whatever its epoch, until a
 // rebuild reopens it (shards without one refuse already).
@@ -78,8 +69,9 @@ func (e *Engine) StampShards(ctx context.Context) (int, error) {
 	return e.store.Stamp(ctx)
 }
 
-// Gates closes a campaign's shards through Redis alone, for a caller whose
-// ledger does not answer: closing needs no ledger (opening does).
+// Gates reads and closes a campaign's shards through Redis alone: closing
+// needs no ledger (opening does), so a caller whose ledger does not answer
+// can still close a sale.
 type Gates struct{ store *stock.Store }
 
 // RedisGates is the campaign's Gates on rdb.
@@ -87,12 +79,14 @@ func RedisGates(rdb redis.UniversalClient, campaignID string, shards int) *Gates
 	return &Gates{store: stock.New(rdb, campaignID, shards)}
 }
 
-// ShardStates is Engine.ShardStates.
+// ShardStates reads every shard's gate, epoch and stock, and whether the
+// server holding it is the one that wrote it (stock.Store.State).
 func (g *Gates) ShardStates(ctx context.Context) ([]stock.ShardState, error) {
 	return g.store.State(ctx)
 }
 
-// CloseOpen is Engine.CloseOpen.
+// CloseOpen writes the closing gate on every shard that is OPEN, whatever its
+// epoch, and says per shard what came of it (stock.GateSet when written).
 func (g *Gates) CloseOpen(ctx context.Context, gate string) ([]int, error) {
 	return g.store.CloseOpen(ctx, gate)
 }
