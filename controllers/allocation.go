@@ -9,8 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // applyAllocation brings the allocation to spec.allocation exactly once: a raise
@@ -19,16 +17,16 @@ import (
 func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bool, error) {
 	eng := s.conn.engine
 	want := s.fs.Spec.Allocation
-	c, err := eng.Ledger().GetCampaign(ctx, string(s.fs.UID))
+	inEffect, err := eng.Allocation(ctx)
 	if err != nil {
-		r.unhealthy(s, &ledgerError{err})
+		r.unhealthy(s, classify(err))
 		return true, nil
 	}
 	s.ledgerOK = true
 	// A spec that is refused or still being applied is not observed: the
 	// generation stays unobserved until it is in effect.
 	refuse := func(sold, reserved int64) {
-		msg := fmt.Sprintf("allocation %d refused: %d units are sold and %d reserved; allocation %d stays in effect", want, sold, reserved, c.Allocation)
+		msg := fmt.Sprintf("allocation %d refused: %d units are sold and %d reserved; allocation %d stays in effect", want, sold, reserved, inEffect)
 		// One event per refused spec: the counts in the message change with
 		// every reservation.
 		if cond := meta.FindStatusCondition(s.fs.Status.Conditions, ConditionAllocationApplied); cond == nil ||
@@ -37,7 +35,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		}
 		s.allocation = &allocationVerdict{reason: ReasonAllocationRefused, message: msg}
 	}
-	if want < c.Allocation {
+	if want < inEffect {
 		counts, err := eng.Counts(ctx)
 		if err != nil {
 			r.unhealthy(s, classify(err))
@@ -45,7 +43,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		}
 		if want < counts.Sold+counts.Reserved {
 			// Units withdrawn by an earlier attempt go back to the stock.
-			if _, err := eng.ApplyAllocation(ctx, c.Allocation); err != nil {
+			if _, err := eng.ApplyAllocation(ctx, inEffect); err != nil {
 				r.unhealthy(s, classify(err))
 				return true, nil
 			}
@@ -70,7 +68,7 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		s.allocation = &allocationVerdict{reason: ReasonAllocationPending, message: msg}
 		s.requeueAfter(retryUnhealthy)
 		return false, nil
-	case errors.Is(err, stock.ErrRebuilt), errors.Is(err, ledger.ErrEpochChanged):
+	case errors.Is(err, engine.ErrRebuilt), errors.Is(err, engine.ErrEpochChanged):
 		// A rebuild ran meanwhile (another operator's, during a leadership
 		// handover): the change is applied over its result at the next try.
 		s.allocation = &allocationVerdict{reason: ReasonAllocationRetried,
@@ -82,10 +80,10 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		return true, nil
 	}
 	switch {
-	case changed && want > c.Allocation:
-		s.event(corev1.EventTypeNormal, ReasonRestocked, "Added %d units: allocation %d → %d", want-c.Allocation, c.Allocation, want)
-	case changed && want < c.Allocation:
-		s.event(corev1.EventTypeNormal, ReasonAllocationLowered, "Removed %d units from available stock: allocation %d → %d", c.Allocation-want, c.Allocation, want)
+	case changed && want > inEffect:
+		s.event(corev1.EventTypeNormal, ReasonRestocked, "Added %d units: allocation %d → %d", want-inEffect, inEffect, want)
+	case changed && want < inEffect:
+		s.event(corev1.EventTypeNormal, ReasonAllocationLowered, "Removed %d units from available stock: allocation %d → %d", inEffect-want, inEffect, want)
 	}
 	s.allocation = &allocationVerdict{applied: true, reason: ReasonApplied, message: fmt.Sprintf("allocation %d is in effect", want)}
 	return false, nil

@@ -14,8 +14,6 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // connect reads the referenced Secrets and opens (or reuses) the Redis and ledger
@@ -123,16 +121,16 @@ func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
 		return failure{flashsalev1alpha1.ConditionRedisHealthy, reason, readyReason, err.Error()}
 	}
 	switch {
-	case errors.As(err, &le) && errors.Is(err, ledger.ErrBadDSN):
+	case errors.As(err, &le) && errors.Is(err, engine.ErrBadDSN):
 		return onLedger(ReasonInvalid, ReasonLedgerSecretInvalid,
 			fmt.Sprintf("ledger Secret %q key %q: %s", fs.Spec.Postgres.SecretRef.Name, resolve(fs).postgresKey, le.err.Error()))
 	case errors.As(err, &le) && pgForbidden(err):
 		return onLedger(ReasonForbidden, ReasonLedgerForbidden, "PostgreSQL ledger refused the operator: "+le.err.Error())
 	case errors.As(err, &le):
 		return onLedger(ReasonUnreachable, ReasonLedgerUnreachable, err.Error())
-	case errors.Is(err, stock.ErrEvictionPolicy):
+	case errors.Is(err, engine.ErrEvictionPolicy):
 		return onRedis(ReasonEvictionPolicy, ReasonRedisEvictionPolicy)
-	case errors.Is(err, stock.ErrRedisTooOld):
+	case errors.Is(err, engine.ErrRedisTooOld):
 		return onRedis(ReasonUnsupported, ReasonRedisUnsupported)
 	case redis.IsAuthError(err) || redis.IsPermissionError(err):
 		// Wrong credentials, or an ACL user without a command the operator needs.
@@ -180,5 +178,5 @@ func ledgerUnreachable(fs *flashsalev1alpha1.FlashSale) bool {
 func pingLedger(ctx context.Context, c *campaignConn) error {
 	ctx, cancel := context.WithTimeout(ctx, replaceTimeout)
 	defer cancel()
-	return c.ledger.Ping(ctx)
+	return c.engine.PingLedger(ctx)
 }

@@ -10,7 +10,6 @@ import (
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // closeTimeout bounds a closing gate written ahead of the ledger phases.
@@ -48,7 +47,7 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 // rebuilt is left to the rebuild, which opens it in the gate of its moment.
 func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *engine.Gates) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
-	if gate == stock.StateOpen {
+	if gate == engine.StateOpen {
 		return ""
 	}
 	// The read has a context of its own: one that hangs must not spend the
@@ -63,7 +62,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	open, others := false, err == nil
 	for _, st := range states {
 		switch {
-		case st.State == stock.StateOpen:
+		case st.State == engine.StateOpen:
 			open = true
 		case st.State != gate:
 			others = false
@@ -81,7 +80,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		log.FromContext(ctx).Error(err, "closing the sale", "gate", gate)
 		return ""
 	}
-	if i := slices.IndexFunc(out, func(n int) bool { return n != stock.GateSet }); i >= 0 {
+	if i := slices.IndexFunc(out, func(n int) bool { return n != engine.GateSet }); i >= 0 {
 		log.FromContext(ctx).Info("a shard was not closed (no meta, or being rebuilt)", "gate", gate, "shard", i, "outcome", out[i])
 		return ""
 	}
@@ -99,9 +98,9 @@ func closedPhase(gate string, cur flashsalev1alpha1.FlashSalePhase) flashsalev1a
 	switch {
 	case cur == flashsalev1alpha1.PhaseFailClosed || cur == flashsalev1alpha1.PhaseRebuilding:
 		return cur
-	case gate == stock.StatePaused:
+	case gate == engine.StatePaused:
 		return flashsalev1alpha1.PhasePaused
-	case gate == stock.StateNotStarted:
+	case gate == engine.StateNotStarted:
 		return flashsalev1alpha1.PhaseScheduled
 	case cur == flashsalev1alpha1.PhaseCompleted:
 		return cur
@@ -132,7 +131,7 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 			r.unhealthy(s, err)
 			return true, nil
 		}
-		if s.window.Gate != stock.StateOpen {
+		if s.window.Gate != engine.StateOpen {
 			s.closed = s.window.Gate
 		}
 		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
 // computeStatus is the one place the status is decided: the phase, every
@@ -91,9 +91,9 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		// Pending rows in the ledger count too: Completed means nothing can change any more.
 		st.Phase = salePhase(f.gate, c.Available, max(c.Reserved, c.Pending))
 		switch {
-		case f.gate == stock.StateOpen && c.Available > 0:
+		case f.gate == engine.StateOpen && c.Available > 0:
 			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
-		case f.gate == stock.StateOpen:
+		case f.gate == engine.StateOpen:
 			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
 		default:
 			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate))

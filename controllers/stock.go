@@ -13,8 +13,6 @@ import (
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // ensureStock seeds a new sale once, and detects and repairs Redis data loss: shards
@@ -93,7 +91,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		cancel()
 		s.lost = why
 		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(why))
-		if err := eng.RecordFailClosed(ctx, ledger.FailClosedRecord{Time: s.now, Reason: truncate(why, 256), Epoch: res.Campaign.Epoch}); err != nil {
+		if err := eng.RecordFailClosed(ctx, engine.FailClosedRecord{Time: s.now, Reason: truncate(why, 256), Epoch: res.Campaign.Epoch}); err != nil {
 			// Found again, and recorded, once the ledger answers.
 			r.unhealthy(s, classify(err))
 			return true, nil
@@ -128,7 +126,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		if firstSeed {
 			s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
 		}
-		rb := ledger.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
+		rb := engine.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
 			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, Restored: rep.Restored, Duration: rep.Duration}
 		if why == "" {
 			rb.Reason = "resumed after the sale failed closed"
@@ -150,7 +148,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 }
 
 // rebuildStatus is the status form of the ledger's rebuild record (nil for none).
-func rebuildStatus(rb *ledger.RebuildRecord) *flashsalev1alpha1.RebuildStatus {
+func rebuildStatus(rb *engine.RebuildRecord) *flashsalev1alpha1.RebuildStatus {
 	if rb == nil {
 		return nil
 	}
@@ -166,7 +164,7 @@ func rebuildStatus(rb *ledger.RebuildRecord) *flashsalev1alpha1.RebuildStatus {
 // afterSeed records the Redis servers that hold the verified shards (in the
 // ledger, where known says what it holds, and in the status), stamps shards
 // seeded before metas recorded their server, and reports Redis health.
-func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map[string]string, srv stock.ServerCheck) (bool, error) {
+func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map[string]string, srv engine.ServerCheck) (bool, error) {
 	eng := s.conn.engine
 	ids := srv.RunIDs
 	s.conn.rememberRunIDs(ids)

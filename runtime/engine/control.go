@@ -9,13 +9,53 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
+// What the controller reads of the shards and the ledger, under the engine's
+// names: the controller goes through the engine alone.
+const (
+	StateOpen       = stock.StateOpen
+	StateNotStarted = stock.StateNotStarted
+	StatePaused     = stock.StatePaused
+	StateEnded      = stock.StateEnded
+	// GateSet is Gates.CloseOpen's outcome for a shard whose gate was written.
+	GateSet = stock.GateSet
+)
+
+type (
+	// ShardState is one shard's gate, epoch and stock (Gates.ShardStates).
+	ShardState = stock.ShardState
+	// ServerCheck is the run ids of the servers holding the shards, and
+	// whether one may evict keys (Engine.Servers).
+	ServerCheck = stock.ServerCheck
+	// Record is the ledger's record of the campaign for the operator.
+	Record = ledger.Record
+	// RebuildRecord is a rebuild as the ledger keeps it.
+	RebuildRecord = ledger.RebuildRecord
+	// FailClosedRecord is a fail-close as the ledger keeps it.
+	FailClosedRecord = ledger.FailClosedRecord
+)
+
+var (
+	// ErrRebuilt: a shard is being rebuilt, or was rebuilt since the ledger
+	// was read (an allocation change is retried over the rebuild's result).
+	ErrRebuilt = stock.ErrRebuilt
+	// ErrEpochChanged: the campaign was rebuilt since units were withdrawn
+	// for a decrease.
+	ErrEpochChanged = ledger.ErrEpochChanged
+	// ErrEvictionPolicy: a Redis server holding shards may evict keys.
+	ErrEvictionPolicy = stock.ErrEvictionPolicy
+	// ErrRedisTooOld: a Redis server is older than the shards need.
+	ErrRedisTooOld = stock.ErrRedisTooOld
+	// ErrBadDSN: the ledger's connection string cannot be parsed (Dial).
+	ErrBadDSN = ledger.ErrBadDSN
+)
+
 // Record is what the ledger keeps of the campaign for the operator: the
 // Redis servers that held its verified shards and its last rebuild. It
 // outlives the operator's process, and the FlashSale's status reports it.
-func (e *Engine) Record(ctx context.Context) (ledger.Record, error) {
+func (e *Engine) Record(ctx context.Context) (Record, error) {
 	rec, err := e.ledger.GetRecord(ctx, e.cfg.CampaignID)
 	if err != nil {
-		return ledger.Record{}, ledgerFailure("campaign record", err)
+		return Record{}, ledgerFailure("campaign record", err)
 	}
 	return rec, nil
 }
@@ -31,7 +71,7 @@ func (e *Engine) RecordServers(ctx context.Context, servers map[string]string) e
 
 // RecordRebuild keeps a rebuild of the shards and the servers (address → run
 // id) it wrote them to.
-func (e *Engine) RecordRebuild(ctx context.Context, rb ledger.RebuildRecord, servers map[string]string) error {
+func (e *Engine) RecordRebuild(ctx context.Context, rb RebuildRecord, servers map[string]string) error {
 	if err := e.ledger.RecordRebuild(ctx, e.cfg.CampaignID, rb, servers); err != nil {
 		return ledgerFailure("campaign record", err)
 	}
@@ -40,7 +80,7 @@ func (e *Engine) RecordRebuild(ctx context.Context, rb ledger.RebuildRecord, ser
 
 // RecordFailClosed keeps the shards failed closed on a data loss: a rebuild
 // is due until one at a later epoch is recorded (ledger.Record.RebuildDue).
-func (e *Engine) RecordFailClosed(ctx context.Context, fc ledger.FailClosedRecord) error {
+func (e *Engine) RecordFailClosed(ctx context.Context, fc FailClosedRecord) error {
 	if err := e.ledger.RecordFailClosed(ctx, e.cfg.CampaignID, fc); err != nil {
 		return ledgerFailure("campaign record", err)
 	}
@@ -59,7 +99,7 @@ func (e *Engine) FailClose(ctx context.Context) error {
 
 // Servers reads the run ids of the Redis servers holding the shards, and
 // whether one may evict keys.
-func (e *Engine) Servers(ctx context.Context) (stock.ServerCheck, error) {
+func (e *Engine) Servers(ctx context.Context) (ServerCheck, error) {
 	return e.store.Servers(ctx)
 }
 
@@ -81,12 +121,12 @@ func RedisGates(rdb redis.UniversalClient, campaignID string, shards int) *Gates
 
 // ShardStates reads every shard's gate, epoch and stock, and whether the
 // server holding it is the one that wrote it (stock.Store.State).
-func (g *Gates) ShardStates(ctx context.Context) ([]stock.ShardState, error) {
+func (g *Gates) ShardStates(ctx context.Context) ([]ShardState, error) {
 	return g.store.State(ctx)
 }
 
 // CloseOpen writes the closing gate on every shard that is OPEN, whatever its
-// epoch, and says per shard what came of it (stock.GateSet when written).
+// epoch, and says per shard what came of it (GateSet when written).
 func (g *Gates) CloseOpen(ctx context.Context, gate string) ([]int, error) {
 	return g.store.CloseOpen(ctx, gate)
 }
