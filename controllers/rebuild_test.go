@@ -103,7 +103,7 @@ func TestRedisLostFailsClosedAndRebuilds(t *testing.T) {
 }
 
 // A reconcile that rebuilds the stock but read a stale status cannot write
-// that status (the write is refused as stale, and so are those of the
+// that status (the write is refused as a conflict, and so are those of the
 // reconciles that read the same copy). It can no longer matter: the
 // rebuild's record and the servers it rebuilt on are in the ledger, so the
 // stale copies do not rebuild again, an operator restarted meanwhile does

@@ -3,8 +3,6 @@ package controllers
 import (
 	"context"
 	"errors"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -43,7 +41,7 @@ const (
 	retryUnhealthy = 3 * time.Second
 	// conflictRetry is the wait before a reconcile whose status write met a
 	// newer version of the sale runs again: the cache is usually a few
-	// milliseconds behind.
+	// milliseconds behind a status written just before.
 	conflictRetry = 100 * time.Millisecond
 	idleRefresh   = 5 * time.Minute
 	// scheduledRefresh is the refresh of a sale that has not started: nothing
@@ -75,9 +73,6 @@ type FlashSaleReconciler struct {
 	// child that lost its labels, one that is not ours).
 	apiReader client.Reader
 	secrets   *secretReader
-	// staleReads counts, per sale, the reconciles in a row whose status
-	// read was older than the stored one (*atomic.Int32).
-	staleReads sync.Map
 }
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.
@@ -86,7 +81,6 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.conns.drop(req.NamespacedName)
-			r.staleReads.Delete(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -131,17 +125,16 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), statusWriteTime)
 	defer wcancel()
 	if werr := r.writeStatus(wctx, before, s); werr != nil {
-		if errors.Is(werr, errStaleStatus) && err == nil {
-			// Not an error: the cache has not caught up with a write yet. A
-			// cache that stays behind gets retries further apart.
-			n, _ := r.staleReads.LoadOrStore(req.NamespacedName, new(atomic.Int32))
-			after := min(conflictRetry<<min(n.(*atomic.Int32).Add(1)-1, 8), r.statusRefresh())
-			log.FromContext(ctx).Info("status read from a copy older than the stored one; reconciling again", "after", after)
-			return ctrl.Result{RequeueAfter: after}, nil
+		if apierrors.IsConflict(werr) && err == nil {
+			// Not an error: the sale changed since it was read (most often
+			// the cache has not caught up with a status write yet). The
+			// next reconcile reads it again and computes the status anew
+			// from Redis and the ledger, which hold what this one did.
+			log.FromContext(ctx).Info("the sale changed since it was read; reconciling again", "after", conflictRetry)
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
-	r.staleReads.Delete(req.NamespacedName)
 	return s.result, err
 }
 

@@ -2,13 +2,10 @@ package controllers
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,8 +18,11 @@ import (
 // a longer one is refused and the event lost.
 const eventNoteLimit = 1024
 
-// writeStatus patches the status, only when it changed, then emits the
-// events.
+// writeStatus writes the status, only when it changed, as one write guarded
+// by the resourceVersion read, then emits the events. A sale changed since it
+// was read (a status written since, a spec or metadata edit) is a conflict:
+// the caller reconciles again, and the status is computed anew from Redis and
+// the ledger rather than merged into the newer version.
 func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsalev1alpha1.FlashSale, s *scope) error {
 	if s.fs.Status.Phase != before.Status.Phase && s.fs.Status.Phase != "" {
 		s.statusEvent(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
@@ -36,12 +36,12 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 			// columns show 0 rather than nothing.
 			err = r.Status().Update(ctx, s.fs)
 		} else {
-			err = r.patchStatus(ctx, before, s.fs)
+			err = r.Status().Patch(ctx, s.fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 		}
 		if err != nil {
 			// What this reconcile did is still said: none of it is done
-			// again. What it found against the status it read comes from
-			// the next reconcile.
+			// again. What it found against the status it read, which may
+			// be older than the stored one, comes from the next reconcile.
 			r.emit(ctx, s, false)
 			return err
 		}
@@ -61,43 +61,6 @@ func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus boo
 		}
 		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
 		logger.Info(e.message, "event", e.kind, "reason", e.reason)
-	}
-}
-
-// errStaleStatus: the reconcile read a status older than the stored one.
-var errStaleStatus = errors.New("the status was read from a copy older than the stored one")
-
-// patchStatus writes fs's status as a patch from before, guarded by the
-// resourceVersion.
-//
-// A reconcile that read the sale from a cache behind the last status write
-// (a child's event queued it meanwhile) would write conditions computed from
-// the older status: it gets errStaleStatus (a conflict) and runs again. What
-// must outlive it (the record of a rebuild, the servers it verified) is in
-// the ledger, and the next reconcile reports it.
-//
-// A conflict with a change that left the status as it was read (the spec,
-// labels, finalizers) is no reason to drop what this reconcile found: the
-// patch is sent again on the newer version.
-func (r *FlashSaleReconciler) patchStatus(ctx context.Context, before, fs *flashsalev1alpha1.FlashSale) error {
-	from := before
-	for attempt := 1; ; attempt++ {
-		err := r.Status().Patch(ctx, fs, client.MergeFromWithOptions(from, client.MergeFromWithOptimisticLock{}))
-		if !apierrors.IsConflict(err) {
-			return err
-		}
-		live := &flashsalev1alpha1.FlashSale{}
-		if gerr := r.apiReader.Get(ctx, client.ObjectKeyFromObject(fs), live); gerr != nil || live.UID != fs.UID {
-			return err
-		}
-		if !equality.Semantic.DeepEqual(live.Status, before.Status) {
-			return fmt.Errorf("%w: %w", errStaleStatus, err)
-		}
-		if attempt == 3 {
-			return err
-		}
-		from = before.DeepCopy()
-		from.ResourceVersion = live.ResourceVersion
 	}
 }
 
