@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,7 +13,6 @@ import (
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
 // controllerLedgerConns bounds each FlashSale's ledger pool in the operator: it
@@ -25,29 +25,25 @@ const controllerLedgerConns = 4
 type campaignConn struct {
 	key    string // fingerprint of the references and engine config
 	rdb    redis.UniversalClient
-	ledger *ledger.Ledger
 	engine *engine.Engine
 	runIDs map[string]string // Redis run ids seen at the last healthy check
-	// rebuiltEpoch is the epoch of the last rebuild this connection made.
-	rebuiltEpoch int64
 }
 
 func (c *campaignConn) close() {
 	c.engine.Close()
-	c.ledger.Close()
 	_ = c.rdb.Close()
 }
 
 // runIDsChanged compares the Redis servers holding the sale's shards now with
-// those verified before (this connection's memory, else the sale's status,
+// those verified before (this connection's memory, else the ledger's record,
 // which survives an operator restart). It reports why the data may be older
 // than the ledger: a server restarted (its run id changed), or a server not
 // seen before holds shards (a failover promoted a replica). Nothing known
 // before (a new sale) is no change, and neither is a known server reached under
 // another address (a new DNS name or IP for the same process: same run id).
-func (c *campaignConn) runIDsChanged(status []flashsalev1alpha1.RedisServerStatus, now map[string]string) (string, bool) {
+func (c *campaignConn) runIDsChanged(recorded []flashsalev1alpha1.RedisServerStatus, now map[string]string) (string, bool) {
 	known := map[string]string{}
-	for _, srv := range status {
+	for _, srv := range recorded {
 		known[srv.Address] = srv.RunID
 	}
 	maps.Copy(known, c.runIDs)
@@ -103,26 +99,19 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 	// Opened without the lock: a sale whose PostgreSQL does not answer must
 	// not hold up the others' reconciles. One sale is never reconciled twice
 	// at once, so nobody else opens this one meanwhile.
-	l, err := ledger.Open(ctx, refs.postgresDSN, ledger.WithMaxConns(controllerLedgerConns))
-	if err != nil {
-		return nil, &ledgerError{err}
-	}
+	// Dial checks that Redis answers: without that, a Redis Secret changed
+	// to a dead address or a wrong password would replace connections that
+	// work.
 	rdb := refs.redis.Client()
-	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	e, err := engine.Dial(ctx, cfg, rdb, refs.postgresDSN, controllerLedgerConns)
 	if err != nil {
-		l.Close()
 		_ = rdb.Close()
+		if errors.Is(err, engine.ErrLedger) {
+			return nil, &ledgerError{err}
+		}
 		return nil, err
 	}
-	// A Redis client dials lazily: without this, a Redis Secret changed to a
-	// dead address or a wrong password would replace connections that work.
-	if err := e.Store().Ping(ctx); err != nil {
-		e.Close()
-		l.Close()
-		_ = rdb.Close()
-		return nil, fmt.Errorf("redis: %w", err)
-	}
-	c := &campaignConn{key: key, rdb: rdb, ledger: l, engine: e}
+	c := &campaignConn{key: key, rdb: rdb, engine: e}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if old, ok := cs.byKey[name]; ok {

@@ -1,6 +1,6 @@
 package controllers
 
-import "github.com/flashsale-dev/flashsale-operator/runtime/stock"
+import "github.com/flashsale-dev/flashsale-operator/runtime/engine"
 
 // ConditionAllocationApplied is True when spec.allocation is in effect.
 const ConditionAllocationApplied = "AllocationApplied"
@@ -64,11 +64,11 @@ const (
 
 func gateReason(gate string) string {
 	switch gate {
-	case stock.StateNotStarted:
+	case engine.StateNotStarted:
 		return ReasonNotStarted
-	case stock.StatePaused:
+	case engine.StatePaused:
 		return ReasonPaused
-	case stock.StateEnded:
+	case engine.StateEnded:
 		return ReasonEnded
 	}
 	return ReasonOpen
@@ -76,11 +76,11 @@ func gateReason(gate string) string {
 
 func gateMessage(gate string) string {
 	switch gate {
-	case stock.StateNotStarted:
+	case engine.StateNotStarted:
 		return "the schedule's start is ahead: reservations answer NOT_STARTED"
-	case stock.StatePaused:
+	case engine.StatePaused:
 		return "spec.paused is set: reservations answer PAUSED"
-	case stock.StateEnded:
+	case engine.StateEnded:
 		return "the schedule's end has passed: reservations answer ENDED"
 	}
 	return "reservations are admitted"

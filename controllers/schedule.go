@@ -4,13 +4,13 @@ import (
 	"time"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
 // window is where a sale stands relative to its schedule and pause switch, at a
 // given time. It decides the gate written to every shard.
 type window struct {
-	Gate string        // stock.StateOpen, StateNotStarted, StatePaused or StateEnded
+	Gate string        // engine.StateOpen, StateNotStarted, StatePaused or StateEnded
 	Next time.Duration // until the next schedule edge (0: none ahead)
 }
 
@@ -28,13 +28,13 @@ func saleWindow(spec *flashsalev1alpha1.FlashSaleSpec, now time.Time) window {
 	}
 	switch {
 	case !end.IsZero() && !now.Before(end):
-		return window{Gate: stock.StateEnded}
+		return window{Gate: engine.StateEnded}
 	case !start.IsZero() && now.Before(start):
-		return window{Gate: stock.StateNotStarted, Next: start.Sub(now)}
+		return window{Gate: engine.StateNotStarted, Next: start.Sub(now)}
 	}
-	w := window{Gate: stock.StateOpen}
+	w := window{Gate: engine.StateOpen}
 	if spec.Paused {
-		w.Gate = stock.StatePaused
+		w.Gate = engine.StatePaused
 	}
 	if !end.IsZero() {
 		w.Next = end.Sub(now)
@@ -46,14 +46,14 @@ func saleWindow(spec *flashsalev1alpha1.FlashSaleSpec, now time.Time) window {
 // Rebuilding) from its gate and counts.
 func salePhase(gate string, available, reserved int64) flashsalev1alpha1.FlashSalePhase {
 	switch gate {
-	case stock.StateNotStarted:
+	case engine.StateNotStarted:
 		return flashsalev1alpha1.PhaseScheduled
-	case stock.StateEnded:
+	case engine.StateEnded:
 		if reserved == 0 {
 			return flashsalev1alpha1.PhaseCompleted
 		}
 		return flashsalev1alpha1.PhaseEnded
-	case stock.StatePaused:
+	case engine.StatePaused:
 		return flashsalev1alpha1.PhasePaused
 	}
 	if available == 0 {

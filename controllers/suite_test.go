@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"io"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,8 +46,20 @@ var (
 
 const admissionKey = "waiting-room-hmac-key-0123456789"
 
+// scenariosAtOnce is how many envtest scenarios run at once when -parallel
+// is not given. Each has its own namespace, database, Redis keys and
+// manager, and spends its time waiting on reconciles, timers and servers,
+// not on a CPU: the default (GOMAXPROCS) would run two at a time.
+const scenariosAtOnce = 6
+
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.WriteTo(io.Discard)))
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(scenariosAtOnce))
+	}
 	testharness.Main(m, func() (err error) {
 		if kube, err = testharness.StartKube(); err != nil {
 			return err

@@ -41,6 +41,7 @@ func TestUnhealthyReasons(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &scope{fs: &flashsalev1alpha1.FlashSale{}}
 			(&FlashSaleReconciler{}).unhealthy(s, tc.err)
+			s.fs.Status = computeStatus(s.fs, &s.facts, DefaultCountsStamp)
 			conds := s.fs.Status.Conditions
 			if c := meta.FindStatusCondition(conds, tc.condition); c == nil || c.Reason != tc.reason || !strings.Contains(c.Message, tc.says) {
 				t.Errorf("%s: %+v", tc.condition, c)

@@ -436,8 +436,8 @@ type FlashSaleStatus struct {
 	// the run id it had when the stock was last verified. A server found with
 	// another run id restarted, and one not listed took shards over (a
 	// failover): either may hold data older than the ledger, so the sale fails
-	// closed and is rebuilt. Kept in status so that a restarted operator
-	// notices too.
+	// closed and is rebuilt. A report: the operator keeps them in the
+	// ledger's campaign row, so that a restarted one notices too.
 	// +optional
 	// +listType=map
 	// +listMapKey=address

@@ -110,6 +110,7 @@ type Engine struct {
 	// ledgerFailing: a ledger write failed and the ledger has not answered
 	// since (see ledgerWrote).
 	ledgerFailing atomic.Bool
+	ownsLedger    bool          // opened by Dial: Close closes it
 	closing       chan struct{} // closed by Close
 	closeOnce     sync.Once
 	now           func() time.Time
@@ -144,10 +145,13 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	}, nil
 }
 
-// Close flushes the materializer.
+// Close flushes the materializer, and closes the ledger if Dial opened it.
 func (e *Engine) Close() {
 	e.closeOnce.Do(func() { close(e.closing) })
 	e.mat.Close()
+	if e.ownsLedger {
+		e.ledger.Close()
+	}
 }
 
 // Config returns the campaign configuration.

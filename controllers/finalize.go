@@ -1,0 +1,144 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// finalize closes the gates, deletes the Redis keys and the children, marks the
+// ledger campaign deleted (orders stay: they are the book of record), then lets
+// the FlashSale go.
+func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha1.FlashSale) error {
+	if !controllerutil.ContainsFinalizer(fs, Finalizer) {
+		return nil
+	}
+	name := types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name}
+	// The cache can still hold a sale whose finalizer was just removed: the
+	// children deleted below queue another reconcile. Ask the API server, or
+	// a cleanup already done runs again, and once its connections are
+	// dropped it warns that it was skipped.
+	live := &flashsalev1alpha1.FlashSale{}
+	if err := r.apiReader.Get(ctx, name, live); apierrors.IsNotFound(err) {
+		r.conns.drop(name)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if live.UID != fs.UID || !controllerutil.ContainsFinalizer(live, Finalizer) {
+		return nil
+	}
+	live.DeepCopyInto(fs) // the finalizer's patch is guarded by its resourceVersion
+	refs, err := readReferences(ctx, r.secrets, fs)
+	var refErr *referenceError
+	cached := r.conns.cached(name)
+	if cached != nil && cached.engine.Config().CampaignID != string(fs.UID) {
+		cached = nil // a sale of the same name, deleted since
+	}
+	switch {
+	case errors.As(err, &refErr) && cached != nil:
+		// The Secrets went with the sale (a namespace deleted, a GitOps
+		// prune): the connections opened before still clean up.
+		if err := cached.engine.Delete(ctx); err != nil {
+			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+		}
+	case errors.As(err, &refErr):
+		msg := "Redis keys and ledger campaign left in place: " + refErr.message
+		r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "%s", truncate(msg, eventNoteLimit))
+		log.FromContext(ctx).Info(msg, "event", corev1.EventTypeWarning, "reason", ReasonCleanupSkipped)
+	case err != nil:
+		return err
+	default:
+		set := resolve(fs)
+		// Bounded: a ledger that hangs must not keep the sale selling until
+		// the reconcile's deadline; it is ended through Redis below.
+		gctx, cancel := context.WithTimeout(ctx, r.phaseTimeout())
+		defer cancel()
+		conn, err := r.conns.get(gctx, name, refs, engine.Config{
+			CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
+			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
+			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: config.DeriveIDSecret(refs.admissionKey),
+		})
+		var le *ledgerError
+		if errors.As(err, &le) {
+			// The deletion waits for the ledger; the sale is ended meanwhile,
+			// through Redis alone.
+			cctx, cancel := closingContext(ctx)
+			gates, done := redisOnly(fs, &refs)
+			_ = gates.End(cctx)
+			done()
+			cancel()
+		}
+		if err != nil {
+			return err
+		}
+		if err := conn.engine.Delete(ctx); err != nil {
+			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+		}
+	}
+	// Owner references remove the children on a real cluster; deleting them here
+	// also covers API servers without a garbage collector and stops the pods first.
+	// An object of the same name that is not the sale's is left alone. Read
+	// from the API server: the cache misses a child that lost its labels.
+	for _, obj := range []client.Object{
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}},
+		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentSweeper)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)}},
+	} {
+		err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if err == nil && metav1.IsControlledBy(obj, fs) {
+			err = r.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID())})
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	// The connections go once the finalizer is off: a retry after a failed
+	// patch (a conflict) still finds them, and does not skip a cleanup that
+	// is already done.
+	if err := r.setFinalizer(ctx, fs, false); err != nil {
+		return err
+	}
+	r.conns.drop(name)
+	r.secrets.forget(
+		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Redis.SecretRef.Name},
+		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Postgres.SecretRef.Name},
+		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Admission.SecretRef.Name},
+		types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)})
+	return nil
+}
+
+// setFinalizer adds or removes the finalizer with a patch of the finalizers
+// alone (guarded by the resourceVersion). An Update would send back the whole
+// object as Go re-encodes it ("10m" becomes "10m0s", an offset becomes UTC):
+// the stored spec would drift from the manifest, and a later server-side
+// apply would conflict with the controller over fields it never set.
+func (r *FlashSaleReconciler) setFinalizer(ctx context.Context, fs *flashsalev1alpha1.FlashSale, present bool) error {
+	before := fs.DeepCopy()
+	changed := controllerutil.AddFinalizer(fs, Finalizer)
+	if !present {
+		changed = controllerutil.RemoveFinalizer(fs, Finalizer)
+	}
+	if !changed {
+		return nil
+	}
+	return r.Patch(ctx, fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}

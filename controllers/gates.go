@@ -1,0 +1,144 @@
+package controllers
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// closeTimeout bounds a closing gate written ahead of the ledger phases.
+const closeTimeout = 5 * time.Second
+
+// closingContext bounds a closing gate write by closeTimeout, whatever is
+// left of ctx: the reconcile's may be spent on a hung ledger.
+func closingContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+}
+
+// redisOnly is the sale's gates on a Redis client of its own, for closing
+// the sale when its connections did not open because the ledger did not;
+// done closes the client.
+func redisOnly(fs *flashsalev1alpha1.FlashSale, refs *references) (gates *engine.Gates, done func()) {
+	rdb := refs.redis.Client()
+	return engine.RedisGates(rdb, string(fs.UID), int(resolve(fs).shards)), func() { _ = rdb.Close() }
+}
+
+// closeFirst writes the closing gate the spec asks for (paused, ended, not
+// yet started) before any phase that needs the ledger. Closing needs only
+// Redis, and a ledger that hangs or refuses the operator while the reserve
+// pods may still reach it (a partition of the operator, its connections
+// refused by a full PostgreSQL) must not keep a paused or ended sale
+// selling. Opening waits for the ledger (applyGates).
+func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, error) {
+	s.closed = r.closeShards(ctx, s, s.conn.engine.Gates())
+	return false, nil
+}
+
+// closeShards writes the spec's closing gate on every shard that is OPEN
+// (shards closed otherwise keep their state: failed closed, or a gate the
+// schedule has moved past, which applyGates writes once the ledger answers),
+// and returns the gate when every shard is known to hold it. A shard being
+// rebuilt is left to the rebuild, which opens it in the gate of its moment.
+func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *engine.Gates) string {
+	gate := saleWindow(&s.fs.Spec, r.now()).Gate
+	if gate == engine.StateOpen {
+		return ""
+	}
+	// The read has a context of its own: one that hangs must not spend the
+	// write's time.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout/2)
+	states, err := store.ShardStates(rctx)
+	rcancel()
+	ctx, cancel := closingContext(ctx)
+	defer cancel()
+	// others: every shard that is not OPEN holds the gate already. Not known
+	// when the state could not be read.
+	open, others := false, err == nil
+	for _, st := range states {
+		switch {
+		case st.State == engine.StateOpen:
+			open = true
+		case st.State != gate:
+			others = false
+		}
+	}
+	if err == nil && !open {
+		if others {
+			return gate
+		}
+		return ""
+	}
+	// Any epoch: closing is right whoever seeded or rebuilt the shard.
+	out, err := store.CloseOpen(ctx, gate)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "closing the sale", "gate", gate)
+		return ""
+	}
+	if i := slices.IndexFunc(out, func(n int) bool { return n != engine.GateSet }); i >= 0 {
+		log.FromContext(ctx).Info("a shard was not closed (no meta, or being rebuilt)", "gate", gate, "shard", i, "outcome", out[i])
+		return ""
+	}
+	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
+	if !others {
+		return ""
+	}
+	return gate
+}
+
+// closedPhase is the phase of shards closed by gate when observe could not
+// run: not Completed (that needs the counts) unless it was already, and a
+// failed-closed sale stays so until it is rebuilt.
+func closedPhase(gate string, cur flashsalev1alpha1.FlashSalePhase) flashsalev1alpha1.FlashSalePhase {
+	switch {
+	case cur == flashsalev1alpha1.PhaseFailClosed || cur == flashsalev1alpha1.PhaseRebuilding:
+		return cur
+	case gate == engine.StatePaused:
+		return flashsalev1alpha1.PhasePaused
+	case gate == engine.StateNotStarted:
+		return flashsalev1alpha1.PhaseScheduled
+	case cur == flashsalev1alpha1.PhaseCompleted:
+		return cur
+	}
+	return flashsalev1alpha1.PhaseEnded
+}
+
+// applyGates writes the gate the schedule and the pause switch ask for into every
+// shard whose meta says otherwise.
+func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, error) {
+	// The window of now, not of the reconcile's start: the phases before may
+	// have waited on a slow ledger across a schedule edge.
+	s.now = r.now()
+	s.window = saleWindow(&s.fs.Spec, s.now)
+	if s.window.Gate != s.closed {
+		s.closed = "" // the schedule moved on since closeFirst
+	}
+	states, err := s.conn.engine.Gates().ShardStates(ctx)
+	if err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
+	for _, st := range states {
+		if st.State == s.window.Gate {
+			continue
+		}
+		if err := s.conn.engine.SetGate(ctx, s.window.Gate, s.epoch); err != nil {
+			r.unhealthy(s, err)
+			return true, nil
+		}
+		if s.window.Gate != engine.StateOpen {
+			s.closed = s.window.Gate
+		}
+		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)
+		break
+	}
+	if s.window.Next > 0 {
+		s.requeueAfter(s.window.Next)
+	}
+	return false, nil
+}

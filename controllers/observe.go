@@ -1,0 +1,93 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+)
+
+// observe reads the counts and the readiness of the children, for the
+// status and its phase.
+func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, error) {
+	counts, err := s.conn.engine.Counts(ctx)
+	if err != nil {
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	s.counts, s.countsAt, s.gate = &counts, r.now(), s.window.Gate
+	ready, reason, msg, err := r.childrenReady(ctx, s.fs)
+	if err != nil {
+		return true, err
+	}
+	s.children = &readiness{ready: ready, reason: reason, message: msg}
+	// The refresh follows the phase the counts give.
+	switch salePhase(s.window.Gate, counts.Available, max(counts.Reserved, counts.Pending)) {
+	case flashsalev1alpha1.PhaseCompleted:
+		s.requeueAfter(idleRefresh)
+	case flashsalev1alpha1.PhaseScheduled:
+		s.requeueAfter(max(r.statusRefresh(), scheduledRefresh))
+	default:
+		s.requeueAfter(r.statusRefresh())
+	}
+	return false, nil
+}
+
+// childrenReady: a reserve replica is ready (and one is asked for), and so is
+// a sweeper: without one, expired reservations are not given back and the
+// sale ends up sold out with units nobody holds.
+func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (ready bool, reason, msg string, err error) {
+	if resolve(fs).replicas == 0 {
+		return false, ReasonChildrenNotReady, "spec.reservation.replicas is 0: no reserve pod serves buyers", nil
+	}
+	for _, c := range []struct{ component, reason, without string }{
+		{ComponentReserve, ReasonChildrenNotReady, "buyers reach no reservation API"},
+		{ComponentSweeper, ReasonSweeperNotReady, "expired reservations are not given back to the stock"},
+	} {
+		var d appsv1.Deployment
+		name := ChildName(fs, c.component)
+		switch err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: name}, &d); {
+		case apierrors.IsNotFound(err):
+			return false, c.reason, fmt.Sprintf("Deployment %s does not exist yet", name), nil
+		case err != nil:
+			return false, "", "", err
+		case d.Status.ReadyReplicas < 1:
+			return false, c.reason, fmt.Sprintf("Deployment %s has 0 of %d replicas ready: %s", name, ptr.Deref(d.Spec.Replicas, 1), c.without), nil
+		case rollingOut(&d):
+			// Pods of the old template still serve the old settings: a
+			// pipeline waiting on Ready after a change waits for the pods too.
+			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %d of %d replicas run the current spec",
+				name, d.Status.UpdatedReplicas, d.Status.Replicas), nil
+		}
+	}
+	return true, ReasonReady, "", nil
+}
+
+// rollingOut reports pods of an older template still running. A change the
+// Deployment controller has not seen yet counts as one, unless it changes
+// the replicas: a scale (an autoscaler's, every few seconds during a sale)
+// changes the generation too, and is no rollout.
+func rollingOut(d *appsv1.Deployment) bool {
+	if d.Status.UpdatedReplicas < d.Status.Replicas {
+		return true // a rollout under way, whatever changed since
+	}
+	return d.Status.ObservedGeneration < d.Generation && ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
+}
+
+// reservePods reads the reserve Deployment's replicas for the scale
+// subresource's status (0 when it does not exist).
+func (r *FlashSaleReconciler) reservePods(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (int32, error) {
+	var d appsv1.Deployment
+	switch err := r.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentReserve)}, &d); {
+	case apierrors.IsNotFound(err):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	return d.Status.Replicas, nil
+}

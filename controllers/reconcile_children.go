@@ -1,0 +1,177 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+)
+
+// reconcileChildren creates or updates the reserve Deployment and Service and the
+// sweeper Deployment, owned by the FlashSale. They are created ahead of the
+// schedule's start so the pods are warm before the drop. A child that cannot be
+// written (one that exists and is not ours, an admission policy refusing it) is
+// reported in Ready and retried soon, and the reconcile goes on: returning the
+// error would put the status refresh and the schedule's next edge on the
+// controller's growing error backoff.
+func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (bool, error) {
+	failed := func(kind, name string, err error) {
+		msg := fmt.Sprintf("cannot write %s %s: %v", kind, name, err)
+		// One event when it starts failing: the status changes with every
+		// refresh during a sale, so repeats would not fold into one.
+		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonChildrenFailed {
+			s.statusEvent(corev1.EventTypeWarning, ReasonChildrenFailed, "%s", msg)
+		}
+		s.childErr = msg
+		s.requeueAfter(retryUnhealthy)
+	}
+	sweeper := SweeperDeployment(s.fs, r.Image)
+	deployments := []*appsv1.Deployment{sweeper}
+	idKey, err := r.ensureIDSecret(ctx, s)
+	if err != nil {
+		// The reserve pods need it: their Deployment is left as it is, so that
+		// running pods are not replaced by ones that cannot start.
+		failed("Secret", ChildName(s.fs, ComponentIDs), err)
+	} else {
+		reserve := ReserveDeployment(s.fs, r.Image)
+		if idKey != nil && s.refs != nil {
+			setPodAnnotation(reserve, AnnotationSecrets, s.refs.podFingerprint(idKey, true))
+			setPodAnnotation(sweeper, AnnotationSecrets, s.refs.podFingerprint(idKey, false))
+		}
+		deployments = append([]*appsv1.Deployment{reserve}, deployments...)
+	}
+	var children []client.Object
+	for _, d := range deployments {
+		if s.refs == nil {
+			// Without references (a Secret of the spec gone, or changed to
+			// values that do not connect) the sale runs on connections opened
+			// before, and new pods would not start on the spec's Secrets: a
+			// live Deployment only follows the replicas, its pods stay.
+			live := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: d.Namespace}}
+			switch err := r.readLive(ctx, live); {
+			case err == nil:
+				live.Spec.Replicas = d.Spec.Replicas
+				// Our labels too: one that lost them is outside the cache.
+				live.Labels = mergeStrings(live.Labels, d.Labels)
+				d = live
+			case !apierrors.IsNotFound(err):
+				failed("Deployment", d.Name, err)
+				continue
+			}
+		}
+		children = append(children, d)
+	}
+	children = append(children, ReserveService(s.fs),
+		DisruptionBudget(s.fs, ComponentReserve), DisruptionBudget(s.fs, ComponentSweeper))
+	for _, desired := range children {
+		if err := r.apply(ctx, s.fs, desired); err != nil {
+			failed(kindOf(desired), desired.GetName(), err)
+		}
+	}
+	return false, nil
+}
+
+// readLive reads the live object of obj's name into obj: from the cache, or
+// from the API server for one the cache does not hold (it holds only objects
+// with our labels: one that lost them, or is not ours, is not there).
+func (r *FlashSaleReconciler) readLive(ctx context.Context, obj client.Object) error {
+	err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	if apierrors.IsNotFound(err) {
+		err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	}
+	return err
+}
+
+func setPodAnnotation(d *appsv1.Deployment, key, value string) {
+	if d.Spec.Template.Annotations == nil {
+		d.Spec.Template.Annotations = map[string]string{}
+	}
+	d.Spec.Template.Annotations[key] = value
+}
+
+func kindOf(o client.Object) string {
+	switch o.(type) {
+	case *appsv1.Deployment:
+		return "Deployment"
+	case *corev1.Service:
+		return "Service"
+	case *policyv1.PodDisruptionBudget:
+		return "PodDisruptionBudget"
+	}
+	return fmt.Sprintf("%T", o)
+}
+
+// apply creates the child, or updates it when the desired spec is not already
+// contained in the live one (fields the API server defaults are left alone, so an
+// unchanged child is never rewritten).
+func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha1.FlashSale, desired client.Object) error {
+	if err := ctrl.SetControllerReference(owner, desired, r.Scheme()); err != nil {
+		return err
+	}
+	live := desired.DeepCopyObject().(client.Object)
+	err := r.readLive(ctx, live)
+	if apierrors.IsNotFound(err) {
+		return r.Create(ctx, desired)
+	}
+	if err != nil {
+		return err
+	}
+	if !metav1.IsControlledBy(live, owner) {
+		return fmt.Errorf("it exists and is not owned by FlashSale %s", owner.Name)
+	}
+	var same bool
+	// Labels and annotations others keep on the object (the Deployment
+	// controller's revision, a team's labels) stay; ours win.
+	desired.SetLabels(mergeStrings(live.GetLabels(), desired.GetLabels()))
+	desired.SetAnnotations(mergeStrings(live.GetAnnotations(), desired.GetAnnotations()))
+	switch d := desired.(type) {
+	case *appsv1.Deployment:
+		l := live.(*appsv1.Deployment)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels) &&
+			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields]
+		// Keep the pod annotations others set (kubectl rollout restart's);
+		// ours (the secrets fingerprint) win.
+		ann := maps.Clone(l.Spec.Template.Annotations)
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		maps.Copy(ann, d.Spec.Template.Annotations)
+		d.Spec.Template.Annotations = ann
+	case *corev1.Service:
+		l := live.(*corev1.Service)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
+		d.Spec.ClusterIP, d.Spec.ClusterIPs = l.Spec.ClusterIP, l.Spec.ClusterIPs
+	case *policyv1.PodDisruptionBudget:
+		l := live.(*policyv1.PodDisruptionBudget)
+		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
+	}
+	if same {
+		return nil
+	}
+	desired.SetResourceVersion(live.GetResourceVersion())
+	return r.Update(ctx, desired)
+}
+
+// mergeStrings is live's entries overlaid with ours (nil when both are empty).
+func mergeStrings(live, ours map[string]string) map[string]string {
+	if len(live) == 0 && len(ours) == 0 {
+		return nil
+	}
+	out := maps.Clone(live)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, ours)
+	return out
+}

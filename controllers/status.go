@@ -1,0 +1,208 @@
+package controllers
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// computeStatus is the one place the status is decided: the phase, every
+// condition, the counts and the records, from the status read (fs.Status)
+// and the facts the phases recorded. A condition no fact speaks of keeps
+// what it said.
+func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.Duration) flashsalev1alpha1.FlashSaleStatus {
+	st := *fs.Status.DeepCopy()
+	// Each condition is decided here in order, a later rule overriding an
+	// earlier one, and written once at the end: its lastTransitionTime moves
+	// only when the final verdict differs from the one read.
+	var decided []metav1.Condition
+	set := func(typ string, status metav1.ConditionStatus, reason, message string) {
+		c := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: fs.Generation}
+		if i := slices.IndexFunc(decided, func(d metav1.Condition) bool { return d.Type == typ }); i >= 0 {
+			decided[i] = c
+			return
+		}
+		decided = append(decided, c)
+	}
+	ready := func(reason, message string) {
+		set(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
+	}
+
+	// The records of what was seeded and rebuilt.
+	if f.servers != nil {
+		st.RedisServers = f.servers
+	}
+	if f.lastRebuild != nil {
+		st.LastRebuild = f.lastRebuild
+	}
+
+	// Health of Redis and the ledger.
+	if f.ledgerOK {
+		set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	}
+	if f.seeded {
+		if f.evicting != nil {
+			set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, f.evicting.Error())
+		} else {
+			set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", f.epoch))
+		}
+		set(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded,
+			fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(fs).shards, f.epoch))
+	}
+	if v := f.allocation; v != nil {
+		status := metav1.ConditionFalse
+		if v.applied {
+			status = metav1.ConditionTrue
+		}
+		set(ConditionAllocationApplied, status, v.reason, v.message)
+	}
+
+	// The phase: from the counts when observe read them, else from what
+	// this reconcile did to the shards, else what it was.
+	if f.rebuilt != nil {
+		st.Phase = salePhase(f.rebuilt.Gate, f.rebuilt.Available, f.rebuilt.Reserved)
+	}
+	if c := f.counts; c != nil {
+		shards := make([]flashsalev1alpha1.ShardStatus, 0, len(c.Shards))
+		for _, sh := range c.Shards {
+			shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
+		}
+		// Available from Redis, sold from the ledger, reserved the rest (see
+		// engine.ShardCounts.Unsold): they never add up to more than the allocation.
+		reserved := c.Unsold()
+		changed := st.Allocation != c.Allocation || st.Available != c.Available || st.Reserved != reserved ||
+			st.Sold != c.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
+		st.Epoch, st.Allocation = c.Epoch, c.Allocation
+		st.Available, st.Reserved, st.Sold = c.Available, reserved, c.Sold
+		st.Shards = shards
+		// Renewed with the counts, and at least every CountsStamp: counts older
+		// than that were not read (the reads above failed, or nobody ran them).
+		if changed || st.CountsObservedAt == nil || f.countsAt.Sub(st.CountsObservedAt.Time) >= countsStamp {
+			st.CountsObservedAt = &metav1.Time{Time: f.countsAt}
+		}
+		// Pending rows in the ledger count too: Completed means nothing can change any more.
+		st.Phase = salePhase(f.gate, c.Available, max(c.Reserved, c.Pending))
+		switch {
+		case f.gate == engine.StateOpen && c.Available > 0:
+			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
+		case f.gate == engine.StateOpen:
+			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
+		default:
+			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate))
+		}
+	}
+	if c := f.children; c != nil && c.ready {
+		set(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
+	} else if c != nil {
+		ready(c.reason, c.message)
+	}
+
+	if f.lost != "" {
+		set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, lostMessage(f.lost))
+	}
+	// What stopped the reconcile, if anything: at most one of these.
+	switch {
+	case f.refErr != nil && !f.refsKept:
+		ready(f.refErr.reason, f.refErr.message)
+		// Nothing else was checked (an operator restarted while a Secret is
+		// gone): what these said before is not known to hold any more.
+		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+			if meta.FindStatusCondition(st.Conditions, typ) != nil {
+				set(typ, metav1.ConditionUnknown, f.refErr.reason, "not checked: "+f.refErr.message)
+			}
+		}
+	case f.outage != nil:
+		d := describeFailure(fs, f.outage)
+		set(d.condition, metav1.ConditionFalse, d.reason, d.message)
+		ready(d.readyReason, d.message)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+f.outage.Error())
+	case f.mismatch != nil:
+		msg := f.mismatch.Error()
+		set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, msg)
+		ready(ReasonLedgerMismatch, msg)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+msg)
+	case f.lost != "":
+		msg := lostMessage(f.lost)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		ready(ReasonFailClosed, msg)
+	case f.rebuildErr != nil:
+		msg := rebuildFailedMessage(f.rebuildErr)
+		ready(ReasonRebuildFailed, msg)
+		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		if isLedgerError(f.rebuildErr) {
+			set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, f.rebuildErr.Error())
+		} else {
+			st.Phase = flashsalev1alpha1.PhaseRebuilding
+		}
+	}
+	if f.lost != "" {
+		// The shards were failed closed, whatever stopped the reconcile next.
+		st.Phase = flashsalev1alpha1.PhaseFailClosed
+	}
+	if !f.completed && f.closed != "" {
+		// observe did not finish: the phase says what the shards hold.
+		st.Phase = closedPhase(f.closed, st.Phase)
+	}
+
+	// A problem that did not stop the phases has the last word on Ready.
+	if reason, message, ok := f.notReady(); ok {
+		ready(reason, message)
+	}
+	// Only a reconcile that went through every phase has applied this spec.
+	if f.err == nil && f.completed && !f.incomplete() {
+		st.ObservedGeneration = fs.Generation
+	}
+
+	// The scale subresource's status, whatever phase the reconcile stopped
+	// at: an autoscaler reads it while Redis or the ledger is down too.
+	st.ReservationSelector = labels.SelectorFromSet(childLabels(fs, ComponentReserve)).String()
+	if f.reservePods != nil {
+		st.ReservationReplicas = *f.reservePods
+	}
+	for _, c := range decided {
+		meta.SetStatusCondition(&st.Conditions, c)
+	}
+	return st
+}
+
+// notReady is what Ready says when a problem did not stop the phases (the
+// last phase's to find one): a child that cannot be written, an allocation
+// refused or still being lowered, a Redis that may evict, a Secret gone or
+// changed to values that do not connect while the old connections serve.
+func (f *facts) notReady() (reason, message string, ok bool) {
+	switch {
+	case f.childErr != "":
+		return ReasonChildrenFailed, f.childErr, true
+	case f.allocation != nil && (f.allocation.reason == ReasonAllocationRefused || f.allocation.reason == ReasonAllocationPending):
+		return f.allocation.reason, f.allocation.message, true
+	case f.seeded && f.evicting != nil:
+		return ReasonRedisEvictionPolicy, f.evicting.Error(), true
+	case f.refErr != nil && f.refsKept:
+		return f.refErr.reason, f.refErr.message + " (the sale is still served and gated with the connections opened before)", true
+	case f.replaced != nil:
+		return f.replaced.readyReason, f.replaced.message, true
+	}
+	return "", "", false
+}
+
+// incomplete: part of the spec is not in effect although the phases went
+// on; observedGeneration stays where it was.
+func (f *facts) incomplete() bool {
+	return f.refsKept || f.replaced != nil || f.childErr != "" || (f.allocation != nil && !f.allocation.applied)
+}
+
+func lostMessage(why string) string {
+	return "Redis lost the sale's state (" + why + "); every shard refuses reservations until the stock is rebuilt from the ledger"
+}
+
+func rebuildFailedMessage(err error) string {
+	return "rebuild from the ledger failed, the sale stays closed: " + err.Error()
+}

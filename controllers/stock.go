@@ -1,0 +1,193 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// ensureStock seeds a new sale once, and detects and repairs Redis data loss: shards
+// without meta, a stale epoch, or a Redis server that restarted. Loss first shows
+// as FailClosed (every shard refuses), then the next reconcile rebuilds from the
+// ledger.
+//
+// It is given the reconcile's context without the phase bound, for the
+// rebuild (it streams every pending order and buyer); everything else is
+// bounded by PhaseTimeout.
+func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (bool, error) {
+	ctx, cancel := context.WithTimeout(unbounded, r.phaseTimeout())
+	defer cancel()
+	eng := s.conn.engine
+	lost, why := false, ""
+	// seededBefore: only the status can tell that a ledger without the
+	// campaign is not the sale's (the ledger cannot witness its own loss).
+	res, err := eng.SeedSale(ctx, s.window.Gate, s.fs.Status.Epoch > 0)
+	switch {
+	case errors.Is(err, engine.ErrNeedsRebuild):
+		lost, why = true, err.Error()
+	case errors.Is(err, engine.ErrLedgerMismatch):
+		// Neither seeded nor rebuilt: either would trust a ledger that does
+		// not hold what was sold. Pods writing to it are fenced (no campaign).
+		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != ReasonLedgerMismatch {
+			s.statusEvent(corev1.EventTypeWarning, ReasonLedgerMismatch, "%s", err.Error())
+		}
+		s.mismatch = err
+		s.requeueAfter(retryUnhealthy)
+		return true, nil
+	case err != nil:
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	s.epoch = res.Campaign.Epoch
+	if res.Seeded > 0 {
+		s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d)", res.Campaign.Allocation, res.Seeded, res.Campaign.Epoch)
+	}
+	// What the ledger keeps for the operator (the servers verified before,
+	// the last rebuild) decides, and the status reports it.
+	rec, err := eng.Record(ctx)
+	if err != nil {
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
+	s.lastRebuild = rebuildStatus(rec.LastRebuild)
+	if len(rec.Servers) > 0 {
+		s.servers = redisServers(rec.Servers)
+	}
+	srv, err := eng.Servers(ctx)
+	if err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
+	ids := srv.RunIDs
+	if !lost {
+		why, lost = s.conn.runIDsChanged(redisServers(rec.Servers), ids)
+	}
+	// firstSeed: the sale was never recorded as seeded (its servers are
+	// recorded once it is). Shards missing then are most likely a first
+	// seeding cut short (an operator restart, a Redis refusal fixed since):
+	// they are written from the ledger as a rebuild would, and reported as
+	// data loss only if the ledger shows the sale had taken reservations.
+	firstSeed := lost && rec.Servers == nil && rec.LastRebuild == nil
+	// Redis and the ledger decide, never the status: a loss found now, or
+	// shards failed closed before and not rebuilt since.
+	due := rec.RebuildDue()
+	needsRebuild := lost || due
+	if needsRebuild && !firstSeed && !due {
+		// Close every shard at once (shards without meta already refuse), say
+		// so, record it, and rebuild on the next reconcile, right after this
+		// status is written. On a context of its own: a slow ledger may have
+		// spent the phase's.
+		cctx, cancel := closingContext(ctx)
+		_ = eng.FailClose(cctx)
+		cancel()
+		s.lost = why
+		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(why))
+		if err := eng.RecordFailClosed(ctx, engine.FailClosedRecord{Time: s.now, Reason: truncate(why, 256), Epoch: res.Campaign.Epoch}); err != nil {
+			// Found again, and recorded, once the ledger answers.
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+		s.result.RequeueAfter = time.Millisecond
+		return true, nil
+	}
+	if needsRebuild {
+		// The shards open in the state of the moment they open (applyGates
+		// recomputes the window too): a rebuild of a large ledger may run
+		// across a schedule edge.
+		// Not bounded by the phase: a rebuild reads every live order.
+		rep, err := eng.Rebuild(unbounded, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
+		if err != nil {
+			s.rebuildErr = classify(err)
+			s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s", rebuildFailedMessage(s.rebuildErr))
+			s.requeueAfter(retryUnhealthy)
+			return true, nil
+		}
+		// The rest of the phase gets a bound of its own: the rebuild may
+		// have outlasted the phase's.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(unbounded, r.phaseTimeout())
+		defer cancel()
+		s.epoch = rep.Epoch
+		s.rebuilt = &rep
+		if firstSeed && rep.Reserved == 0 && rep.Sold == 0 {
+			s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d), completing a first seeding that was cut short (%s)",
+				s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
+			return r.afterSeed(ctx, s, rec.Servers, srv)
+		}
+		if firstSeed {
+			s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
+		}
+		rb := engine.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
+			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, Restored: rep.Restored, Duration: rep.Duration}
+		if why == "" {
+			rb.Reason = "resumed after the sale failed closed"
+		}
+		// Kept in the ledger with the servers it rebuilt on: a later
+		// reconcile, or another operator, must not take them for restarted
+		// and rebuild again, whatever status it reads.
+		if err := eng.RecordRebuild(ctx, rb, ids); err != nil {
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+		s.lastRebuild = rebuildStatus(&rb)
+		// The phase above is what the rebuilt shards say, until observe
+		// recomputes it: a later phase that stops early must not leave it blank.
+		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
+			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
+	}
+	return r.afterSeed(ctx, s, rec.Servers, srv)
+}
+
+// rebuildStatus is the status form of the ledger's rebuild record (nil for none).
+func rebuildStatus(rb *engine.RebuildRecord) *flashsalev1alpha1.RebuildStatus {
+	if rb == nil {
+		return nil
+	}
+	return &flashsalev1alpha1.RebuildStatus{
+		// The status keeps whole seconds: a finer time would differ from the
+		// stored one at every reconcile.
+		Time: metav1.NewTime(rb.Time.Truncate(time.Second)), Reason: rb.Reason,
+		Available: rb.Available, Reserved: rb.Reserved, Sold: rb.Sold, RestoredOrders: rb.Restored,
+		DurationSeconds: fmt.Sprintf("%.3f", rb.Duration.Seconds()),
+	}
+}
+
+// afterSeed records the Redis servers that hold the verified shards (in the
+// ledger, where known says what it holds, and in the status), stamps shards
+// seeded before metas recorded their server, and reports Redis health.
+func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map[string]string, srv engine.ServerCheck) (bool, error) {
+	eng := s.conn.engine
+	ids := srv.RunIDs
+	s.conn.rememberRunIDs(ids)
+	s.servers = redisServers(ids)
+	if len(ids) > 0 && !maps.Equal(known, ids) {
+		if err := eng.RecordServers(ctx, ids); err != nil {
+			r.unhealthy(s, classify(err))
+			return true, nil
+		}
+	}
+	// Shards seeded before metas recorded their server get it now, verified.
+	if _, err := eng.StampShards(ctx); err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
+	// A server that may evict keys is reported, and the sale goes on being
+	// gated and observed: only seeding and rebuilding are refused on it.
+	if err := srv.Evicting; err != nil {
+		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != ReasonEvictionPolicy {
+			s.statusEvent(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
+		}
+		s.evicting = err
+	}
+	s.seeded = true
+	return false, nil
+}

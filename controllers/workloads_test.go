@@ -1,0 +1,261 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// A child the controller cannot write (here a Deployment of the same name that
+// is not the sale's) is named in Ready, and the sale is still gated and
+// observed on time: the schedule's end closes it.
+func TestChildThatCannotBeWrittenDoesNotStallTheSale(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.create(e.foreignDeployment("clash-reserve"))
+	e.startController()
+	// Far enough out that a controller on its error backoff (5 ms doubling,
+	// so about 5 s, 10 s, 20 s after the start) would miss the end by seconds.
+	end := time.Now().Add(11 * time.Second)
+	e.apply(e.sale("clash", 10).schedule(time.Time{}, end))
+	fs := e.waitFor("clash", settle, "ChildrenFailed", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonChildrenFailed))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "Deployment clash-reserve") {
+		t.Fatalf("Ready does not name the child: %s", c.Message)
+	}
+	if fs.Status.ObservedGeneration != 0 {
+		t.Fatalf("observedGeneration %d while a child cannot be written", fs.Status.ObservedGeneration)
+	}
+	// Sales go on while it fails (the counts change the status at every
+	// refresh): one event says so, not one per reconcile.
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	ctx := context.Background()
+	// Until shortly before the end, however long the sale took to open.
+	bought := 0
+	for ; bought < 6 && time.Until(end) > 2*time.Second; bought++ {
+		e.reserve(eng, fmt.Sprintf("buyer-%d", bought))
+		time.Sleep(700 * time.Millisecond)
+	}
+	if bought < 2 {
+		t.Fatalf("%d reservations before the end: the sale opened too late to tell", bought)
+	}
+	if n := countEvents(t, e.ns, "clash", controllers.ReasonChildrenFailed); n != 1 {
+		t.Fatalf("%d ChildrenFailed events while the same child failed", n)
+	}
+	e.waitFor("clash", time.Until(end)+5*time.Second, "Admitting False, Ended", reasonIs(flashsalev1alpha1.ConditionAdmitting, controllers.ReasonEnded))
+	if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StateEnded {
+		t.Fatalf("reserve after the end: %+v %v", r, err)
+	}
+	// Deleting the sale leaves the Deployment that is not its own.
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	e.waitGone("clash", settle)
+	var d appsv1.Deployment
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "clash-reserve"}, &d); err != nil || !d.DeletionTimestamp.IsZero() {
+		t.Fatalf("the Deployment that was not the sale's was deleted with it: %v", err)
+	}
+}
+
+// An unchanged child is never rewritten (a rewrite on every reconcile also
+// fought the Deployment controller over its revision annotation), and when
+// one is, labels and annotations others keep on it stay.
+func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("quiet", 10)
+	get := e.deployment
+	time.Sleep(time.Second)
+	// The Deployment controller's revision annotation (no such controller runs
+	// here): a rewrite that dropped it would change the object every time.
+	for _, name := range []string{"quiet-reserve", "quiet-sweeper"} {
+		update(t, get(name), func(d *appsv1.Deployment) { d.Annotations["deployment.kubernetes.io/revision"] = "1" })
+	}
+	updates := e.deploymentUpdates.Load()
+	before := map[string]string{}
+	for _, name := range []string{"quiet-reserve", "quiet-sweeper"} {
+		before[name] = get(name).ResourceVersion
+	}
+	time.Sleep(3500 * time.Millisecond) // several status refreshes
+	for name, rv := range before {
+		if got := get(name).ResourceVersion; got != rv {
+			t.Fatalf("%s rewritten while nothing changed: resourceVersion %s → %s", name, rv, got)
+		}
+	}
+	if n := e.deploymentUpdates.Load() - updates; n != 0 {
+		t.Fatalf("%d Deployment updates sent while nothing changed", n)
+	}
+
+	update(t, get("quiet-reserve"), func(d *appsv1.Deployment) {
+		d.Annotations["deployment.kubernetes.io/revision"] = "7"
+		d.Labels["team"] = "checkout"
+	})
+	updateSpec(t, e.ns, "quiet", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Reservation.Replicas = ptr.To[int32](3) })
+	testharness.Eventually(t, settle, "the reserve Deployment scaled", func() bool { return *get("quiet-reserve").Spec.Replicas == 3 })
+	d := get("quiet-reserve")
+	if d.Annotations["deployment.kubernetes.io/revision"] != "7" || d.Labels["team"] != "checkout" {
+		t.Fatalf("others' metadata lost: annotations %v, labels %v", d.Annotations, d.Labels)
+	}
+}
+
+// spec.pods reaches the pods, and so does its removal (and that of
+// reservation.resources): a field the spec drops is dropped from the
+// Deployment, which is then left alone; so is a field someone else adds (a
+// policy engine's toleration), and a quantity the API server rounds.
+func TestPodPlacementFollowsTheSpec(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	s := e.sale("placed", 10)
+	s.fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{
+		ImagePullSecrets:  []corev1.LocalObjectReference{{Name: "registry"}},
+		NodeSelector:      map[string]string{"pool": "drop"},
+		Tolerations:       []corev1.Toleration{{Key: "drop", Operator: corev1.TolerationOpEqual, Value: "yes", Effect: corev1.TaintEffectNoSchedule}},
+		PriorityClassName: "flash-sale",
+	}
+	// 100u is stored as 1m.
+	s.fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100u")}}
+	e.apply(s)
+	e.waitFor("placed", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	get := e.deployment
+	for _, name := range []string{"placed-reserve", "placed-sweeper"} {
+		spec := get(name).Spec.Template.Spec
+		if spec.NodeSelector["pool"] != "drop" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "drop" ||
+			len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "registry" || spec.PriorityClassName != "flash-sale" {
+			t.Fatalf("%s: placement %+v", name, spec)
+		}
+	}
+	if cpu := get("placed-reserve").Spec.Template.Spec.Containers[0].Resources.Requests.Cpu(); cpu.String() != "1m" {
+		t.Fatalf("reserve cpu request %s", cpu)
+	}
+	untouched := func(what string) {
+		t.Helper()
+		before, updates := get("placed-reserve").ResourceVersion, e.deploymentUpdates.Load()
+		time.Sleep(3 * time.Second) // several status refreshes
+		if got := get("placed-reserve").ResourceVersion; got != before {
+			t.Fatalf("%s: the reserve Deployment rewritten while nothing changed: %s → %s", what, before, got)
+		}
+		// An update that changes nothing stored leaves the resourceVersion.
+		if n := e.deploymentUpdates.Load() - updates; n != 0 {
+			t.Fatalf("%s: %d Deployment updates sent while nothing changed", what, n)
+		}
+	}
+	untouched("placed")
+
+	updateSpec(t, e.ns, "placed", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Pods = nil
+		fs.Spec.Reservation.Resources = nil
+	})
+	testharness.Eventually(t, settle, "placement and resources removed", func() bool {
+		r, w := get("placed-reserve").Spec.Template.Spec, get("placed-sweeper").Spec.Template.Spec
+		return r.NodeSelector == nil && r.Tolerations == nil && r.ImagePullSecrets == nil && r.PriorityClassName == "" &&
+			r.Containers[0].Resources.Requests == nil && w.NodeSelector == nil && w.PriorityClassName == ""
+	})
+	untouched("removed")
+
+	update(t, get("placed-reserve"), func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "policy", Operator: corev1.TolerationOpExists}}
+	})
+	untouched("a toleration added by someone else")
+	if tol := get("placed-reserve").Spec.Template.Spec.Tolerations; len(tol) != 1 || tol[0].Key != "policy" {
+		t.Fatalf("someone else's toleration: %+v", tol)
+	}
+}
+
+// A placement the CRD accepts but the API server refuses in a pod (a
+// nodeSelector value that is not a label value) is named in Ready, the sale
+// goes on being gated, and fixing the spec clears it.
+func TestPodPlacementTheAPIServerRefusesIsNamed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("misplaced", 10)
+	updateSpec(t, e.ns, "misplaced", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Pods = &flashsalev1alpha1.PodsSpec{NodeSelector: map[string]string{"pool": "drop nodes"}}
+	})
+	fs := e.waitFor("misplaced", settle, "ChildrenFailed", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonChildrenFailed))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); !strings.Contains(c.Message, "nodeSelector") || !strings.Contains(c.Message, "drop nodes") {
+		t.Fatalf("Ready does not name the refused field: %s", c.Message)
+	}
+	if fs.Status.ObservedGeneration == fs.Generation {
+		t.Fatal("a spec whose pods cannot be written is reported observed")
+	}
+	if sel := e.deployment("misplaced-reserve").Spec.Template.Spec.NodeSelector; sel != nil {
+		t.Fatalf("the reserve pods got %v", sel)
+	}
+	updateSpec(t, e.ns, "misplaced", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Pods = nil })
+	e.waitFor("misplaced", settle, "the spec observed", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason != controllers.ReasonChildrenFailed && fs.Status.ObservedGeneration == fs.Generation
+	})
+}
+
+// The scale subresource: kubectl scale (or a HorizontalPodAutoscaler) sets
+// spec.reservation.replicas, the reserve Deployment follows, and the scale's
+// status reports the pods and their selector.
+func TestScaleSubresource(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("scaled", 10)
+	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=4")
+	ctx := context.Background()
+	testharness.Eventually(t, settle, "the reserve Deployment at 4 replicas", func() bool {
+		var d appsv1.Deployment
+		return k8s.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: "scaled-reserve"}, &d) == nil && *d.Spec.Replicas == 4
+	})
+	markReady(t, e.ns, "scaled-reserve")
+	fs := e.waitFor("scaled", settle, "4 reservation replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.ReservationReplicas == 4
+	})
+	var scale autoscalingv1.Scale
+	if err := k8s.SubResource("scale").Get(ctx, fs, &scale); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := labels.Parse(scale.Status.Selector)
+	if err != nil || scale.Spec.Replicas != 4 || scale.Status.Replicas != 4 ||
+		!sel.Matches(labels.Set{controllers.LabelInstance: "scaled", controllers.LabelComponent: controllers.ComponentReserve,
+			controllers.LabelName: "flashsale", controllers.LabelManagedBy: controllers.ManagedBy, controllers.LabelFlashSale: "scaled"}) ||
+		sel.Matches(labels.Set{controllers.LabelFlashSale: "scaled", controllers.LabelComponent: controllers.ComponentSweeper}) {
+		t.Fatalf("scale %+v (selector %v)", scale, err)
+	}
+	markReady(t, e.ns, "scaled-sweeper")
+	e.waitFor("scaled", settle, "Ready", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue)
+	})
+	// A scale is no rollout: Ready stays True while the Deployment
+	// controller (none here) has not caught up with the new replicas.
+	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=6")
+	testharness.Eventually(t, settle, "the reserve Deployment at 6 replicas", func() bool {
+		return *e.deployment("scaled-reserve").Spec.Replicas == 6
+	})
+	for range 10 {
+		if c := meta.FindStatusCondition(e.get("scaled").Status.Conditions, flashsalev1alpha1.ConditionReady); c.Status != metav1.ConditionTrue {
+			t.Fatalf("Ready after a scale: %+v", c)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Scaled to zero, nothing serves buyers: not Ready, and it says why.
+	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=0")
+	e.waitFor("scaled", settle, "not Ready at 0 replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "replicas is 0")
+	})
+}
