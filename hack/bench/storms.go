@@ -68,6 +68,7 @@ type campaign struct {
 	id     string
 	alloc  int64
 	engine *engine.Engine
+	dsn    string // the bucket design's database (pg-buckets targets)
 }
 
 func (e *benchEnv) setup(ctx context.Context) error {
@@ -159,59 +160,6 @@ func (e *benchEnv) env(c *campaign) []string {
 	}
 }
 
-// Targets of a storm.
-const (
-	targetReserve = "reserve"
-	targetBare    = "bare"
-)
-
-func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label string) (*server, error) {
-	if target == targetReserve {
-		env := e.env(c)
-		if e.o.Profile != "" {
-			port, err := testharness.FreePort()
-			if err != nil {
-				return nil, err
-			}
-			e.debugAddr = fmt.Sprintf("127.0.0.1:%d", port)
-			env = append(env, "FLASHSALE_DEBUG_LISTEN="+e.debugAddr)
-		}
-		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, env)
-	}
-	return startServer(ctx, label, e.work, e.bare, nil, "--listen", e.env(c))
-}
-
-// reservationStorms: reserve and bare, each at every concurrency, on
-// campaigns no storm can sell out.
-func (e *benchEnv) reservationStorms(ctx context.Context) error {
-	if err := e.setup(ctx); err != nil {
-		return err
-	}
-	camps := map[string]*campaign{}
-	for _, t := range []string{targetReserve, targetBare} {
-		c, err := e.newCampaign(ctx, "storm-"+t, e.o.Allocation)
-		if err != nil {
-			return err
-		}
-		defer c.engine.Close()
-		camps[t] = c
-	}
-	// Interleaved, and repeated: the machine's speed drifts by more than the
-	// gap being measured, so the targets take turns and the ratios use medians.
-	for round := 1; round <= e.o.Rounds; round++ {
-		for _, conc := range e.o.Concurrency {
-			for _, t := range []string{targetReserve, targetBare} {
-				row, err := e.storm(ctx, "reservations", t, camps[t], conc, round, e.o.Duration)
-				if err != nil {
-					return err
-				}
-				e.rep.Storms = append(e.rep.Storms, row)
-			}
-		}
-	}
-	return nil
-}
-
 // soldOutStorms: small allocations, taken during the warm-up, so the measured
 // storm gets sold-out answers only.
 func (e *benchEnv) soldOutStorms(ctx context.Context) error {
@@ -237,7 +185,7 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 // StormRow is one measured storm.
 type StormRow struct {
 	Kind        string  `json:"kind"`   // reservations | sold-out
-	Target      string  `json:"target"` // reserve | bare
+	Target      string  `json:"target"` // reserve | bare | decr | pg-buckets-<N>
 	Concurrency int     `json:"concurrency"`
 	Round       int     `json:"round,omitempty"` // reservation storms: 1..rounds
 	Seconds     float64 `json:"seconds"`
@@ -275,7 +223,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	if round > 0 {
 		label += fmt.Sprintf("-round%d", round)
 	}
-	srv, err := e.start(ctx, target, c, label)
+	srv, err := e.start(ctx, target, c, label, conc)
 	if err != nil {
 		return StormRow{}, err
 	}
