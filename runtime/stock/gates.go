@@ -1,0 +1,110 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Gate states stored in a shard's meta. Only OPEN admits reservations.
+const (
+	StateOpen       = "OPEN"
+	StateNotStarted = "NOT_STARTED"
+	StatePaused     = "PAUSED"
+	StateEnded      = "ENDED"
+	StateRebuilding = "REBUILDING"
+	// StateFailClosed is written by the controller when Redis can no longer be
+	// trusted (e.g. it restarted from an old snapshot) until the rebuild.
+	StateFailClosed = "FAIL_CLOSED"
+)
+
+// Closed reasons returned by the reserve script besides the gate states.
+const (
+	ReasonNoMeta     = "NO_META"
+	ReasonStaleEpoch = "STALE_EPOCH"
+	// ReasonUnverified: the shard's data was written by another server process
+	// than the one holding it now (a restart from a snapshot, a promoted
+	// replica), so it may be older than the ledger: closed until rebuilt.
+	ReasonUnverified = "UNVERIFIED"
+)
+
+// Gate outcomes per shard.
+const (
+	GateSet        = 1
+	GateNoMeta     = 0
+	GateStale      = -1
+	GateRebuilding = -2
+)
+
+// ErrBadState is returned for a gate state the scripts do not know.
+var ErrBadState = errors.New("unknown gate state")
+
+// SetGate writes the gate state of every shard and returns the per-shard outcome
+// (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
+// Opening goes shard by shard and stops at the first that fails. Closing
+// writes every shard at once, so that on a Redis Cluster a master that is
+// down or hangs holds up only its own shards; the error names the first few
+// shards that failed and counts the rest.
+func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
+	return s.setGate(ctx, state, epoch, "")
+}
+
+// CloseOpen is SetGate of a closing state on the shards that are OPEN only:
+// shards closed otherwise (failed closed) keep their state.
+func (s *Store) CloseOpen(ctx context.Context, state string) ([]int, error) {
+	if state == StateOpen {
+		return nil, fmt.Errorf("%w: CloseOpen with %q", ErrBadState, state)
+	}
+	return s.setGate(ctx, state, 0, StateOpen)
+}
+
+func (s *Store) setGate(ctx context.Context, state string, epoch int64, from string) ([]int, error) {
+	switch state {
+	case StateOpen, StateNotStarted, StatePaused, StateEnded, StateFailClosed:
+	default:
+		return nil, fmt.Errorf("%w: %q", ErrBadState, state)
+	}
+	out := make([]int, len(s.shards))
+	gate := func(i int) error {
+		n, err := gateScript.Run(ctx, s.rdb, []string{s.shards[i].Meta()}, state, epoch, from).Int()
+		if err != nil {
+			return fmt.Errorf("gate shard %d: %w", i, err)
+		}
+		out[i] = n
+		return nil
+	}
+	if state == StateOpen {
+		for i := range s.shards {
+			if err := gate(i); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	errs := make([]error, len(s.shards))
+	var wg sync.WaitGroup
+	for i := range s.shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = gate(i)
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	for _, err := range errs {
+		if err != nil {
+			failed = append(failed, err)
+		}
+	}
+	// A short error: it ends up in the sale's conditions.
+	const shown = 4
+	switch {
+	case len(failed) == 0:
+		return out, nil
+	case len(failed) > shown:
+		return nil, fmt.Errorf("%w (and %d more shards)", errors.Join(failed[:shown]...), len(failed)-shown)
+	}
+	return nil, errors.Join(failed...)
+}

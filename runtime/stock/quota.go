@@ -1,0 +1,102 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Quota operations on the home shard, for reservations placed on other shards.
+const (
+	// QuotaRelease: the placed reservation named by shard and expiry was
+	// released: its quota goes back.
+	QuotaRelease = "release"
+	// QuotaForget: the placed reservation named by shard and expiry was sold:
+	// the quota stays, its pointer and claims entry go.
+	QuotaForget  = "forget"
+	quotaConfirm = "confirm" // ConfirmClaim
+	quotaUnclaim = "unclaim" // Unclaim
+	quotaReap    = "reap"    // ReapClaim
+)
+
+// Quota runs quota.lua's release or forget on the user's home shard for the
+// reservation of key placed on shard with expiryMs; any other pointer the key
+// has there now is left alone. It reports whether it changed anything (false:
+// already done, another placement's, or lost with the data).
+func (s *Store) Quota(ctx context.Context, home int, op, user, key string, qty int, shard int, expiryMs int64) (bool, error) {
+	if op != QuotaRelease && op != QuotaForget {
+		return false, fmt.Errorf("quota on shard %d: unknown operation %q", home, op)
+	}
+	return s.quota(ctx, home, op, user, key, qty, Pointer(shard, expiryMs), "")
+}
+
+func (s *Store) quota(ctx context.Context, home int, op, user, key string, qty int, ptr, claim string) (bool, error) {
+	k := s.shards[home]
+	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, op, user, key, qty, ptr, claim).Int()
+	if err != nil {
+		return false, fmt.Errorf("quota %s on shard %d: %w", op, home, err)
+	}
+	return n == 1, nil
+}
+
+// ConfirmClaim turns the claim of key on the home shard into the pointer of
+// the reservation placed on shard with expiryMs, if the claim is still the one
+// claim names (the Status of the reserve script's CLAIMED answer).
+func (s *Store) ConfirmClaim(ctx context.Context, home int, key, claim string, shard int, expiryMs int64) (bool, error) {
+	return s.quota(ctx, home, quotaConfirm, "", key, 0, Pointer(shard, expiryMs), claim)
+}
+
+// Unclaim gives back the claim of key on the home shard if it is still the
+// one claim names: no shard had stock for it.
+func (s *Store) Unclaim(ctx context.Context, home int, key, claim string) (bool, error) {
+	return s.quota(ctx, home, quotaUnclaim, "", key, 0, "", claim)
+}
+
+// StaleClaims lists up to limit keys of claims made on shard at or before
+// cutoff: quota claimed for stealing whose placing process may have died.
+func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, limit int) ([]string, error) {
+	keys, err := s.rdb.ZRangeByScore(ctx, s.shards[shard].Claims(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(cutoff.UnixMilli(), 10), Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("claims of shard %d: %w", shard, err)
+	}
+	return keys, nil
+}
+
+// ReapClaim gives back the quota of the claim of key on shard when it was made
+// at or before cutoff and is still a claim (its reservation was never confirmed
+// placed), and reports whether it did. A claim given back meanwhile only leaves
+// the claims index. For a claim whose reservation was confirmed placed it
+// changes nothing and returns the reservation's shard: the caller asks the
+// ledger whether to give the quota back (QuotaRelease) or keep it (QuotaForget).
+func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, err error) {
+	reaped, placedOn, _, err = s.ReapClaimAt(ctx, shard, key, cutoff)
+	return reaped, placedOn, err
+}
+
+// ReapClaimAt is ReapClaim that also returns the expiry of a placed
+// reservation: with placedOn, it names the pointer for Quota.
+func (s *Store) ReapClaimAt(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, expiryMs int64, err error) {
+	k := s.shards[shard]
+	v, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli(), "").Slice()
+	if err != nil {
+		return false, -1, 0, fmt.Errorf("reap claim on shard %d: %w", shard, err)
+	}
+	if len(v) != 2 {
+		return false, -1, 0, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
+	}
+	if toInt(v[0]) != 2 {
+		return toInt(v[0]) == 1, -1, 0, nil
+	}
+	target, expiry, _ := strings.Cut(toString(v[1]), "|")
+	t, err := strconv.Atoi(target)
+	if err != nil || t < 0 || t >= len(s.shards) {
+		return false, -1, 0, fmt.Errorf("reap claim on shard %d: malformed pointer %q", shard, v[1])
+	}
+	return false, t, atoi64(expiry), nil
+}

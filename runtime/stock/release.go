@@ -1,0 +1,73 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ReleaseCode is the outcome of release.lua and cancel.lua.
+type ReleaseCode int
+
+const (
+	NotFound    ReleaseCode = 0
+	Released    ReleaseCode = 1
+	NotReserved ReleaseCode = 2 // committed
+	WrongUser   ReleaseCode = 3
+	Rebuilding  ReleaseCode = 4
+	// LedgerNeeded: the reservation's hash is gone but its expiry-index entry
+	// says its units were never given back: call ReleaseFromLedger.
+	LedgerNeeded ReleaseCode = 5
+)
+
+// ReleaseResult says what a release did; when Home differs from the shard, the
+// caller gives the user's quota back on the home shard (Quota with QuotaRelease).
+type ReleaseResult struct {
+	Code     ReleaseCode
+	User     string
+	Quantity int
+	Home     int
+	ExpiryMs int64 // the reservation's: with its shard, it names its home pointer
+}
+
+// Release gives a reserved reservation's units back, once.
+func (s *Store) Release(ctx context.Context, shard int, key string) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, key)
+}
+
+// ReleaseFromLedger is Release for a reservation whose hash is gone (it
+// outlived the hash's backstop TTL): the ledger row's quantity, expiry and user
+// say what to give back, and its expiry-index entry, if still there with that
+// expiry, that it was never given back. qty 0 (no ledger row) only drops the
+// index entry.
+func (s *Store) ReleaseFromLedger(ctx context.Context, shard int, key string, qty int, expiryMs int64, user string) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, key, qty, expiryMs, user, HomeShard(user, len(s.shards)))
+}
+
+// Cancel is Release for the reservation's own user only.
+func (s *Store) Cancel(ctx context.Context, shard int, key, user string) (ReleaseResult, error) {
+	return s.release(ctx, cancelScript, shard, key, user)
+}
+
+func (s *Store) release(ctx context.Context, script script, shard int, key string, extra ...any) (ReleaseResult, error) {
+	k := s.shards[shard]
+	args := append([]any{key, shard}, extra...)
+	v, err := script.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Res(key), k.Users()}, args...).Slice()
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release on shard %d: %w", shard, err)
+	}
+	if len(v) != 5 {
+		return ReleaseResult{}, fmt.Errorf("release on shard %d: unexpected reply %v", shard, v)
+	}
+	return ReleaseResult{Code: ReleaseCode(toInt(v[0])), User: toString(v[1]), Quantity: int(toInt(v[2])), Home: int(toInt(v[3])), ExpiryMs: toInt(v[4])}, nil
+}
+
+// Expired lists up to limit reservation keys of a shard whose expiry is at or before
+// beforeMs (Redis clock).
+func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit int) ([]string, error) {
+	return s.rdb.ZRangeByScore(ctx, s.shards[shard].Index(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(beforeMs, 10), Count: int64(limit),
+	}).Result()
+}

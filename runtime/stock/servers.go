@@ -1,0 +1,237 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrRedisTooOld: a server runs a Redis older than 7.0. Older servers copy
+// SCRIPT LOAD to their replicas and their AOF, so a promoted replica, or a
+// server restarted from its AOF, would hold a reserve script body loaded for
+// another process and accept its possibly older data (see reserve.lua).
+var ErrRedisTooOld = errors.New("the shards need Redis 7.0 or later")
+
+// runID reads node's run id, and refuses a server older than 7.0.
+func runID(ctx context.Context, node *redis.Client) (string, error) {
+	info, err := node.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	return runIDFrom(node.Options().Addr, info)
+}
+
+// runIDFrom is the run id in an INFO answer that has its server section.
+func runIDFrom(addr, info string) (string, error) {
+	if err := checkVersion(addr, infoField(info, "redis_version")); err != nil {
+		return "", err
+	}
+	id := infoField(info, "run_id")
+	if id == "" {
+		return "", fmt.Errorf("%s: INFO server has no run_id", addr)
+	}
+	return id, nil
+}
+
+// Stamp records the run id of the server holding each shard in the metas that
+// have none (shards seeded before metas recorded it), so that the reserve
+// script can tell from then on when their data comes from another server
+// process. Call it only after checking that the servers did not restart. It
+// returns how many shards it stamped.
+func (s *Store) Stamp(ctx context.Context) (int, error) {
+	pipe := s.rdb.Pipeline()
+	has := make([]*redis.BoolCmd, len(s.shards))
+	for i, k := range s.shards {
+		has[i] = pipe.HExists(ctx, k.Meta(), "srv")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	stamped := 0
+	for i, k := range s.shards {
+		if has[i].Val() {
+			continue
+		}
+		n, err := stampScript.Run(ctx, s.rdb, []string{k.Meta()}).Int()
+		if err != nil {
+			return stamped, fmt.Errorf("stamp shard %d: %w", i, err)
+		}
+		stamped += n
+	}
+	return stamped, nil
+}
+
+// verifyServers sets Unverified on the states whose meta records another
+// server process than the one holding the shard now. Each server's run id is
+// read once, now: the reserve path's cached ids would miss a restart that no
+// reserve call has run into yet.
+func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
+	now := map[string]string{} // address -> run id
+	for i := range states {
+		st := &states[i]
+		if st.Server == "" {
+			continue
+		}
+		node, err := s.node(ctx, s.shards[st.Index].Meta())
+		if err != nil {
+			return err
+		}
+		addr := node.Options().Addr
+		id, ok := now[addr]
+		if !ok {
+			if id, err = runID(ctx, node); err != nil {
+				return err
+			}
+			now[addr] = id
+		}
+		st.Unverified = st.Server != id
+	}
+	return nil
+}
+
+// shardServers returns the servers holding the campaign's shards, each once: in a
+// cluster, the masters of their slots by the client's slot map.
+func (s *Store) shardServers(ctx context.Context) ([]*redis.Client, error) {
+	var out []*redis.Client
+	seen := map[string]bool{}
+	for _, k := range s.shards {
+		node, err := s.node(ctx, k.Meta())
+		if err != nil {
+			return nil, err
+		}
+		if addr := node.Options().Addr; !seen[addr] {
+			seen[addr] = true
+			out = append(out, node)
+		}
+	}
+	return out, nil
+}
+
+// Ping checks that every server holding the campaign's shards answers. A
+// keyless PING through a cluster client goes to a master of its slot map,
+// which a reload during a whole-cluster restart can leave empty until its next
+// refresh, and then fails; going by key, an empty map sends each ping to a
+// known node instead, and the first command that meets a moved slot reloads
+// the map.
+func (s *Store) Ping(ctx context.Context) error {
+	nodes, err := s.shardServers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, node := range nodes {
+		if err := node.Ping(ctx).Err(); err != nil {
+			s.redirected(ctx, err)
+			return fmt.Errorf("%s: %w", node.Options().Addr, err)
+		}
+	}
+	return nil
+}
+
+// RunIDs returns the run_id of every Redis server holding shards of the
+// campaign, keyed by address: in a cluster, the masters that own the slots of
+// the shards, not every master, so that a restart or a new master elsewhere in
+// a shared cluster does not read as this sale's data loss. A changed run_id
+// means the server restarted and may have lost its data; a shard whose slot
+// moves to another server shows up as a new address.
+func (s *Store) RunIDs(ctx context.Context) (map[string]string, error) {
+	srv, err := s.Servers(ctx)
+	return srv.RunIDs, err
+}
+
+// ServerCheck is what one INFO of each server holding shards says.
+type ServerCheck struct {
+	RunIDs map[string]string // by address
+	// Evicting is ErrEvictionPolicy naming the servers that may evict keys,
+	// or nil.
+	Evicting error
+}
+
+// Servers reads the servers holding the sale's shards, one INFO (server and
+// memory) each: RunIDs and CheckEviction in one round trip per server, for a
+// caller that needs both at every refresh.
+func (s *Store) Servers(ctx context.Context) (ServerCheck, error) {
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		// ForEachMaster reloads the slot map first (MasterForKey alone uses
+		// the cached one): a failover must show as the new master at once.
+		if err := c.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+			return ServerCheck{}, err
+		}
+	}
+	nodes, err := s.shardServers(ctx)
+	if err != nil {
+		return ServerCheck{}, err
+	}
+	out := ServerCheck{RunIDs: make(map[string]string, len(nodes))}
+	var evicting []string
+	for _, node := range nodes {
+		addr := node.Options().Addr
+		info, err := node.Info(ctx, "server", "memory").Result()
+		if err != nil {
+			// A server before 7.0 refuses two sections: INFO server alone
+			// names it (ErrRedisTooOld).
+			if _, verr := runID(ctx, node); verr != nil {
+				return out, verr
+			}
+			return out, err
+		}
+		id, err := runIDFrom(addr, info)
+		if err != nil {
+			return out, err
+		}
+		out.RunIDs[addr] = id
+		policy, max := infoField(info, "maxmemory_policy"), infoField(info, "maxmemory")
+		switch {
+		case policy == "" || max == "":
+			evicting = append(evicting, fmt.Sprintf("%s (INFO memory does not say its maxmemory and maxmemory-policy)", addr))
+		case policy != "noeviction" && max != "0":
+			evicting = append(evicting, fmt.Sprintf("%s (maxmemory %s, maxmemory-policy %s)", addr, max, policy))
+		}
+	}
+	if len(evicting) > 0 {
+		slices.Sort(evicting)
+		out.Evicting = fmt.Errorf("%w: %s", ErrEvictionPolicy, strings.Join(evicting, ", "))
+	}
+	return out, nil
+}
+
+// ErrEvictionPolicy: a server holding shards may evict keys under memory
+// pressure (maxmemory set, maxmemory-policy other than noeviction). An evicted
+// reservation hash loses its unit, an evicted users hash lifts the per-user
+// limit, an evicted stock key shows a shard sold out.
+var ErrEvictionPolicy = errors.New("a Redis server holding shards may evict keys: set maxmemory-policy noeviction (or no maxmemory)")
+
+// CheckEviction refuses servers holding shards that may evict keys
+// (ErrEvictionPolicy, naming them and their policy).
+func (s *Store) CheckEviction(ctx context.Context) error {
+	srv, err := s.Servers(ctx)
+	if err != nil {
+		return err
+	}
+	return srv.Evicting
+}
+
+func checkVersion(addr, version string) error {
+	major, _, _ := strings.Cut(version, ".")
+	n, err := strconv.Atoi(major)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: INFO server gives no redis_version (%q)", addr, version)
+	case n < 7:
+		return fmt.Errorf("%w: %s runs %s", ErrRedisTooOld, addr, version)
+	}
+	return nil
+}
+
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}

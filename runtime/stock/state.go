@@ -1,0 +1,83 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Unverified lists the shards of states (from State) whose meta was written
+// by another server process than the one holding them now (see reserve.lua):
+// restarted from a snapshot, or a replica promoted by a failover. Their stock
+// may be older than the ledger; the reserve script refuses them until they are
+// rebuilt.
+func Unverified(states []ShardState) []int {
+	var out []int
+	for _, st := range states {
+		if st.Unverified {
+			out = append(out, st.Index)
+		}
+	}
+	return out
+}
+
+// Now is the Redis server's clock, the one expiries are measured with.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	return s.rdb.Time(ctx).Result()
+}
+
+// ShardState is what a shard holds right now.
+type ShardState struct {
+	Index      int
+	Present    bool // the meta exists; false after Redis lost its data
+	State      string
+	Epoch      int64
+	Available  int64 // stock
+	Reserved   int64 // units in RESERVED reservations
+	Allocation int64 // units given to this shard (seed + changes)
+	LastChange int64
+	Withdrawn  int64  // units taken out of stock for an allocation decrease not yet settled
+	Server     string // run id of the server the shard was seeded or rebuilt on ("": not recorded)
+	// Unverified: the meta names another server process than the one holding
+	// the shard now (its run id read by State), so the reserve script refuses
+	// it (see reserve.lua). A meta that records no server is never unverified.
+	Unverified bool
+}
+
+// State reads every shard's stock and meta in one pipeline, then the run id of
+// each server holding a meta that records one (one INFO per server): cheap
+// enough to run every few seconds during a storm.
+func (s *Store) State(ctx context.Context) ([]ShardState, error) {
+	pipe := s.rdb.Pipeline()
+	stocks := make([]*redis.StringCmd, len(s.shards))
+	metas := make([]*redis.SliceCmd, len(s.shards))
+	for i, k := range s.shards {
+		stocks[i] = pipe.Get(ctx, k.Stock())
+		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]ShardState, len(s.shards))
+	for i := range s.shards {
+		st := ShardState{Index: i}
+		if v, err := stocks[i].Int64(); err == nil {
+			st.Available = v
+		}
+		m := metas[i].Val()
+		if len(m) == 7 && m[0] != nil {
+			st.Present = true
+			st.State = toString(m[0])
+			st.Epoch = atoi64(toString(m[1]))
+			st.Reserved = atoi64(toString(m[2]))
+			st.Allocation = atoi64(toString(m[3]))
+			st.LastChange = atoi64(toString(m[4]))
+			st.Withdrawn = atoi64(toString(m[5]))
+			st.Server = toString(m[6])
+		}
+		out[i] = st
+	}
+	return out, s.verifyServers(ctx, out)
+}
