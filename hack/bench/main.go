@@ -72,6 +72,7 @@ type options struct {
 	Targets           []string
 	Buckets           []int
 	Limits            LimitOptions
+	OpenLoop          []float64
 }
 
 func main() {
@@ -103,6 +104,7 @@ func main() {
 	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, bare, decr, pg-buckets")
 	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")
 	o.Limits.addFlags(fs)
+	fs.Float64SliceVar(&o.OpenLoop, "open-loop", []float64{0.5, 0.8}, "fractions of each target's closed-loop maximum at 64 buyers run open-loop (on a schedule, 64 connections) after the reservation storms")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -173,6 +175,11 @@ func (o *options) validate() error {
 		case targetReserve, targetBare, targetDecr, "pg-buckets":
 		default:
 			return fmt.Errorf("--targets %q: want reserve, bare, decr or pg-buckets", t)
+		}
+	}
+	for _, f := range o.OpenLoop {
+		if !(f > 0 && f <= 2) {
+			return fmt.Errorf("--open-loop %v out of (0, 2]", f)
 		}
 	}
 	for _, n := range o.Buckets {

@@ -125,6 +125,7 @@ func (r *Report) ratios() []Ratio {
 	const kind = "reservations"
 	res64, bare64 := r.stormRows(kind, targetReserve, 64), r.stormRows(kind, targetBare, 64)
 	out = append(out, r.referenceRatios()...)
+	out = append(out, r.openLoopRatios()...)
 	if len(res64) > 0 {
 		p99 := median(res64, func(s StormRow) float64 { return s.Latency.P99 })
 		out = append(out, Ratio{Name: "reserve p99 latency, 64 buyers", Value: p99, Unit: "ms", Target: "<= 10 ms", Met: p99 <= 10,
@@ -194,7 +195,7 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	for _, s := range r.Storms {
 		if s.Kind == "sold-out" {
 			sold = append(sold, s)
-		} else {
+		} else if s.Kind == "reservations" {
 			res = append(res, s)
 		}
 	}
@@ -246,6 +247,7 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		}
 		p("\n")
 	}
+	r.writeOpenLoop(p)
 	r.writeLimits(p)
 	if len(r.GoBench) > 0 {
 		p("### Go benchmarks\n\n")

@@ -173,7 +173,7 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 			return err
 		}
 		defer c.engine.Close()
-		row, err := e.storm(ctx, "sold-out", t, c, conc, 0, e.o.SoldOutDuration)
+		row, err := e.storm(ctx, "sold-out", t, c, conc, 0, e.o.SoldOutDuration, 0)
 		if err != nil {
 			return err
 		}
@@ -184,12 +184,14 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 
 // StormRow is one measured storm.
 type StormRow struct {
-	Kind        string  `json:"kind"`   // reservations | sold-out
-	Target      string  `json:"target"` // reserve | bare | decr | pg-buckets-<N>
-	Concurrency int     `json:"concurrency"`
-	Round       int     `json:"round,omitempty"` // reservation storms: 1..rounds
-	Seconds     float64 `json:"seconds"`
-	Requests    int64   `json:"requests"`
+	Kind        string `json:"kind"`   // reservations | sold-out | open-loop
+	Target      string `json:"target"` // reserve | bare | decr | pg-buckets-<N>
+	Concurrency int    `json:"concurrency"`
+	Round       int    `json:"round,omitempty"` // reservation storms: 1..rounds
+	// Rate is an open-loop storm's schedule, requests per second (0: closed).
+	Rate     float64 `json:"rate,omitempty"`
+	Seconds  float64 `json:"seconds"`
+	Requests int64   `json:"requests"`
 	// RequestsPerSecond counts every answer; ReservationsPerSecond only the
 	// acknowledged reservations (201).
 	RequestsPerSecond     float64                     `json:"requests_per_second"`
@@ -218,8 +220,14 @@ type StormRow struct {
 
 // storm runs one measured storm (after its warm-up). The label names the
 // buyers too, so no storm replays another's requests.
-func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc, round int, dur time.Duration) (StormRow, error) {
+//
+// A positive rate makes the measured storm open-loop (storm.Config.Rate) at
+// that many requests per second on conc connections; the warm-up is closed.
+func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc, round int, dur time.Duration, rate float64) (StormRow, error) {
 	label := fmt.Sprintf("%s-%s-%d", kind, target, conc)
+	if rate > 0 {
+		label += fmt.Sprintf("-rate%.0f", rate)
+	}
 	if round > 0 {
 		label += fmt.Sprintf("-round%d", round)
 	}
@@ -261,9 +269,9 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 			return StormRow{}, err
 		}
 	}
-	cfg.Duration, cfg.UserPrefix = dur, label
+	cfg.Duration, cfg.UserPrefix, cfg.Rate = dur, label, rate
 
-	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, LoadBefore: readLoad()}
+	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, Rate: rate, LoadBefore: readLoad()}
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
 	var profErr error
 	var profWG sync.WaitGroup
@@ -323,7 +331,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	row.ReservationsPerSecond = r.ReservationsPerSecond
 	row.Latency = r.LatencyMS[storm.OpReserve]
 	row.Outcomes = r.Outcomes[storm.OpReserve]
-	if kind == "reservations" {
+	if kind == "reservations" || kind == kindOpenLoop {
 		// New reservations only: a replay (200) writes nothing to the ledger.
 		row.ReservationsPerSecond = 0
 		if r.ElapsedSeconds > 0 {
