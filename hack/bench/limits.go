@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -13,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -33,7 +37,7 @@ type LimitOptions struct {
 func (l *LimitOptions) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.Calls, "limits-calls", 200_000, "redis-benchmark calls of each script run (each reserve call adds a live reservation)")
 	fs.IntVar(&l.Clients, "limits-clients", 50, "redis-benchmark connections")
-	fs.IntVar(&l.Rounds, "limits-rounds", 3, "times the two scripts take turns under redis-benchmark")
+	fs.IntVar(&l.Rounds, "limits-rounds", 3, "times the scripts (reserve by EVALSHA and by FCALL, DECR) take turns under redis-benchmark")
 	fs.IntVar(&l.CopyRows, "limits-copy-rows", 1_000_000, "order rows of the COPY run")
 	fs.IntVar(&l.CopyBatch, "limits-copy-batch", 10_000, "rows per COPY (one transaction each)")
 }
@@ -53,6 +57,7 @@ type LimitRow struct {
 const (
 	limitReserve = "redis-benchmark EVALSHA reserve.lua (a new buyer each call)"
 	limitDecr    = "redis-benchmark EVALSHA of a one-command script (DECR)"
+	limitFcall   = "redis-benchmark FCALL of the same reserve body (FUNCTION LOAD)"
 	limitCopy    = "PostgreSQL COPY of order rows"
 )
 
@@ -85,11 +90,15 @@ func (e *benchEnv) limits(ctx context.Context) error {
 		"u__rand_int__", "b__rand_int__", "1", strconv.Itoa(maxPerUser), strconv.FormatInt(reservationTT.Milliseconds(), 10),
 		"86400", "0", string(stock.ModeClaim), "0"}
 	decrArgs := []string{"EVALSHA", decrScriptRef.Hash(), "1", decrKey(k)}
+	if err := e.loadReserveFunction(ctx, runID, reserve.Hash()); err != nil {
+		return err
+	}
+	fcallArgs := append([]string{"FCALL", reserveFunction}, reserveArgs[2:]...)
 	for round := 1; round <= e.o.Limits.Rounds; round++ {
 		for _, r := range []struct {
 			name, counter string
 			args          []string
-		}{{limitReserve, k.Stock(), reserveArgs}, {limitDecr, decrKey(k), decrArgs}} {
+		}{{limitReserve, k.Stock(), reserveArgs}, {limitFcall, k.Stock(), fcallArgs}, {limitDecr, decrKey(k), decrArgs}} {
 			row, err := e.redisBenchmark(ctx, r.name, round, r.counter, r.args)
 			if err != nil {
 				return err
@@ -121,24 +130,48 @@ func (e *benchEnv) runID(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("INFO server has no run_id")
 }
 
-// evalshaStats is INFO commandstats' calls and usec of EVALSHA.
+// reserveFunction is the reserve body loaded as a Redis function.
+const reserveFunction = "flashsale_bench_reserve"
+
+// loadReserveFunction loads the body the product runs on this server
+// (reserve.lua with this server's run id, checked against its SHA) as a
+// function library, to price FCALL against EVALSHA of the same code.
+func (e *benchEnv) loadReserveFunction(ctx context.Context, runID, sha string) error {
+	src, err := os.ReadFile(repoPath(testharness.RepoRoot(), "runtime", "stock", "scripts", "reserve.lua"))
+	if err != nil {
+		return err
+	}
+	body := strings.Replace(string(src), "'SERVER_RUN_ID'", strconv.Quote(runID), 1)
+	if h := sha1.Sum([]byte(body)); hex.EncodeToString(h[:]) != sha {
+		return fmt.Errorf("reserve.lua with the run id is not the body the product loads (sha %x, want %s)", h, sha)
+	}
+	lib := "#!lua name=flashsale_bench\nredis.register_function('" + reserveFunction + "', function(KEYS, ARGV)\n" + body + "\nend)\n"
+	return e.rdb.FunctionLoadReplace(ctx, lib).Err()
+}
+
+// evalshaStats is INFO commandstats' calls and usec of EVALSHA and FCALL.
 func (e *benchEnv) evalshaStats(ctx context.Context) (calls, usec int64) {
 	info, err := e.rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return 0, 0
 	}
 	for _, line := range strings.Split(info, "\n") {
-		v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		line = strings.TrimSpace(line)
+		v, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
 		if !ok {
-			continue
+			if v, ok = strings.CutPrefix(line, "cmdstat_fcall:"); !ok {
+				continue
+			}
 		}
 		for _, f := range strings.Split(v, ",") {
 			k, n, _ := strings.Cut(f, "=")
 			switch k {
 			case "calls":
-				calls, _ = strconv.ParseInt(n, 10, 64)
+				c, _ := strconv.ParseInt(n, 10, 64)
+				calls += c
 			case "usec":
-				usec, _ = strconv.ParseInt(n, 10, 64)
+				u, _ := strconv.ParseInt(n, 10, 64)
+				usec += u
 			}
 		}
 	}
@@ -172,7 +205,7 @@ func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, c
 	calls1, usec1 := e.evalshaStats(ctx)
 	row.Calls = calls1 - calls0
 	if row.Calls < int64(e.o.Limits.Calls) {
-		return row, fmt.Errorf("redis-benchmark %s: %d EVALSHA calls reached the server, want %d\n%s", name, row.Calls, e.o.Limits.Calls, out)
+		return row, fmt.Errorf("redis-benchmark %s: %d script calls reached the server, want %d\n%s", name, row.Calls, e.o.Limits.Calls, out)
 	}
 	// Every call took a unit: the run measured reservations, not refusals. A
 	// random buyer drawn twice (about calls²/2e9 of them) is refused, no more.
