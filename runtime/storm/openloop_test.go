@@ -193,6 +193,23 @@ func TestOpenLoopStopsAtTheDuration(t *testing.T) {
 	}
 }
 
+// Behind schedule at the end of the duration, every journey due before the
+// end is still sent, late, and its lateness counted: 3 ms per request,
+// journeys due every 2 ms, 10 ms: due at 0, 2, 4, 6, 8 ms, sent at 0, 3, 6,
+// 9, 12 ms; the last is answered at 15 ms, 7 ms after its due time.
+func TestOpenLoopSendsEveryJourneyDueBeforeTheEnd(t *testing.T) {
+	clock := &fakeClock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	cfg := clockedConfig(serviceAPI(t, clock, 3*time.Millisecond), clock, 500, 0)
+	cfg.Buyers, cfg.Count, cfg.Duration = 1000, 0, 10*time.Millisecond
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := res.Latency[OpReserve]; res.Journeys != 5 || l.Max != 7*time.Millisecond {
+		t.Errorf("%d journeys, latency %+v; want 5, the last 7 ms late", res.Journeys, l)
+	}
+}
+
 func TestRateValidation(t *testing.T) {
 	for _, rate := range []float64{-1, math.NaN(), math.Inf(1), 2e6} {
 		cfg := baseConfig("http://127.0.0.1:1")
