@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -183,6 +184,13 @@ func (e *benchEnv) evalshaStats(ctx context.Context) (calls, usec int64) {
 func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, counter string, args []string) (LimitRow, error) {
 	row := LimitRow{Name: name, Round: round, LoadBefore: readLoad()}
 	logf("limits: %s, round %d (load %s)", name, round, row.LoadBefore)
+	// Buyers of earlier runs hold their unit: each run draws its own, so only
+	// a buyer drawn twice within the run is refused.
+	e.limitRuns++
+	args = slices.Clone(args)
+	for i, a := range args {
+		args[i] = strings.ReplaceAll(a, "__rand_int__", fmt.Sprintf("r%d-__rand_int__", e.limitRuns))
+	}
 	cmdArgs := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(e.redis.Port()), "-c", strconv.Itoa(e.o.Limits.Clients),
 		"-n", strconv.Itoa(e.o.Limits.Calls), "-r", "1000000000", "-q"}, args...)
 	before, err := e.rdb.Get(ctx, counter).Int64()

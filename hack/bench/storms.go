@@ -60,6 +60,7 @@ type benchEnv struct {
 	listenFlag string
 	profiled   bool
 	postmaster int // pid, found on first use
+	limitRuns  int // redis-benchmark runs so far (limits.go)
 }
 
 // campaign is one seeded FlashSale; the run keeps an engine on it for audits.
