@@ -115,7 +115,7 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps bench-rebuild ## Run the benchmarks of docs/benchmarks.md (15–20 minutes); BENCH_ARGS="--json" for JSON.
+bench: deps bench-rebuild ## Run the benchmarks of docs/benchmarks.md and docs/capacity.md (20–25 minutes); BENCH_ARGS="--json" for JSON.
 	go run ./hack/bench $(BENCH_ARGS)
 
 .PHONY: bench-rebuild

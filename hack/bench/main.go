@@ -5,10 +5,17 @@
 //   - storms against one `flashsale reserve` process (exec'd, configured by
 //     the FLASHSALE_* environment) with an allocation no storm can exhaust, so
 //     every answer is a reservation;
-//   - the same storms against hack/bench/bare, a bare handler that serves the
-//     same route with one call of the same reserve script and nothing else;
-//   - a sold-out storm against both;
+//   - the same storms, taking turns with it in every round, against the
+//     references behind the same route (hack/bench/bare): the bare handler
+//     (one call of the same reserve script and nothing else), HTTP plus a
+//     one-command script (DECR), and the PostgreSQL bucket design (N bucket
+//     rows per SKU, a conditional decrement on a random bucket with up to two
+//     others tried, the order row inserted in the same transaction) for each
+//     --buckets N;
+//   - a sold-out storm against reserve and the bare handler;
 //   - PostgreSQL hot-row baselines on a one-row inventory table;
+//   - the physical limits (limits.go): redis-benchmark of reserve.lua and of
+//     a one-command script, and PostgreSQL COPY of order rows;
 //   - the Go benchmarks of the engine and the ledger.
 //
 // It starts its own redis-server and PostgreSQL (internal/testharness) on
@@ -62,6 +69,10 @@ type options struct {
 	PostgresDSN       string
 	Durable           bool
 	Skip              []string
+	Targets           []string
+	Buckets           []int
+	Limits            LimitOptions
+	OpenLoop          []float64
 }
 
 func main() {
@@ -89,7 +100,11 @@ func main() {
 	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one; the run's databases are dropped at the end")
 	fs.BoolVar(&o.Durable, "durable", true, "run the started PostgreSQL with fsync on, as production does (the ledger's group commit and the hot-row baselines both pay for durability); --durable=false measures without it")
-	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow (gobench has its own flag)")
+	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow, limits, openloop (gobench has its own flag)")
+	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, bare, decr, pg-buckets")
+	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")
+	o.Limits.addFlags(fs)
+	fs.Float64SliceVar(&o.OpenLoop, "open-loop", []float64{0.5, 0.8}, "fractions of each target's closed-loop maximum at 64 buyers run open-loop (on a schedule, 64 connections) after the reservation storms")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -150,9 +165,26 @@ func (o *options) validate() error {
 	}
 	for _, s := range o.Skip {
 		switch s {
-		case "storm", "soldout", "hotrow":
+		case "storm", "soldout", "hotrow", "limits", "openloop":
 		default:
-			return fmt.Errorf("--skip %q: want storm, soldout or hotrow", s)
+			return fmt.Errorf("--skip %q: want storm, soldout, hotrow, limits or openloop", s)
+		}
+	}
+	for _, t := range o.Targets {
+		switch t {
+		case targetReserve, targetBare, targetDecr, "pg-buckets":
+		default:
+			return fmt.Errorf("--targets %q: want reserve, bare, decr or pg-buckets", t)
+		}
+	}
+	for _, f := range o.OpenLoop {
+		if !(f > 0 && f <= 2) {
+			return fmt.Errorf("--open-loop %v out of (0, 2]", f)
+		}
+	}
+	for _, n := range o.Buckets {
+		if n < 1 || n > 100_000 {
+			return fmt.Errorf("--buckets %d out of 1..100000", n)
 		}
 	}
 	return nil
@@ -187,7 +219,7 @@ func run(ctx context.Context, o *options, settings map[string]string) (*Report, 
 	}
 	defer os.RemoveAll(work)
 
-	needServers := !o.skips("storm") || !o.skips("soldout") || !o.skips("hotrow")
+	needServers := !o.skips("storm") || !o.skips("soldout") || !o.skips("hotrow") || !o.skips("limits")
 	if needServers {
 		if err := runServers(ctx, o, root, work, rep); err != nil {
 			rep.finish()
@@ -272,6 +304,11 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 	}
 	if !o.skips("hotrow") {
 		if err := env.hotRows(ctx); err != nil {
+			return err
+		}
+	}
+	if !o.skips("limits") {
+		if err := env.limits(ctx); err != nil {
 			return err
 		}
 	}

@@ -24,6 +24,7 @@ type Report struct {
 	Options         *options          `json:"-"`
 	Storms          []StormRow        `json:"storms"`
 	HotRow          []HotRowRow       `json:"hot_row"`
+	Limits          []LimitRow        `json:"physical_limits,omitempty"`
 	GoBenchCommands []string          `json:"go_bench_commands,omitempty"`
 	GoBench         []GoBench         `json:"go_bench"`
 	Ratios          []Ratio           `json:"ratios"`
@@ -123,13 +124,8 @@ func (r *Report) ratios() []Ratio {
 	var out []Ratio
 	const kind = "reservations"
 	res64, bare64 := r.stormRows(kind, targetReserve, 64), r.stormRows(kind, targetBare, 64)
-	if len(res64) > 0 && len(bare64) > 0 {
-		res, bare := median(res64, rate), median(bare64, rate)
-		med, paired := res/bare, pairedRatio(rates(res64), rates(bare64))
-		out = append(out, Ratio{Name: "reserve / bare handler throughput, 64 buyers", Value: med * 100, Unit: "%", Target: ">= 60%", Met: med >= 0.60 && paired >= 0.60,
-			Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d rounds (reserve %s; bare %s); median of the rounds' own ratios %.1f%%",
-				res, bare, len(res64), joinFloats(rates(res64)), joinFloats(rates(bare64)), paired*100)})
-	}
+	out = append(out, r.referenceRatios()...)
+	out = append(out, r.openLoopRatios()...)
 	if len(res64) > 0 {
 		p99 := median(res64, func(s StormRow) float64 { return s.Latency.P99 })
 		out = append(out, Ratio{Name: "reserve p99 latency, 64 buyers", Value: p99, Unit: "ms", Target: "<= 10 ms", Met: p99 <= 10,
@@ -199,7 +195,7 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	for _, s := range r.Storms {
 		if s.Kind == "sold-out" {
 			sold = append(sold, s)
-		} else {
+		} else if s.Kind == "reservations" {
 			res = append(res, s)
 		}
 	}
@@ -251,6 +247,8 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		}
 		p("\n")
 	}
+	r.writeOpenLoop(p)
+	r.writeLimits(p)
 	if len(r.GoBench) > 0 {
 		p("### Go benchmarks\n\n")
 		for _, c := range r.GoBenchCommands {
@@ -270,7 +268,10 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		p("### Against the targets\n\n| figure | value | target | met | detail |\n|---|---:|---|---|---|\n")
 		for _, x := range r.Ratios {
 			met := "**no**"
-			if x.Met {
+			switch {
+			case x.Target == "":
+				met = "-"
+			case x.Met:
 				met = "yes"
 			}
 			val := fmt.Sprintf("%.1f %s", x.Value, x.Unit)
@@ -287,8 +288,13 @@ func (r *Report) writeMarkdown(w io.Writer) {
 }
 
 func targetName(t string) string {
-	if t == targetReserve {
+	switch {
+	case t == targetReserve:
 		return "`flashsale reserve`"
+	case t == targetDecr:
+		return "HTTP + one-command script (DECR)"
+	case bucketsOf(t) > 0:
+		return fmt.Sprintf("PostgreSQL, %d bucket rows", bucketsOf(t))
 	}
 	return "bare handler"
 }

@@ -60,6 +60,7 @@ type benchEnv struct {
 	listenFlag string
 	profiled   bool
 	postmaster int // pid, found on first use
+	limitRuns  int // redis-benchmark runs so far (limits.go)
 }
 
 // campaign is one seeded FlashSale; the run keeps an engine on it for audits.
@@ -68,6 +69,7 @@ type campaign struct {
 	id     string
 	alloc  int64
 	engine *engine.Engine
+	dsn    string // the bucket design's database (pg-buckets targets)
 }
 
 func (e *benchEnv) setup(ctx context.Context) error {
@@ -159,59 +161,6 @@ func (e *benchEnv) env(c *campaign) []string {
 	}
 }
 
-// Targets of a storm.
-const (
-	targetReserve = "reserve"
-	targetBare    = "bare"
-)
-
-func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label string) (*server, error) {
-	if target == targetReserve {
-		env := e.env(c)
-		if e.o.Profile != "" {
-			port, err := testharness.FreePort()
-			if err != nil {
-				return nil, err
-			}
-			e.debugAddr = fmt.Sprintf("127.0.0.1:%d", port)
-			env = append(env, config.EnvDebugListen+"="+e.debugAddr)
-		}
-		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, env)
-	}
-	return startServer(ctx, label, e.work, e.bare, nil, "--listen", e.env(c))
-}
-
-// reservationStorms: reserve and bare, each at every concurrency, on
-// campaigns no storm can sell out.
-func (e *benchEnv) reservationStorms(ctx context.Context) error {
-	if err := e.setup(ctx); err != nil {
-		return err
-	}
-	camps := map[string]*campaign{}
-	for _, t := range []string{targetReserve, targetBare} {
-		c, err := e.newCampaign(ctx, "storm-"+t, e.o.Allocation)
-		if err != nil {
-			return err
-		}
-		defer c.engine.Close()
-		camps[t] = c
-	}
-	// Interleaved, and repeated: the machine's speed drifts by more than the
-	// gap being measured, so the targets take turns and the ratios use medians.
-	for round := 1; round <= e.o.Rounds; round++ {
-		for _, conc := range e.o.Concurrency {
-			for _, t := range []string{targetReserve, targetBare} {
-				row, err := e.storm(ctx, "reservations", t, camps[t], conc, round, e.o.Duration)
-				if err != nil {
-					return err
-				}
-				e.rep.Storms = append(e.rep.Storms, row)
-			}
-		}
-	}
-	return nil
-}
-
 // soldOutStorms: small allocations, taken during the warm-up, so the measured
 // storm gets sold-out answers only.
 func (e *benchEnv) soldOutStorms(ctx context.Context) error {
@@ -225,7 +174,7 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 			return err
 		}
 		defer c.engine.Close()
-		row, err := e.storm(ctx, "sold-out", t, c, conc, 0, e.o.SoldOutDuration)
+		row, err := e.storm(ctx, "sold-out", t, c, conc, 0, e.o.SoldOutDuration, 0)
 		if err != nil {
 			return err
 		}
@@ -236,12 +185,14 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 
 // StormRow is one measured storm.
 type StormRow struct {
-	Kind        string  `json:"kind"`   // reservations | sold-out
-	Target      string  `json:"target"` // reserve | bare
-	Concurrency int     `json:"concurrency"`
-	Round       int     `json:"round,omitempty"` // reservation storms: 1..rounds
-	Seconds     float64 `json:"seconds"`
-	Requests    int64   `json:"requests"`
+	Kind        string `json:"kind"`   // reservations | sold-out | open-loop
+	Target      string `json:"target"` // reserve | bare | decr | pg-buckets-<N>
+	Concurrency int    `json:"concurrency"`
+	Round       int    `json:"round,omitempty"` // reservation storms: 1..rounds
+	// Rate is an open-loop storm's schedule, requests per second (0: closed).
+	Rate     float64 `json:"rate,omitempty"`
+	Seconds  float64 `json:"seconds"`
+	Requests int64   `json:"requests"`
 	// RequestsPerSecond counts every answer; ReservationsPerSecond only the
 	// acknowledged reservations (201).
 	RequestsPerSecond     float64                     `json:"requests_per_second"`
@@ -270,12 +221,18 @@ type StormRow struct {
 
 // storm runs one measured storm (after its warm-up). The label names the
 // buyers too, so no storm replays another's requests.
-func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc, round int, dur time.Duration) (StormRow, error) {
+//
+// A positive rate makes the measured storm open-loop (storm.Config.Rate) at
+// that many requests per second on conc connections; the warm-up is closed.
+func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, conc, round int, dur time.Duration, rate float64) (StormRow, error) {
 	label := fmt.Sprintf("%s-%s-%d", kind, target, conc)
+	if rate > 0 {
+		label += fmt.Sprintf("-rate%.0f", rate)
+	}
 	if round > 0 {
 		label += fmt.Sprintf("-round%d", round)
 	}
-	srv, err := e.start(ctx, target, c, label)
+	srv, err := e.start(ctx, target, c, label, conc)
 	if err != nil {
 		return StormRow{}, err
 	}
@@ -313,9 +270,9 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 			return StormRow{}, err
 		}
 	}
-	cfg.Duration, cfg.UserPrefix = dur, label
+	cfg.Duration, cfg.UserPrefix, cfg.Rate = dur, label, rate
 
-	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, LoadBefore: readLoad()}
+	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, Rate: rate, LoadBefore: readLoad()}
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
 	var profErr error
 	var profWG sync.WaitGroup
@@ -375,7 +332,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	row.ReservationsPerSecond = r.ReservationsPerSecond
 	row.Latency = r.LatencyMS[storm.OpReserve]
 	row.Outcomes = r.Outcomes[storm.OpReserve]
-	if kind == "reservations" {
+	if kind == "reservations" || kind == kindOpenLoop {
 		// New reservations only: a replay (200) writes nothing to the ledger.
 		row.ReservationsPerSecond = 0
 		if r.ElapsedSeconds > 0 {

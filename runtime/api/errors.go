@@ -95,7 +95,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	// Not every ResponseWriter supports deadlines (tests' recorders); then the
 	// server's WriteTimeout alone applies.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWriteTime))
-	b, err := json.Marshal(v)
+	var b []byte
+	var err error
+	if r, ok := v.(ReservationBody); ok {
+		b, err = r.appendJSON(make([]byte, 0, 128))
+	} else {
+		b, err = json.Marshal(v)
+	}
 	if err != nil {
 		// Only our own response types get here; they always marshal.
 		status, b = http.StatusInternalServerError, []byte(`{"code":"UNAVAILABLE","message":"response encoding failed"}`)

@@ -283,9 +283,9 @@ func (s *Server) admit(r *http.Request) (admission.Claims, *apiError) {
 		return admission.Claims{}, unauthorized("an admission token is required: Authorization: Bearer <token>")
 	}
 	now := s.cfg.Now()
-	c, err := admission.Parse(s.cfg.AdmissionKey, strings.TrimSpace(token), now)
-	if errors.Is(err, admission.ErrBadSignature) && len(s.cfg.AdmissionKeyAlt) > 0 {
-		c, err = admission.Parse(s.cfg.AdmissionKeyAlt, strings.TrimSpace(token), now)
+	c, err := s.verifier.Parse(strings.TrimSpace(token), now)
+	if errors.Is(err, admission.ErrBadSignature) && s.verifierAlt != nil {
+		c, err = s.verifierAlt.Parse(strings.TrimSpace(token), now)
 	}
 	switch {
 	case errors.Is(err, admission.ErrExpired):

@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,8 +24,11 @@ type Metrics struct {
 	latency       *prometheus.HistogramVec
 	scriptCalls   prometheus.Counter
 	scriptLatency *prometheus.HistogramVec
-	batchSize     prometheus.Histogram
-	batchLatency  prometheus.Histogram
+	// reserveScript and otherScript are scriptLatency's two series, looked up
+	// once (on first use, so an unused one is not exported).
+	reserveScript, otherScript func() prometheus.Observer
+	batchSize                  prometheus.Histogram
+	batchLatency               prometheus.Histogram
 }
 
 // latencyBuckets resolve the sub-millisecond range, where a healthy reserve lives,
@@ -64,6 +68,8 @@ func NewMetrics() *Metrics {
 			Buckets: latencyBuckets,
 		}),
 	}
+	m.reserveScript = sync.OnceValue(func() prometheus.Observer { return m.scriptLatency.WithLabelValues("reserve") })
+	m.otherScript = sync.OnceValue(func() prometheus.Observer { return m.scriptLatency.WithLabelValues("other") })
 	m.reg.MustRegister(m.requests, m.latency, m.scriptCalls, m.scriptLatency, m.batchSize, m.batchLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -98,13 +104,13 @@ func (h scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		start := time.Now()
 		err := next(ctx, cmd)
-		script := "other"
+		obs := h.m.otherScript
 		if args := cmd.Args(); len(args) > 1 {
 			if s, ok := args[1].(string); ok && (name == "evalsha" && stock.IsReserveScript(s) || name == "eval" && stock.IsReserveScript(sha1Hex(s))) {
-				script = "reserve"
+				obs = h.m.reserveScript
 			}
 		}
-		h.m.scriptLatency.WithLabelValues(script).Observe(time.Since(start).Seconds())
+		obs().Observe(time.Since(start).Seconds())
 		return err
 	}
 }

@@ -16,9 +16,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
@@ -116,9 +118,12 @@ type Server struct {
 	metrics *Metrics
 	log     *slog.Logger
 	limiter *limiter
-	mux     *http.ServeMux
-	handler http.Handler // mux behind canonicalOnly
-	routes  []Route
+	// verifiers check admission tokens with the key and, when set, the
+	// alternative key, without keying an HMAC per request.
+	verifier, verifierAlt *admission.Verifier
+	mux                   *http.ServeMux
+	handler               http.Handler // mux behind canonicalOnly
+	routes                []Route
 
 	draining atomic.Bool
 	// confirmed: the ledger has shown the campaign as configured (readyz).
@@ -158,6 +163,15 @@ func New(cfg Config) (*Server, error) {
 		log:     cfg.Logger,
 		limiter: newLimiter(cfg.RateLimit, cfg.RateBurst),
 		snapSem: make(chan struct{}, 1),
+	}
+	var err error
+	if s.verifier, err = admission.NewVerifier(cfg.AdmissionKey); err != nil {
+		return nil, err
+	}
+	if len(cfg.AdmissionKeyAlt) > 0 {
+		if s.verifierAlt, err = admission.NewVerifier(cfg.AdmissionKeyAlt); err != nil {
+			return nil, fmt.Errorf("api: the alternative admission key: %w", err)
+		}
 	}
 	s.routes = []Route{
 		{"reserve", http.MethodPost, "/api/v1/flash-sale/reserve", s.reserve},
@@ -240,11 +254,18 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 func (s *Server) instrument(route string, h func(http.ResponseWriter, *http.Request) string) http.Handler {
 	latency := s.metrics.latency.WithLabelValues(route)
+	// The (route, code) counters, looked up once each: codes are the API's
+	// few constants, and a label lookup per request hashes both values.
+	var counters sync.Map // code -> prometheus.Counter
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		code := h(w, r)
 		latency.Observe(time.Since(start).Seconds())
-		s.metrics.requests.WithLabelValues(route, code).Inc()
+		c, ok := counters.Load(code)
+		if !ok {
+			c, _ = counters.LoadOrStore(code, s.metrics.requests.WithLabelValues(route, code))
+		}
+		c.(prometheus.Counter).Inc()
 	})
 }
 

@@ -36,10 +36,20 @@ func (a answer) retryable() bool {
 // call sends one request, moving to the next URL after a transport error,
 // a 503 or a 429, at most MaxAttempts times. Every attempt is counted.
 func (s *stormer) call(ctx context.Context, st *workerStats, op string, urlIndex int, method, path, token, body string) answer {
+	return s.callFrom(ctx, st, op, urlIndex, method, path, token, body, time.Time{})
+}
+
+// callFrom is call whose first attempt's latency is measured from intended
+// (the open loop's scheduled start) when that is set, not from its send.
+func (s *stormer) callFrom(ctx context.Context, st *workerStats, op string, urlIndex int, method, path, token, body string, intended time.Time) answer {
 	var a answer
 	for attempt := range s.cfg.MaxAttempts {
 		base := s.cfg.URLs[(urlIndex+attempt)%len(s.cfg.URLs)]
-		a = s.once(ctx, st, op, base, method, path, token, body)
+		from := time.Time{}
+		if attempt == 0 {
+			from = intended
+		}
+		a = s.once(ctx, st, op, base, method, path, token, body, from)
 		if !a.retryable() || attempt == s.cfg.MaxAttempts-1 || ctx.Err() != nil {
 			return a
 		}
@@ -56,7 +66,7 @@ func (s *stormer) call(ctx context.Context, st *workerStats, op string, urlIndex
 	return a
 }
 
-func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, path, token, body string) answer {
+func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, path, token, body string, intended time.Time) answer {
 	// A stopping storm lets requests already sent finish (the client timeout
 	// bounds them): cutting them would turn acknowledged reservations into
 	// unknown ones and spoil the audit.
@@ -70,7 +80,6 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	start := time.Now()
 	sentAt := s.cfg.Now()
 	resp, err := s.cfg.Client.Do(req)
 	s.requests.Add(1)
@@ -82,7 +91,7 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswerBytes)) // let the connection be reused
 	resp.Body.Close()
-	d := time.Since(start)
+	d := latency(intended, sentAt, s.cfg.Now())
 	if err != nil {
 		st.count(op, "ERR body", 0, false)
 		s.failed.Add(1)

@@ -74,10 +74,10 @@ func (h *histogram) quantile(q float64) time.Duration {
 
 // Latency summarises one operation's latencies.
 type Latency struct {
-	Count              int64
-	P50, P90, P99, Max time.Duration
+	Count                    int64
+	P50, P90, P99, P999, Max time.Duration
 }
 
 func (h *histogram) summary() Latency {
-	return Latency{Count: h.n, P50: h.quantile(0.50), P90: h.quantile(0.90), P99: h.quantile(0.99), Max: h.max}
+	return Latency{Count: h.n, P50: h.quantile(0.50), P90: h.quantile(0.90), P99: h.quantile(0.99), P999: h.quantile(0.999), Max: h.max}
 }

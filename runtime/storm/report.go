@@ -15,6 +15,7 @@ type LatencyMS struct {
 	P50   float64 `json:"p50"`
 	P90   float64 `json:"p90"`
 	P99   float64 `json:"p99"`
+	P999  float64 `json:"p999"`
 	Max   float64 `json:"max"`
 }
 
@@ -24,6 +25,9 @@ type Report struct {
 	SKU         string   `json:"sku"`
 	Buyers      int      `json:"buyers"`
 	Concurrency int      `json:"concurrency"`
+	// Rate is the open loop's schedule in journeys per second (0: closed
+	// loop); its latencies count from each journey's due time.
+	Rate float64 `json:"rate,omitempty"`
 
 	ElapsedSeconds        float64                     `json:"elapsed_seconds"`
 	Journeys              int64                       `json:"journeys"`
@@ -51,7 +55,7 @@ type Report struct {
 // NewReport summarises a storm and its audit (which may be nil).
 func NewReport(cfg Config, res *Result, audit *Audit) *Report {
 	r := &Report{
-		URLs: cfg.URLs, SKU: cfg.SKU, Buyers: cfg.Buyers, Concurrency: cfg.Concurrency,
+		URLs: cfg.URLs, SKU: cfg.SKU, Buyers: cfg.Buyers, Concurrency: cfg.Concurrency, Rate: cfg.Rate,
 		ElapsedSeconds: res.Elapsed.Seconds(), Journeys: res.Journeys, Requests: res.Requests,
 		RequestsPerSecond: res.Throughput(), Outcomes: res.Outcomes, LatencyMS: map[string]LatencyMS{},
 		Acked: len(res.Acked), Confirmed: len(res.Confirmed), Cancelled: len(res.Cancelled), Abandoned: res.Abandoned,
@@ -64,7 +68,7 @@ func NewReport(cfg Config, res *Result, audit *Audit) *Report {
 		r.ReservationsPerSecond = float64(len(res.Acked)) / res.Elapsed.Seconds()
 	}
 	for op, l := range res.Latency {
-		r.LatencyMS[op] = LatencyMS{Count: l.Count, P50: ms(l.P50), P90: ms(l.P90), P99: ms(l.P99), Max: ms(l.Max)}
+		r.LatencyMS[op] = LatencyMS{Count: l.Count, P50: ms(l.P50), P90: ms(l.P90), P99: ms(l.P99), P999: ms(l.P999), Max: ms(l.Max)}
 	}
 	if r.Concurrency <= 0 {
 		r.Concurrency = DefaultConcurrency
@@ -118,10 +122,13 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%d\n", name, l, r.Outcomes[op][l])
 		}
 	}
-	fmt.Fprintln(tw, "\nlatency (ms):\tcount\tp50\tp90\tp99\tmax")
+	if r.Rate > 0 {
+		fmt.Fprintf(tw, "\nopen loop at %.0f journeys/s: reserve latencies count from each journey's due time\n", r.Rate)
+	}
+	fmt.Fprintln(tw, "\nlatency (ms):\tcount\tp50\tp90\tp99\tp99.9\tmax")
 	for _, op := range sortedOps(r.LatencyMS) {
 		l := r.LatencyMS[op]
-		fmt.Fprintf(tw, "  %s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\n", op, l.Count, l.P50, l.P90, l.P99, l.Max)
+		fmt.Fprintf(tw, "  %s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\n", op, l.Count, l.P50, l.P90, l.P99, l.P999, l.Max)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -64,6 +64,12 @@ type Config struct {
 	Timeout     time.Duration // per request
 	MaxAttempts int           // attempts per request on transport errors, 503 and 429
 	Seed        uint64        // journey n makes the same choices (retry, checkout, ...) for the same seed
+	// Rate, when positive, makes the storm open-loop: journey n starts at
+	// n/Rate seconds into the run whatever the answers so far, on at most
+	// Concurrency connections, and its reserve request's latency is measured
+	// from that intended start (see openloop.go). 0: closed loop, each worker
+	// starts its next journey when the last one ends.
+	Rate float64
 
 	Client *http.Client // nil: NewClient(Concurrency, Timeout)
 
@@ -71,6 +77,8 @@ type Config struct {
 	ProgressEvery time.Duration
 
 	Now func() time.Time // nil: time.Now
+	// Sleep waits d or until ctx ends (the open loop's schedule); nil: a timer.
+	Sleep func(ctx context.Context, d time.Duration)
 }
 
 func (c *Config) defaults() {
@@ -100,6 +108,9 @@ func (c *Config) defaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Sleep == nil {
+		c.Sleep = sleep
 	}
 	if c.Client == nil {
 		c.Client = NewClient(c.Concurrency, c.Timeout)
@@ -131,6 +142,8 @@ func (c Config) Validate() error {
 		return errors.New("count, duration and concurrency must not be negative")
 	case c.Quantity < 0 || c.MaxAttempts < 0 || c.Timeout < 0 || c.TokenTTL < 0:
 		return errors.New("quantity, attempts, timeout and token lifetime must not be negative")
+	case !(c.Rate >= 0 && c.Rate <= maxRate): // NaN too
+		return fmt.Errorf("the rate must be in [0, %g] journeys per second, got %v", float64(maxRate), c.Rate)
 	}
 	for _, r := range []struct {
 		name string
@@ -338,19 +351,7 @@ func (s *stormer) run(parent context.Context) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				if ctx.Err() != nil || !deadline.IsZero() && !s.cfg.Now().Before(deadline) {
-					return
-				}
-				j := s.next.Add(1) - 1
-				if s.cfg.Count > 0 && j >= int64(s.cfg.Count) {
-					return
-				}
-				// One generator per journey: its choices depend on the seed and the
-				// journey number only, not on which worker ran it.
-				s.journey(ctx, j, rand.New(rand.NewPCG(s.cfg.Seed, uint64(j))), stats[w])
-				s.journeys.Add(1)
-			}
+			s.worker(ctx, start, deadline, stats[w])
 		}()
 	}
 	wg.Wait()
@@ -428,7 +429,7 @@ func (s *stormer) ack(id string) {
 
 // journey is one buyer's visit: reserve (maybe twice), then pay, cancel or
 // walk away.
-func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *workerStats) {
+func (s *stormer) journey(ctx context.Context, j int64, intended time.Time, rng *rand.Rand, st *workerStats) {
 	buyer := j % int64(s.cfg.Buyers)
 	user := fmt.Sprintf("%s-%d", s.cfg.UserPrefix, buyer)
 	key := fmt.Sprintf("%s-j%d", s.cfg.UserPrefix, j)
@@ -439,7 +440,7 @@ func (s *stormer) journey(ctx context.Context, j int64, rng *rand.Rand, st *work
 		return
 	}
 	body := fmt.Sprintf(`{"item_id":%q,"user_id":%q,"quantity":%d,"idempotency_key":%q}`, s.cfg.SKU, user, s.cfg.Quantity, key)
-	first := s.call(ctx, st, OpReserve, home, http.MethodPost, reservePath, token, body)
+	first := s.callFrom(ctx, st, OpReserve, home, http.MethodPost, reservePath, token, body, intended)
 	got := first
 	if rng.Float64() < s.cfg.RetryRatio {
 		// The next replica, as a client retry through a load balancer could land:

@@ -1,8 +1,19 @@
 // Command bare is the reference handler of the reserve benchmark: it serves
-// POST /api/v1/flash-sale/reserve with plain net/http and ONE call of the
-// product's reserve script (stock.Store.Reserve), and nothing else: no
-// admission token check, no rate limit, no metrics, no ledger. What
-// `flashsale reserve` does beyond this is what the benchmark's ratio prices.
+// POST /api/v1/flash-sale/reserve with plain net/http and, with the default
+// --backend=script, ONE call of the product's reserve script
+// (stock.Store.Reserve), and nothing else: no admission token check, no rate
+// limit, no metrics, no ledger. What `flashsale reserve` does beyond this is
+// what the benchmark's ratio prices.
+//
+// The other backends are the benchmark's other references behind the same
+// route, body and answers:
+//
+//   - decr: one one-command script (DECR of the home shard's counter): the
+//     floor of HTTP plus one Redis script call;
+//   - pg-buckets: the PostgreSQL design an engineer who knows the hot-row
+//     problem would build (buckets.go): N bucket rows per SKU, a conditional
+//     decrement on a random bucket with up to --probes other buckets tried,
+//     and the order row inserted in the same transaction, durable before 201.
 //
 // It reads the same FLASHSALE_* environment as `flashsale reserve` (so both
 // get the same Redis client settings) and listens on FLASHSALE_LISTEN.
@@ -44,6 +55,9 @@ func main() {
 	fs := pflag.NewFlagSet("bare", pflag.ExitOnError)
 	camp.AddFlags(fs)
 	listen := fs.String("listen", os.Getenv(config.EnvListen), "address to serve on (env "+config.EnvListen+")")
+	backend := fs.String("backend", "script", "script (the product's reserve script), decr (a one-command script) or pg-buckets (PostgreSQL bucket rows)")
+	var bk bucketOptions
+	bk.addFlags(fs)
 	_ = fs.Parse(os.Args[1:])
 	if err := camp.Complete(); err != nil {
 		fmt.Fprintln(os.Stderr, "bare:", err)
@@ -62,18 +76,35 @@ func main() {
 		store: stock.New(rdb, cfg.CampaignID, cfg.Shards), campaign: cfg.CampaignID, shards: cfg.Shards,
 		secret: cfg.IDSecret, mode: mode, ttl: cfg.TTL, maxUser: cfg.MaxPerUser,
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	reserve := h.reserve
+	ready := func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
+	switch *backend {
+	case "script":
+	case "decr":
+		reserve = (&decrHandler{rdb: rdb, campaign: cfg.CampaignID, shards: cfg.Shards, secret: cfg.IDSecret}).reserve
+	case "pg-buckets":
+		b, err := newBucketHandler(ctx, bk, camp.PostgresDSN, camp.SKU, cfg.CampaignID, cfg.IDSecret, cfg.TTL)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bare:", err)
+			os.Exit(1)
+		}
+		defer b.close()
+		reserve, ready = b.reserve, b.ping
+	default:
+		fmt.Fprintf(os.Stderr, "bare: --backend %q: want script, decr or pg-buckets\n", *backend)
+		os.Exit(2)
+	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /api/v1/flash-sale/reserve", h.reserve)
+	mux.HandleFunc("POST /api/v1/flash-sale/reserve", reserve)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := rdb.Ping(r.Context()).Err(); err != nil {
+		if err := ready(r.Context()); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bare:", err)
@@ -103,14 +134,40 @@ type reserveBody struct {
 	IdempotencyKey string `json:"idempotency_key"`
 }
 
-func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
+// decode reads the body as every backend does; false: answered 400.
+func decode(w http.ResponseWriter, r *http.Request) (reserveBody, bool) {
 	var in reserveBody
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&in); err != nil || in.UserID == "" || in.IdempotencyKey == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"code": "BAD_REQUEST", "message": "bad body"})
-		return
+		return in, false
 	}
 	if in.Quantity < 1 {
 		in.Quantity = 1
+	}
+	return in, true
+}
+
+// reserved answers a reservation (201) or its replay (200), as the product does.
+func reserved(w http.ResponseWriter, replay bool, id string, expiry time.Time) {
+	status := http.StatusCreated
+	if replay {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, map[string]string{
+		"reservation_id": id,
+		"expires_at":     expiry.UTC().Format("2006-01-02T15:04:05.000Z07:00"),
+		"status":         "reserved",
+	})
+}
+
+func soldOut(w http.ResponseWriter) {
+	writeJSON(w, http.StatusGone, map[string]string{"code": "SOLD_OUT", "message": "sold out"})
+}
+
+func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
+	in, ok := decode(w, r)
+	if !ok {
+		return
 	}
 	// The reservation key and the home shard are how the engine addresses the
 	// script call; they are part of the one call, not extra work.
@@ -126,17 +183,9 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 	}
 	switch res.Code {
 	case stock.Reserved, stock.Replay:
-		status := http.StatusCreated
-		if res.Code == stock.Replay {
-			status = http.StatusOK
-		}
-		writeJSON(w, status, map[string]string{
-			"reservation_id": stock.FormatID(home, key),
-			"expires_at":     time.UnixMilli(res.ExpiryMs).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
-			"status":         "reserved",
-		})
+		reserved(w, res.Code == stock.Replay, stock.FormatID(home, key), time.UnixMilli(res.ExpiryMs))
 	case stock.SoldOut, stock.Claimed:
-		writeJSON(w, http.StatusGone, map[string]string{"code": "SOLD_OUT", "message": "sold out"})
+		soldOut(w)
 	case stock.Limit:
 		writeJSON(w, http.StatusConflict, map[string]string{"code": "LIMIT_EXCEEDED", "message": "limit"})
 	default:

@@ -90,6 +90,7 @@ same FLASHSALE_* variables as the reserve pods; --audit=false skips it.`,
 	f.IntVar(&o.Storm.Concurrency, "concurrency", o.Storm.Concurrency, "requests in flight at most")
 	f.IntVar(&o.Storm.Count, "count", 0, "journeys (one reservation request each, then checkout/cancel); default --buyers unless --duration is set")
 	f.DurationVar(&o.Storm.Duration, "duration", 0, "stop starting journeys after this long (with --count: whichever comes first)")
+	f.Float64Var(&o.Storm.Rate, "rate", 0, "open loop: start journeys on a fixed schedule of this many per second, on at most --concurrency connections, and measure reserve latency from each one's due time (0: closed loop)")
 	f.Float64Var(&o.Storm.RetryRatio, "retry-ratio", o.Storm.RetryRatio, "journeys that resend their reservation with the same idempotency key")
 	f.Float64Var(&o.Storm.CheckoutRatio, "checkout-ratio", o.Storm.CheckoutRatio, "acknowledged reservations paid for")
 	f.Float64Var(&o.Storm.CancelRatio, "cancel-ratio", o.Storm.CancelRatio, "acknowledged reservations cancelled by the buyer")

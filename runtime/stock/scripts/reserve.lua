@@ -85,7 +85,9 @@ if prev[1] then
 end
 
 if mode ~= 'steal' then
-  local ptr = redis.call('HGET', KEYS[5], 'p:' .. key)
+  -- One read for the request's pointer and the user's count.
+  local mine = redis.call('HMGET', KEYS[5], 'p:' .. key, user)
+  local ptr = mine[1]
   if ptr then
     if string.sub(ptr, 1, 1) == 'c' then
       return {7, 0, epoch, 0, ''}
@@ -93,7 +95,7 @@ if mode ~= 'steal' then
     local sep = string.find(ptr, '|', 1, true)
     return {2, tonumber(string.sub(ptr, sep + 1)), epoch, tonumber(string.sub(ptr, 1, sep - 1)), 'R'}
   end
-  held = tonumber(redis.call('HGET', KEYS[5], user) or '0')
+  held = tonumber(mine[2] or '0')
   if held + qty > tonumber(ARGV[4]) then
     return {4, 0, epoch, held, ''}
   end
@@ -113,13 +115,14 @@ if stock < qty then
 end
 
 local now = redis.call('TIME')
+-- A Lua number goes to redis.call as its digits (an integer below 2^53 has
+-- no exponent), so the expiry needs no string.format.
 local expiry = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[5])
-local expiryText = string.format('%.0f', expiry)
 redis.call('DECRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'rsv', qty)
-redis.call('HSET', KEYS[4], 'u', user, 'q', qty, 's', 'R', 'e', expiryText, 'p', epoch, 'h', ARGV[9])
+redis.call('HSET', KEYS[4], 'u', user, 'q', qty, 's', 'R', 'e', expiry, 'p', epoch, 'h', ARGV[9])
 redis.call('EXPIRE', KEYS[4], ARGV[6])
-redis.call('ZADD', KEYS[3], expiryText, key)
+redis.call('ZADD', KEYS[3], expiry, key)
 if mode ~= 'steal' then
   redis.call('HINCRBY', KEYS[5], user, qty)
 end

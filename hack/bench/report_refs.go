@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// referenceRatios hold reserve against the bare handler, the one-command
+// script and the best PostgreSQL bucket design, at every concurrency: the
+// medians over rounds and the median of each round's own ratio (the targets
+// of a round ran back to back).
+func (r *Report) referenceRatios() []Ratio {
+	const kind = "reservations"
+	var out []Ratio
+	for _, conc := range r.concurrencies() {
+		res := r.stormRows(kind, targetReserve, conc)
+		if len(res) == 0 {
+			continue
+		}
+		resRate := median(res, rate)
+		if bare := r.stormRows(kind, targetBare, conc); len(bare) > 0 {
+			b := median(bare, rate)
+			med, paired := resRate/b, pairedRatio(rates(res), rates(bare))
+			out = append(out, Ratio{Name: fmt.Sprintf("reserve / bare handler throughput, %d buyers", conc), Value: med * 100, Unit: "%",
+				Target: ">= 85%", Met: med >= 0.85 && paired >= 0.85,
+				Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d rounds (reserve %s; bare %s); median of the rounds' own ratios %.1f%%",
+					resRate, b, len(res), joinFloats(rates(res)), joinFloats(rates(bare)), paired*100)})
+		}
+		if decr := r.stormRows(kind, targetDecr, conc); len(decr) > 0 {
+			d := median(decr, rate)
+			out = append(out, Ratio{Name: fmt.Sprintf("reserve / HTTP + one-command script, %d buyers", conc), Value: resRate / d * 100, Unit: "%",
+				Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s (DECR %s); median of the rounds' own ratios %.1f%%; the DECR reference's CPU µs per request server / redis / client %.0f / %.0f / %.0f",
+					resRate, d, joinFloats(rates(decr)), pairedRatio(rates(res), rates(decr))*100,
+					median(decr, func(s StormRow) float64 { return s.ServerCPUus }), median(decr, func(s StormRow) float64 { return s.RedisCPUus }),
+					median(decr, func(s StormRow) float64 { return s.ClientCPUus }))})
+		}
+		if best, rows, others := r.bestBuckets(conc); best != "" {
+			b := median(rows, rate)
+			med, paired := resRate/b, pairedRatio(rates(res), rates(rows))
+			d := fmt.Sprintf("%.0f vs %.0f reservations/s, the best bucket design %s (%s), p99 %.2f ms, CPU µs per request server / postgres / client %.0f / %.0f / %.0f; median of the rounds' own ratios %.2fx",
+				resRate, b, targetName(best), joinFloats(rates(rows)), median(rows, func(s StormRow) float64 { return s.Latency.P99 }),
+				median(rows, func(s StormRow) float64 { return s.ServerCPUus }), median(rows, func(s StormRow) float64 { return s.PostgresCPUus }),
+				median(rows, func(s StormRow) float64 { return s.ClientCPUus }), paired)
+			if others != "" {
+				d += "; " + others
+			}
+			out = append(out, Ratio{Name: fmt.Sprintf("reserve / PostgreSQL bucket design, %d buyers", conc), Value: med, Unit: "x",
+				Target: ">= 2.5x", Met: med >= 2.5 && paired >= 2.5, Detail: d})
+		}
+	}
+	return out
+}
+
+// concurrencies are the reservation storms' buyer counts, in run order.
+func (r *Report) concurrencies() []int {
+	var out []int
+	seen := map[int]bool{}
+	for _, s := range r.Storms {
+		if s.Kind == "reservations" && !seen[s.Concurrency] {
+			seen[s.Concurrency] = true
+			out = append(out, s.Concurrency)
+		}
+	}
+	return out
+}
+
+// bestBuckets is the bucket target with the highest median rate at conc,
+// its rows, and the others' medians.
+func (r *Report) bestBuckets(conc int) (best string, rows []StormRow, others string) {
+	var bestRate float64
+	var names []string
+	var all []string
+	for _, s := range r.Storms {
+		if s.Kind == "reservations" && s.Concurrency == conc && bucketsOf(s.Target) > 0 && !contains(names, s.Target) {
+			names = append(names, s.Target)
+		}
+	}
+	for _, t := range names {
+		rs := r.stormRows("reservations", t, conc)
+		m := median(rs, rate)
+		all = append(all, fmt.Sprintf("%s %.0f/s", targetName(t), m))
+		if best == "" || m > bestRate {
+			best, rows, bestRate = t, rs, m
+		}
+	}
+	if len(all) > 1 {
+		others = "medians: " + strings.Join(all, ", ")
+	}
+	return best, rows, others
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Report) writeLimits(p func(string, ...any)) {
+	if len(r.Limits) == 0 {
+		return
+	}
+	o := r.Options.Limits
+	p("### Physical limits (redis-benchmark, %d connections, %d calls a run; COPY in batches of %d rows)\n\n", o.Clients, o.Calls, o.CopyBatch)
+	p("| run | round | calls or rows | per second | server CPU µs per call (redis-server or PostgreSQL) | in-command µs per call | load |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, l := range r.Limits {
+		in := "-"
+		if l.InCommandUs > 0 {
+			in = fmt.Sprintf("%.1f", l.InCommandUs)
+		}
+		p("| %s | %d | %d | %.0f | %.1f | %s | %.2f |\n", l.Name, l.Round, l.Calls, l.PerSecond, l.ServerCPUus, in, l.LoadBefore[0])
+	}
+	p("\n")
+}
