@@ -72,8 +72,19 @@ fmt: ## Run go fmt.
 vet: ## Run go vet.
 	go vet ./...
 
+.PHONY: lint
+lint: ## Run golangci-lint (.golangci.yml), with the Kubernetes API linter on api/.
+	"$$(hack/build-tool.sh golangci-lint | tail -1)" run ./...
+
+.PHONY: lint-fix
+lint-fix: ## Run golangci-lint and apply the fixes it suggests.
+	"$$(hack/build-tool.sh golangci-lint | tail -1)" run --fix ./...
+
 .PHONY: verify
-verify: manifests generate ## Regenerate and fail if any generated file is stale or untracked.
+verify: verify-gen lint ## Fail if a generated file is stale or untracked, or the lint finds anything.
+
+.PHONY: verify-gen
+verify-gen: manifests generate ## Regenerate and fail if any generated file is stale or untracked.
 	@if ! git --no-pager diff --exit-code --stat --patch -- $(GENERATED_DIRS); then \
 		echo; \
 		echo "ERROR: generated files are out of date (diff above)."; \
@@ -123,10 +134,11 @@ bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (RE
 	go run ./hack/rebuildbench $(REBUILD_ARGS)
 
 .PHONY: tools
-tools: ## Build helm, promtool and crd-ref-docs from their Go modules (cached).
+tools: ## Build helm, promtool, crd-ref-docs and golangci-lint from their Go modules (cached).
 	hack/build-tool.sh helm
 	hack/build-tool.sh promtool
 	hack/build-tool.sh crd-ref-docs
+	hack/build-tool.sh golangci-lint
 
 .PHONY: test
 test: deps envtest kube-node tools ## Install what is missing, build the envtest and test node binaries and the tools, run every test.

@@ -105,7 +105,7 @@ type FlashSaleSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sku is immutable: create a new FlashSale to sell another item"
-	SKU string `json:"sku"`
+	SKU string `json:"sku,omitempty"`
 
 	// allocation is the number of units for sale. It may be raised to
 	// restock; the controller refuses to lower it below sold + reserved.
@@ -159,16 +159,16 @@ type FlashSaleSpec struct {
 
 	// redis says where the stock shards live.
 	// +required
-	Redis RedisSpec `json:"redis"`
+	Redis RedisSpec `json:"redis,omitzero"`
 
 	// postgres says where the ledger, the durable book of record, lives.
 	// +required
-	Postgres PostgresSpec `json:"postgres"`
+	Postgres PostgresSpec `json:"postgres,omitzero"`
 
 	// admission says where the key that signs waiting-room admission tokens
 	// is.
 	// +required
-	Admission AdmissionSpec `json:"admission"`
+	Admission AdmissionSpec `json:"admission,omitzero"`
 }
 
 // ScheduleSpec is the time window of a sale. Either bound may be omitted.
@@ -302,7 +302,7 @@ type RedisSpec struct {
 	// addresses (comma-separated host:port) and the optional keys username
 	// and password.
 	// +required
-	SecretRef SecretNameReference `json:"secretRef"`
+	SecretRef SecretNameReference `json:"secretRef,omitzero"`
 }
 
 // PostgresSpec says where the ledger lives.
@@ -310,7 +310,7 @@ type PostgresSpec struct {
 	// secretRef selects the key of a Secret in the FlashSale's namespace that
 	// holds the PostgreSQL connection string (postgres://...).
 	// +required
-	SecretRef PostgresSecretKeySelector `json:"secretRef"`
+	SecretRef PostgresSecretKeySelector `json:"secretRef,omitzero"`
 }
 
 // AdmissionSpec says where the admission-token key lives.
@@ -318,7 +318,7 @@ type AdmissionSpec struct {
 	// secretRef selects the key of a Secret in the FlashSale's namespace that
 	// holds the HMAC key shared with the waiting room.
 	// +required
-	SecretRef AdmissionSecretKeySelector `json:"secretRef"`
+	SecretRef AdmissionSecretKeySelector `json:"secretRef,omitzero"`
 }
 
 // SecretNameReference names a Secret in the same namespace.
@@ -328,7 +328,7 @@ type SecretNameReference struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 }
 
 // PostgresSecretKeySelector selects the key of a Secret in the same
@@ -339,7 +339,7 @@ type PostgresSecretKeySelector struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 
 	// key is the key in the Secret's data.
 	// +optional
@@ -358,7 +358,7 @@ type AdmissionSecretKeySelector struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 
 	// key is the key in the Secret's data.
 	// +optional
@@ -372,6 +372,13 @@ type AdmissionSecretKeySelector struct {
 // FlashSaleStatus is the observed state of a flash-sale campaign. Everything
 // an on-call engineer needs during an incident is here.
 type FlashSaleStatus struct {
+	// conditions are the latest observations of the sale's state.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// phase is the one-word summary of where the sale is.
 	// +optional
 	Phase FlashSalePhase `json:"phase,omitempty"`
@@ -417,15 +424,6 @@ type FlashSaleStatus struct {
 	// +listMapKey=index
 	// +kubebuilder:validation:MaxItems=1024
 	Shards []ShardStatus `json:"shards,omitempty"`
-
-	// conditions are the latest observations of the sale's state.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	// +patchStrategy=merge
-	// +patchMergeKey=type
-	// +kubebuilder:validation:MaxItems=16
-	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 
 	// lastRebuild records the last time the stock was rebuilt from the
 	// ledger.
@@ -491,13 +489,13 @@ type RedisServerStatus struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
-	Address string `json:"address"`
+	Address string `json:"address,omitempty"`
 
 	// runID is the server's run_id (INFO server); it changes on every restart.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=64
-	RunID string `json:"runID"`
+	RunID string `json:"runID,omitempty"`
 }
 
 // RebuildStatus records a rebuild of the Redis stock from the ledger.
@@ -512,7 +510,7 @@ type RebuildStatus struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
-	Reason string `json:"reason"`
+	Reason string `json:"reason,omitempty"`
 
 	// available is the number of units put back in stock.
 	// +optional
@@ -572,7 +570,7 @@ type FlashSale struct {
 
 	// spec is the desired state of the sale.
 	// +required
-	Spec FlashSaleSpec `json:"spec"`
+	Spec FlashSaleSpec `json:"spec,omitzero"`
 
 	// status is the observed state of the sale, written by the controller.
 	// +optional
@@ -590,8 +588,4 @@ type FlashSaleList struct {
 
 	// items are the FlashSales.
 	Items []FlashSale `json:"items"`
-}
-
-func init() {
-	SchemeBuilder.Register(&FlashSale{}, &FlashSaleList{})
 }

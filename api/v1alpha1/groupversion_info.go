@@ -21,8 +21,9 @@ limitations under the License.
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -30,8 +31,16 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "flashsale.dev", Version: "v1alpha1"}
 
 	// SchemeBuilder registers the types of this API with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds the types of this API to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+// addKnownTypes registers FlashSale and FlashSaleList, and the meta types
+// (list and watch options) that clients of this group version use.
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &FlashSale{}, &FlashSaleList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

@@ -107,23 +107,28 @@ type Env struct {
 	outsideTmp string // TMPDIR when Dir is below a private directory
 }
 
+// setDefaults fills the options left zero with their defaults.
+func (o *Options) setDefaults() {
+	if o.StatusRefresh <= 0 {
+		o.StatusRefresh = DefaultStatusRefresh
+	}
+	if o.MaxGrace <= 0 {
+		o.MaxGrace = DefaultMaxGrace
+	}
+	if o.RestartBackoff <= 0 {
+		o.RestartBackoff = DefaultRestartBackoff
+	}
+	if o.Image == "" {
+		o.Image = DefaultImage
+	}
+}
+
 // Start brings the environment up. On error, everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if opts.Dir == "" || (opts.Binary == "" && !opts.Node) {
 		return nil, errors.New("localenv: Dir and Binary are required")
 	}
-	if opts.StatusRefresh <= 0 {
-		opts.StatusRefresh = DefaultStatusRefresh
-	}
-	if opts.MaxGrace <= 0 {
-		opts.MaxGrace = DefaultMaxGrace
-	}
-	if opts.RestartBackoff <= 0 {
-		opts.RestartBackoff = DefaultRestartBackoff
-	}
-	if opts.Image == "" {
-		opts.Image = DefaultImage
-	}
+	opts.setDefaults()
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
 		return nil, err

@@ -52,7 +52,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		defer k.Stop()
+		defer func() { _ = k.Stop() }()
 		kube = kubernetes.NewForConfigOrDie(k.Config)
 		logBuf = &testharness.SyncBuffer{}
 		runner, err = New(Config{

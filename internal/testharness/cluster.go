@@ -301,7 +301,7 @@ func (c *RedisCluster) Close() error {
 }
 
 func (c *RedisCluster) closeNodes() error {
-	var errs []error
+	errs := make([]error, 0, len(c.nodes))
 	for _, n := range c.nodes {
 		errs = append(errs, n.Close())
 	}

@@ -319,7 +319,7 @@ func reachable(dir string, uid uint32) error {
 			return err
 		}
 		st, ok := fi.Sys().(*syscall.Stat_t)
-		if fi.Mode().Perm()&0o001 == 0 && !(ok && st.Uid == uid) {
+		if fi.Mode().Perm()&0o001 == 0 && (!ok || st.Uid != uid) {
 			return fmt.Errorf("%s is not accessible to uid %d, which runs PostgreSQL: set TMPDIR to a world-accessible directory such as /tmp", p, uid)
 		}
 		if p == filepath.Dir(p) {

@@ -28,9 +28,9 @@ func pgConnect(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
-func pgExec(t *testing.T, conn *pgx.Conn, sql string, args ...any) {
+func pgExec(t *testing.T, conn *pgx.Conn, sql string) {
 	t.Helper()
-	if _, err := conn.Exec(context.Background(), sql, args...); err != nil {
+	if _, err := conn.Exec(context.Background(), sql); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }

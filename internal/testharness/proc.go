@@ -392,7 +392,7 @@ func CloseAll() error {
 		open = append(open, c)
 	}
 	registry.Unlock()
-	var errs []error
+	errs := make([]error, 0, len(open))
 	for _, c := range open {
 		errs = append(errs, c.Close())
 	}

@@ -81,7 +81,7 @@ func newPKI(t *testing.T) *pki {
 
 // serverArgs are redis-server's TLS arguments: a TLS port, client
 // certificates required.
-func (p *pki) serverArgs(t *testing.T, tlsPort int) []string {
+func (p *pki) serverArgs(tlsPort int) []string {
 	return []string{"--tls-port", strconv.Itoa(tlsPort), "--tls-cert-file", p.serverCert, "--tls-key-file", p.serverKey,
 		"--tls-ca-cert-file", p.caFile, "--tls-auth-clients", "yes"}
 }
@@ -131,7 +131,7 @@ func ping(c *Campaign) error {
 func TestRedisTLSStandalone(t *testing.T) {
 	p := newPKI(t)
 	tlsPort := freePort(t)
-	r, err := testharness.StartRedisArgs(p.serverArgs(t, tlsPort)...)
+	r, err := testharness.StartRedisArgs(p.serverArgs(tlsPort)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestRedisTLSCluster(t *testing.T) {
 			return nil, err
 		}
 		tlsAddrs = append(tlsAddrs, "rediss://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		return append(p.serverArgs(t, port), "--tls-cluster", "yes", "--tls-replication", "yes"), nil
+		return append(p.serverArgs(port), "--tls-cluster", "yes", "--tls-replication", "yes"), nil
 	})
 	if err != nil {
 		t.Fatal(err)

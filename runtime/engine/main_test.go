@@ -303,7 +303,6 @@ func (f *fixture) sweepUntilQuiet() engine.SweepStats {
 
 type counter struct{ n atomic.Int64 }
 
-func (c *counter) inc()         { c.n.Add(1) }
 func (c *counter) value() int64 { return c.n.Load() }
 
 // gate is a Rebuild gate that always answers state.

@@ -16,7 +16,7 @@ import (
 func TestServeProbesAndMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg).setLeader(true)
-	var readyErr error = errors.New("redis: connection refused")
+	readyErr := errors.New("redis: connection refused")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -54,8 +54,8 @@ func testLeaseOneLeaderAndHandOver(t *testing.T, cs kubernetes.Interface) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Release(ctx)
-	defer b.Release(ctx)
+	defer func() { _ = a.Release(ctx) }()
+	defer func() { _ = b.Release(ctx) }()
 
 	leaders := func() (n int, who *Lease) {
 		for _, l := range []*Lease{a, b} {

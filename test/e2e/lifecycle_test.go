@@ -78,7 +78,7 @@ func TestScheduledDropOpensPausesEndsAndCompletes(t *testing.T) {
 			return fmt.Sprintf("reserve after the end: %+v", a)
 		}
 		if time.Now().Before(end) {
-			t.Fatalf("ENDED %v before the end", end.Sub(time.Now()))
+			t.Fatalf("ENDED %v before the end", time.Until(end))
 		}
 		return ""
 	})

@@ -235,10 +235,3 @@ func podStates(t *testing.T, ns string) []string {
 		`jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{"\n"}{end}`)
 	return strings.Split(strings.TrimSpace(out), "\n")
 }
-
-// kubectlFails is kubectl that is expected to fail; it returns the error.
-func kubectlFails(t *testing.T, stdin []byte, args ...string) error {
-	t.Helper()
-	_, err := env.Kubectl(context.Background(), stdin, args...)
-	return err
-}

@@ -273,11 +273,11 @@ func waitStatus(url, token string, want int, done <-chan error) error {
 // waitAnswer polls url (with the bearer token, if any) for 20 s until ok
 // holds of an answer, or Run returns.
 func waitAnswer(url, token string, done <-chan error, what string, ok func(code int, body string) bool) error {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		// The metrics server's certificate is self-signed.
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a test against 127.0.0.1
 	}}
-	defer client.CloseIdleConnections()
+	defer hc.CloseIdleConnections()
 	deadline := time.Now().Add(20 * time.Second)
 	last := "no answer"
 	for time.Now().Before(deadline) {
@@ -290,7 +290,7 @@ func waitAnswer(url, token string, done <-chan error, what string, ok func(code 
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		resp, err := client.Do(req)
+		resp, err := hc.Do(req)
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
