@@ -20,21 +20,7 @@ import (
 // what it said.
 func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.Duration) flashsalev1alpha1.FlashSaleStatus {
 	st := *fs.Status.DeepCopy()
-	// Each condition is decided here in order, a later rule overriding an
-	// earlier one, and written once at the end: its lastTransitionTime moves
-	// only when the final verdict differs from the one read.
-	var decided []metav1.Condition
-	set := func(typ string, status metav1.ConditionStatus, reason, message string) {
-		c := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: fs.Generation}
-		if i := slices.IndexFunc(decided, func(d metav1.Condition) bool { return d.Type == typ }); i >= 0 {
-			decided[i] = c
-			return
-		}
-		decided = append(decided, c)
-	}
-	ready := func(reason, message string) {
-		set(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
-	}
+	d := &decided{generation: fs.Generation}
 
 	// The records of what was seeded and rebuilt.
 	if f.servers != nil {
@@ -43,106 +29,25 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 	if f.lastRebuild != nil {
 		st.LastRebuild = f.lastRebuild
 	}
-
-	// Health of Redis and the ledger.
-	if f.ledgerOK {
-		set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
-	}
-	if f.seeded {
-		if f.evicting != nil {
-			set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, f.evicting.Error())
-		} else {
-			set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", f.epoch))
-		}
-		set(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded,
-			fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(fs).shards, f.epoch))
-	}
-	if v := f.allocation; v != nil {
-		status := metav1.ConditionFalse
-		if v.applied {
-			status = metav1.ConditionTrue
-		}
-		set(ConditionAllocationApplied, status, v.reason, v.message)
-	}
+	reportHealth(d, fs, f)
 
 	// The phase: from the counts when observe read them, else from what
 	// this reconcile did to the shards, else what it was.
 	if f.rebuilt != nil {
 		st.Phase = salePhase(f.rebuilt.Gate, f.rebuilt.Available, f.rebuilt.Reserved)
 	}
-	if c := f.counts; c != nil {
-		shards := make([]flashsalev1alpha1.ShardStatus, 0, len(c.Shards))
-		for _, sh := range c.Shards {
-			shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
-		}
-		// Available from Redis, sold from the ledger, reserved the rest (see
-		// engine.ShardCounts.Unsold): they never add up to more than the allocation.
-		reserved := c.Unsold()
-		changed := st.Allocation != c.Allocation || st.Available != c.Available || st.Reserved != reserved ||
-			st.Sold != c.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
-		st.Epoch, st.Allocation = c.Epoch, c.Allocation
-		st.Available, st.Reserved, st.Sold = c.Available, reserved, c.Sold
-		st.Shards = shards
-		// Renewed with the counts, and at least every CountsStamp: counts older
-		// than that were not read (the reads above failed, or nobody ran them).
-		if changed || st.CountsObservedAt == nil || f.countsAt.Sub(st.CountsObservedAt.Time) >= countsStamp {
-			st.CountsObservedAt = &metav1.Time{Time: f.countsAt}
-		}
-		// Pending rows in the ledger count too: Completed means nothing can change any more.
-		st.Phase = salePhase(f.gate, c.Available, max(c.Reserved, c.Pending))
-		switch {
-		case f.gate == engine.StateOpen && c.Available > 0:
-			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
-		case f.gate == engine.StateOpen:
-			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
-		default:
-			set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate))
-		}
+	if f.counts != nil {
+		reportCounts(&st, d, f, countsStamp)
 	}
 	if c := f.children; c != nil && c.ready {
-		set(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
+		d.set(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
 	} else if c != nil {
-		ready(c.reason, c.message)
+		d.ready(c.reason, c.message)
 	}
-
 	if f.lost != "" {
-		set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, lostMessage(f.lost))
+		d.set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, lostMessage(f.lost))
 	}
-	// What stopped the reconcile, if anything: at most one of these.
-	switch {
-	case f.refErr != nil && !f.refsKept:
-		ready(f.refErr.reason, f.refErr.message)
-		// Nothing else was checked (an operator restarted while a Secret is
-		// gone): what these said before is not known to hold any more.
-		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
-			if meta.FindStatusCondition(st.Conditions, typ) != nil {
-				set(typ, metav1.ConditionUnknown, f.refErr.reason, "not checked: "+f.refErr.message)
-			}
-		}
-	case f.outage != nil:
-		d := describeFailure(fs, f.outage)
-		set(d.condition, metav1.ConditionFalse, d.reason, d.message)
-		ready(d.readyReason, d.message)
-		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+f.outage.Error())
-	case f.mismatch != nil:
-		msg := f.mismatch.Error()
-		set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, msg)
-		ready(ReasonLedgerMismatch, msg)
-		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+msg)
-	case f.lost != "":
-		msg := lostMessage(f.lost)
-		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
-		ready(ReasonFailClosed, msg)
-	case f.rebuildErr != nil:
-		msg := rebuildFailedMessage(f.rebuildErr)
-		ready(ReasonRebuildFailed, msg)
-		set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
-		if isLedgerError(f.rebuildErr) {
-			set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, f.rebuildErr.Error())
-		} else {
-			st.Phase = flashsalev1alpha1.PhaseRebuilding
-		}
-	}
+	reportStop(&st, d, fs, f)
 	if f.lost != "" {
 		// The shards were failed closed, whatever stopped the reconcile next.
 		st.Phase = flashsalev1alpha1.PhaseFailClosed
@@ -154,7 +59,7 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 
 	// A problem that did not stop the phases has the last word on Ready.
 	if reason, message, ok := f.notReady(); ok {
-		ready(reason, message)
+		d.ready(reason, message)
 	}
 	// Only a reconcile that went through every phase has applied this spec.
 	if f.err == nil && f.completed && !f.incomplete() {
@@ -167,10 +72,127 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 	if f.reservePods != nil {
 		st.ReservationReplicas = *f.reservePods
 	}
-	for _, c := range decided {
+	for _, c := range d.conditions {
 		meta.SetStatusCondition(&st.Conditions, c)
 	}
 	return st
+}
+
+// decided holds the conditions computeStatus has decided, in order, a later
+// rule overriding an earlier one; they are written once at the end, so a
+// lastTransitionTime moves only when the final verdict differs from the one
+// read.
+type decided struct {
+	generation int64
+	conditions []metav1.Condition
+}
+
+func (d *decided) set(typ string, status metav1.ConditionStatus, reason, message string) {
+	c := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: d.generation}
+	if i := slices.IndexFunc(d.conditions, func(c metav1.Condition) bool { return c.Type == typ }); i >= 0 {
+		d.conditions[i] = c
+		return
+	}
+	d.conditions = append(d.conditions, c)
+}
+
+func (d *decided) ready(reason, message string) {
+	d.set(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
+}
+
+// reportHealth: Redis and the ledger as the phases found them, and the
+// allocation's verdict.
+func reportHealth(d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
+	if f.ledgerOK {
+		d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
+	}
+	if f.seeded {
+		if f.evicting != nil {
+			d.set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonEvictionPolicy, f.evicting.Error())
+		} else {
+			d.set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionTrue, ReasonReachable, fmt.Sprintf("every shard carries epoch %d", f.epoch))
+		}
+		d.set(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded,
+			fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(fs).shards, f.epoch))
+	}
+	if v := f.allocation; v != nil {
+		status := metav1.ConditionFalse
+		if v.applied {
+			status = metav1.ConditionTrue
+		}
+		d.set(ConditionAllocationApplied, status, v.reason, v.message)
+	}
+}
+
+// reportCounts: the counts observe read, the phase they imply and whether
+// reservations are admitted.
+func reportCounts(st *flashsalev1alpha1.FlashSaleStatus, d *decided, f *facts, countsStamp time.Duration) {
+	c := f.counts
+	shards := make([]flashsalev1alpha1.ShardStatus, 0, len(c.Shards))
+	for _, sh := range c.Shards {
+		shards = append(shards, flashsalev1alpha1.ShardStatus{Index: int32(sh.Index), Available: sh.Available, Reserved: sh.Unsold()})
+	}
+	// Available from Redis, sold from the ledger, reserved the rest (see
+	// engine.ShardCounts.Unsold): they never add up to more than the allocation.
+	reserved := c.Unsold()
+	changed := st.Allocation != c.Allocation || st.Available != c.Available || st.Reserved != reserved ||
+		st.Sold != c.Sold || !equality.Semantic.DeepEqual(st.Shards, shards)
+	st.Epoch, st.Allocation = c.Epoch, c.Allocation
+	st.Available, st.Reserved, st.Sold = c.Available, reserved, c.Sold
+	st.Shards = shards
+	// Renewed with the counts, and at least every CountsStamp: counts older
+	// than that were not read (the reads above failed, or nobody ran them).
+	if changed || st.CountsObservedAt == nil || f.countsAt.Sub(st.CountsObservedAt.Time) >= countsStamp {
+		st.CountsObservedAt = &metav1.Time{Time: f.countsAt}
+	}
+	// Pending rows in the ledger count too: Completed means nothing can change any more.
+	st.Phase = salePhase(f.gate, c.Available, max(c.Reserved, c.Pending))
+	switch {
+	case f.gate == engine.StateOpen && c.Available > 0:
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
+	case f.gate == engine.StateOpen:
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
+	default:
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate))
+	}
+}
+
+// reportStop: what stopped the reconcile, if anything; at most one of these.
+func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
+	switch {
+	case f.refErr != nil && !f.refsKept:
+		d.ready(f.refErr.reason, f.refErr.message)
+		// Nothing else was checked (an operator restarted while a Secret is
+		// gone): what these said before is not known to hold any more.
+		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+			if meta.FindStatusCondition(st.Conditions, typ) != nil {
+				d.set(typ, metav1.ConditionUnknown, f.refErr.reason, "not checked: "+f.refErr.message)
+			}
+		}
+	case f.outage != nil:
+		why := describeFailure(fs, f.outage)
+		d.set(why.condition, metav1.ConditionFalse, why.reason, why.message)
+		d.ready(why.readyReason, why.message)
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be taken: "+f.outage.Error())
+	case f.mismatch != nil:
+		msg := f.mismatch.Error()
+		d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, msg)
+		d.ready(ReasonLedgerMismatch, msg)
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+msg)
+	case f.lost != "":
+		msg := lostMessage(f.lost)
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		d.ready(ReasonFailClosed, msg)
+	case f.rebuildErr != nil:
+		msg := rebuildFailedMessage(f.rebuildErr)
+		d.ready(ReasonRebuildFailed, msg)
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		if isLedgerError(f.rebuildErr) {
+			d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, f.rebuildErr.Error())
+		} else {
+			st.Phase = flashsalev1alpha1.PhaseRebuilding
+		}
+	}
 }
 
 // notReady is what Ready says when a problem did not stop the phases (the

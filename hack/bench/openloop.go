@@ -19,7 +19,7 @@ const openLoopConns = 64
 func (e *benchEnv) openLoop(ctx context.Context, camps map[string]*campaign) error {
 	for _, frac := range e.o.OpenLoop {
 		for _, t := range e.o.openLoopTargets() {
-			closed := e.rep.stormRows("reservations", t, openLoopConns)
+			closed := e.rep.reservationRows(t, openLoopConns)
 			if len(closed) == 0 {
 				continue
 			}

@@ -47,11 +47,18 @@ func (r *Report) finish() {
 	r.Ratios = r.ratios()
 }
 
-// stormRows are the storms of a kind, target and concurrency, one per round.
-func (r *Report) stormRows(kind, target string, conc int) []StormRow {
+// The kinds of storm.
+const (
+	kindReservations = "reservations" // every answer a reservation
+	kindSoldOut      = "sold-out"     // every answer SOLD_OUT
+)
+
+// reservationRows are the reservation storms of a target and concurrency,
+// one per round.
+func (r *Report) reservationRows(target string, conc int) []StormRow {
 	var out []StormRow
 	for _, s := range r.Storms {
-		if s.Kind == kind && s.Target == target && s.Concurrency == conc {
+		if s.Kind == kindReservations && s.Target == target && s.Concurrency == conc {
 			out = append(out, s)
 		}
 	}
@@ -122,8 +129,7 @@ func (r *Report) bestHotRow(clients int) (best, other HotRowRow, ok bool) {
 
 func (r *Report) ratios() []Ratio {
 	var out []Ratio
-	const kind = "reservations"
-	res64, bare64 := r.stormRows(kind, targetReserve, 64), r.stormRows(kind, targetBare, 64)
+	res64, bare64 := r.reservationRows(targetReserve, 64), r.reservationRows(targetBare, 64)
 	out = append(out, r.referenceRatios()...)
 	out = append(out, r.openLoopRatios()...)
 	if len(res64) > 0 {
@@ -139,7 +145,7 @@ func (r *Report) ratios() []Ratio {
 		target  float64
 	}{{64, 10}, {256, 25}} {
 		best, other, ok := r.bestHotRow(t.clients)
-		res := r.stormRows(kind, targetReserve, t.clients)
+		res := r.reservationRows(targetReserve, t.clients)
 		if !ok || len(res) == 0 || best.TxPerSecond <= 0 {
 			continue
 		}
@@ -193,9 +199,10 @@ func (r *Report) writeMarkdown(w io.Writer) {
 
 	var res, sold []StormRow
 	for _, s := range r.Storms {
-		if s.Kind == "sold-out" {
+		switch s.Kind {
+		case kindSoldOut:
 			sold = append(sold, s)
-		} else if s.Kind == "reservations" {
+		case kindReservations:
 			res = append(res, s)
 		}
 	}

@@ -10,15 +10,14 @@ import (
 // medians over rounds and the median of each round's own ratio (the targets
 // of a round ran back to back).
 func (r *Report) referenceRatios() []Ratio {
-	const kind = "reservations"
 	var out []Ratio
 	for _, conc := range r.concurrencies() {
-		res := r.stormRows(kind, targetReserve, conc)
+		res := r.reservationRows(targetReserve, conc)
 		if len(res) == 0 {
 			continue
 		}
 		resRate := median(res, rate)
-		if bare := r.stormRows(kind, targetBare, conc); len(bare) > 0 {
+		if bare := r.reservationRows(targetBare, conc); len(bare) > 0 {
 			b := median(bare, rate)
 			med, paired := resRate/b, pairedRatio(rates(res), rates(bare))
 			out = append(out, Ratio{Name: fmt.Sprintf("reserve / bare handler throughput, %d buyers", conc), Value: med * 100, Unit: "%",
@@ -26,7 +25,7 @@ func (r *Report) referenceRatios() []Ratio {
 				Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s over %d rounds (reserve %s; bare %s); median of the rounds' own ratios %.1f%%",
 					resRate, b, len(res), joinFloats(rates(res)), joinFloats(rates(bare)), paired*100)})
 		}
-		if decr := r.stormRows(kind, targetDecr, conc); len(decr) > 0 {
+		if decr := r.reservationRows(targetDecr, conc); len(decr) > 0 {
 			d := median(decr, rate)
 			out = append(out, Ratio{Name: fmt.Sprintf("reserve / HTTP + one-command script, %d buyers", conc), Value: resRate / d * 100, Unit: "%",
 				Detail: fmt.Sprintf("medians %.0f vs %.0f reservations/s (DECR %s); median of the rounds' own ratios %.1f%%; the DECR reference's CPU µs per request server / redis / client %.0f / %.0f / %.0f",
@@ -56,7 +55,7 @@ func (r *Report) concurrencies() []int {
 	var out []int
 	seen := map[int]bool{}
 	for _, s := range r.Storms {
-		if s.Kind == "reservations" && !seen[s.Concurrency] {
+		if s.Kind == kindReservations && !seen[s.Concurrency] {
 			seen[s.Concurrency] = true
 			out = append(out, s.Concurrency)
 		}
@@ -69,14 +68,14 @@ func (r *Report) concurrencies() []int {
 func (r *Report) bestBuckets(conc int) (best string, rows []StormRow, others string) {
 	var bestRate float64
 	var names []string
-	var all []string
 	for _, s := range r.Storms {
-		if s.Kind == "reservations" && s.Concurrency == conc && bucketsOf(s.Target) > 0 && !contains(names, s.Target) {
+		if s.Kind == kindReservations && s.Concurrency == conc && bucketsOf(s.Target) > 0 && !contains(names, s.Target) {
 			names = append(names, s.Target)
 		}
 	}
+	all := make([]string, 0, len(names))
 	for _, t := range names {
-		rs := r.stormRows("reservations", t, conc)
+		rs := r.reservationRows(t, conc)
 		m := median(rs, rate)
 		all = append(all, fmt.Sprintf("%s %.0f/s", targetName(t), m))
 		if best == "" || m > bestRate {

@@ -174,7 +174,7 @@ func (e *benchEnv) soldOutStorms(ctx context.Context) error {
 			return err
 		}
 		defer c.engine.Close()
-		row, err := e.storm(ctx, "sold-out", t, c, conc, 0, e.o.SoldOutDuration, 0)
+		row, err := e.storm(ctx, kindSoldOut, t, c, conc, 0, e.o.SoldOutDuration, 0)
 		if err != nil {
 			return err
 		}
@@ -276,7 +276,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
 	var profErr error
 	var profWG sync.WaitGroup
-	if target == targetReserve && kind == "reservations" && (e.o.Profile != "" || e.o.Perf != "") && !e.profiled {
+	if target == targetReserve && kind == kindReservations && (e.o.Profile != "" || e.o.Perf != "") && !e.profiled {
 		e.profiled = true
 		profWG.Add(1)
 		go func() {
@@ -332,7 +332,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	row.ReservationsPerSecond = r.ReservationsPerSecond
 	row.Latency = r.LatencyMS[storm.OpReserve]
 	row.Outcomes = r.Outcomes[storm.OpReserve]
-	if kind == "reservations" || kind == kindOpenLoop {
+	if kind == kindReservations || kind == kindOpenLoop {
 		// New reservations only: a replay (200) writes nothing to the ledger.
 		row.ReservationsPerSecond = 0
 		if r.ElapsedSeconds > 0 {

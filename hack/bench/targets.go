@@ -157,7 +157,7 @@ func (e *benchEnv) reservationStorms(ctx context.Context) error {
 	for round := 1; round <= e.o.Rounds; round++ {
 		for _, conc := range e.o.Concurrency {
 			for _, t := range e.o.targets() {
-				row, err := e.storm(ctx, "reservations", t, camps[t], conc, round, e.o.Duration, 0)
+				row, err := e.storm(ctx, kindReservations, t, camps[t], conc, round, e.o.Duration, 0)
 				if err != nil {
 					return err
 				}

@@ -144,12 +144,12 @@ func (b *bucketHandler) reserve(w http.ResponseWriter, r *http.Request) {
 		soldOut(w)
 	case errors.Is(err, errReplay) && replay:
 		if err := b.pool.QueryRow(ctx, sqlBucketReplay, key).Scan(&bucket, &expiry); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": "UNAVAILABLE", "message": err.Error()})
+			writeError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
 		}
 		reserved(w, true, strconv.Itoa(bucket)+"."+key, expiry)
 	default:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": "UNAVAILABLE", "message": err.Error()})
+		writeError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 	}
 }
 

@@ -40,7 +40,7 @@ func (h *decrHandler) reserve(w http.ResponseWriter, r *http.Request) {
 	home := stock.HomeShard(in.UserID, h.shards)
 	left, err := decrScript.Run(r.Context(), h.rdb, []string{decrKey(stock.ShardKeys(h.campaign, home))}).Int64()
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": "CLOSED", "message": err.Error()})
+		writeError(w, http.StatusServiceUnavailable, "CLOSED", err.Error())
 		return
 	}
 	if left < 0 {

@@ -138,7 +138,7 @@ type reserveBody struct {
 func decode(w http.ResponseWriter, r *http.Request) (reserveBody, bool) {
 	var in reserveBody
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&in); err != nil || in.UserID == "" || in.IdempotencyKey == "" {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"code": "BAD_REQUEST", "message": "bad body"})
+		writeError(w, http.StatusBadRequest, "BAD_REQUEST", "bad body")
 		return in, false
 	}
 	if in.Quantity < 1 {
@@ -161,7 +161,7 @@ func reserved(w http.ResponseWriter, replay bool, id string, expiry time.Time) {
 }
 
 func soldOut(w http.ResponseWriter) {
-	writeJSON(w, http.StatusGone, map[string]string{"code": "SOLD_OUT", "message": "sold out"})
+	writeError(w, http.StatusGone, "SOLD_OUT", "sold out")
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
@@ -178,7 +178,7 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 		Quantity: in.Quantity, MaxPerUser: h.maxUser, TTL: h.ttl,
 	})
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": "CLOSED", "message": err.Error()})
+		writeError(w, http.StatusServiceUnavailable, "CLOSED", err.Error())
 		return
 	}
 	switch res.Code {
@@ -187,10 +187,15 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 	case stock.SoldOut, stock.Claimed:
 		soldOut(w)
 	case stock.Limit:
-		writeJSON(w, http.StatusConflict, map[string]string{"code": "LIMIT_EXCEEDED", "message": "limit"})
+		writeError(w, http.StatusConflict, "LIMIT_EXCEEDED", "limit")
 	default:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": "CLOSED", "message": res.Code.String() + " " + res.Status})
+		writeError(w, http.StatusServiceUnavailable, "CLOSED", res.Code.String()+" "+res.Status)
 	}
+}
+
+// writeError answers with the product's error shape.
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, map[string]string{"code": code, "message": message})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
