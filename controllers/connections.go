@@ -72,7 +72,10 @@ func (c *campaignConn) rememberRunIDs(ids map[string]string) { c.runIDs = maps.C
 
 // redisServers is the status form of run ids, sorted by address.
 func redisServers(ids map[string]string) []flashsalev1alpha1.RedisServerStatus {
-	var out []flashsalev1alpha1.RedisServerStatus
+	if len(ids) == 0 {
+		return nil
+	}
+	out := make([]flashsalev1alpha1.RedisServerStatus, 0, len(ids))
 	for _, addr := range slices.Sorted(maps.Keys(ids)) {
 		out = append(out, flashsalev1alpha1.RedisServerStatus{Address: addr, RunID: ids[addr]})
 	}

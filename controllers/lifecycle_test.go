@@ -161,7 +161,7 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 	if r, err := eng.Reserve(context.Background(), "early", "r2", 1); err != nil || r.Outcome != "CLOSED" || r.Reason != stock.StateNotStarted {
 		t.Fatalf("before the start brought forward: %+v %v", r, err)
 	}
-	fs = e.waitFor("scheduled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	e.waitFor("scheduled", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
 	if late := time.Since(start); late > 2*time.Second {
 		t.Fatalf("opened %s after the start", late)
 	}

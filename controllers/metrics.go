@@ -21,25 +21,31 @@ var Phases = []flashsalev1alpha1.FlashSalePhase{
 	flashsalev1alpha1.PhaseFailClosed, flashsalev1alpha1.PhaseRebuilding,
 }
 
+// Labels every per-sale series carries.
+const (
+	labelNamespace = "namespace"
+	labelName      = "name"
+)
+
 var (
 	descUnits = prometheus.NewDesc("flashsale_sale_units",
 		"Units of a sale by state (allocation, available, reserved, sold), as its status reports them.",
-		[]string{"namespace", "name", "sku", "state"}, nil)
+		[]string{labelNamespace, labelName, "sku", "state"}, nil)
 	descPhase = prometheus.NewDesc("flashsale_sale_phase",
 		"1 for a sale's current phase, 0 for the others.",
-		[]string{"namespace", "name", "phase"}, nil)
+		[]string{labelNamespace, labelName, "phase"}, nil)
 	descCondition = prometheus.NewDesc("flashsale_sale_condition",
 		"1 when a sale's condition is True, 0 when False or Unknown.",
-		[]string{"namespace", "name", "condition", "reason"}, nil)
+		[]string{labelNamespace, labelName, "condition", "reason"}, nil)
 	descEpoch = prometheus.NewDesc("flashsale_sale_epoch",
 		"Generation of a sale's Redis state: it goes up by one at every rebuild from the ledger.",
-		[]string{"namespace", "name"}, nil)
+		[]string{labelNamespace, labelName}, nil)
 	descLastRebuild = prometheus.NewDesc("flashsale_sale_last_rebuild_timestamp_seconds",
 		"When a sale's stock was last rebuilt from the ledger.",
-		[]string{"namespace", "name"}, nil)
+		[]string{labelNamespace, labelName}, nil)
 	descCountsObserved = prometheus.NewDesc("flashsale_sale_counts_observed_timestamp_seconds",
 		"When a sale's units were last read from Redis and the ledger: renewed at least every minute while they can be read (every 5 minutes once the sale is Completed), so an older value means flashsale_sale_units is stale.",
-		[]string{"namespace", "name"}, nil)
+		[]string{labelNamespace, labelName}, nil)
 	descListed = prometheus.NewDesc("flashsale_sale_metrics_listed",
 		"1 when this manager could list the sales for these metrics: the leader, its cache synced; 0 on a follower.",
 		nil, nil)

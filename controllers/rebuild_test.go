@@ -237,8 +237,8 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
 	stop := e.startController()
-	fs := e.apply(e.sale("snapshot", 100))
-	fs = e.waitFor("snapshot", settle, "Open, run id recorded", func(fs *flashsalev1alpha1.FlashSale) bool {
+	e.apply(e.sale("snapshot", 100))
+	fs := e.waitFor("snapshot", settle, "Open, run id recorded", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && len(fs.Status.RedisServers) == 1
 	})
 	oldRunID := fs.Status.RedisServers[0].RunID
@@ -249,12 +249,12 @@ func TestRedisRestartedWhileOperatorDown(t *testing.T) {
 	// controller once it has checked the server.
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
-	meta := stock.ShardKeys(string(fs.UID), 0).Meta()
-	if err := rdb.HDel(context.Background(), meta, "srv").Err(); err != nil {
+	metaKey := stock.ShardKeys(string(fs.UID), 0).Meta()
+	if err := rdb.HDel(context.Background(), metaKey, "srv").Err(); err != nil {
 		t.Fatal(err)
 	}
 	e.waitFor("snapshot", settle, "shard 0 stamped again", func(*flashsalev1alpha1.FlashSale) bool {
-		return rdb.HGet(context.Background(), meta, "srv").Val() == oldRunID
+		return rdb.HGet(context.Background(), metaKey, "srv").Val() == oldRunID
 	})
 	eng := e.engineFor(fs, r.Addr())
 	for i := range 5 {

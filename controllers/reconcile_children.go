@@ -51,7 +51,7 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 		}
 		deployments = append([]*appsv1.Deployment{reserve}, deployments...)
 	}
-	var children []client.Object
+	children := make([]client.Object, 0, len(deployments)+3)
 	for _, d := range deployments {
 		if s.refs == nil {
 			// Without references (a Secret of the spec gone, or changed to

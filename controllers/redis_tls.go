@@ -56,14 +56,15 @@ func writeRedisTLS(h hash.Hash, t config.RedisTLS) {
 // a Secret without them gives the variables no value, and the pods speak
 // plain Redis.
 func redisTLSEnv(secretName string) []corev1.EnvVar {
-	var env []corev1.EnvVar
-	for _, v := range []struct{ name, key string }{
+	keys := []struct{ name, key string }{
 		{config.EnvRedisTLS, SecretKeyRedisTLS},
 		{config.EnvRedisTLSCA, SecretKeyRedisTLSCA},
 		{config.EnvRedisTLSCert, SecretKeyRedisTLSCert},
 		{config.EnvRedisTLSKey, SecretKeyRedisTLSKey},
 		{config.EnvRedisTLSServerName, SecretKeyRedisTLSServerName},
-	} {
+	}
+	env := make([]corev1.EnvVar, 0, len(keys))
+	for _, v := range keys {
 		optional := true
 		env = append(env, corev1.EnvVar{Name: v.name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 			LocalObjectReference: corev1.LocalObjectReference{Name: secretName}, Key: v.key, Optional: &optional,

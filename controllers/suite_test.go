@@ -253,11 +253,6 @@ func (s *sale) schedule(start, end time.Time) *sale {
 	return s
 }
 
-func (s *sale) paused() *sale { s.fs.Spec.Paused = true; return s }
-func (s *sale) ttl(d time.Duration) *sale {
-	s.fs.Spec.Reservation.TTL = &metav1.Duration{Duration: d}
-	return s
-}
 func (s *sale) redisSecret(n string) *sale  { s.fs.Spec.Redis.SecretRef.Name = n; return s }
 func (s *sale) ledgerSecret(n string) *sale { s.fs.Spec.Postgres.SecretRef.Name = n; return s }
 

@@ -55,7 +55,7 @@ func (p *externalPG) NewDatabase() (string, error) {
 func (p *externalPG) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var errs []error
+	errs := make([]error, 0, len(p.names))
 	for _, n := range p.names {
 		errs = append(errs, p.exec("DROP DATABASE IF EXISTS "+pgx.Identifier{n}.Sanitize()+" WITH (FORCE)"))
 	}

@@ -168,7 +168,7 @@ func startServer(ctx context.Context, name, logDir, bin string, args []string, l
 		case <-s.done:
 			return nil, fmt.Errorf("%s exited before it was ready: %v\n%s", name, s.waitErr, tail(logPath))
 		case <-ctx.Done():
-			s.stop()
+			_ = s.stop() // the start failed; its exit status adds nothing
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -180,7 +180,7 @@ func startServer(ctx context.Context, name, logDir, bin string, args []string, l
 			}
 		}
 		if time.Now().After(deadline) {
-			s.stop()
+			_ = s.stop() // the start failed; its exit status adds nothing
 			return nil, fmt.Errorf("%s not ready on %s after %s (last: %v)\n%s", name, addr, readyTimeout, err, tail(logPath))
 		}
 	}

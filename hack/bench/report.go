@@ -314,7 +314,7 @@ func variantName(v string) string {
 }
 
 func outcomes(m map[string]int64) string {
-	var parts []string
+	parts := make([]string, 0, len(m))
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		parts = append(parts, fmt.Sprintf("%s: %d", k, m[k]))
 	}

@@ -287,7 +287,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 				e.rep.Notes = append(e.rep.Notes, fmt.Sprintf("the %s row ran under `perf record` (%s): its figures include the profiler's overhead", label, e.o.Perf))
 			}
 			if e.o.Profile != "" {
-				if err := e.profile(ctx, srv, secs); err != nil {
+				if err := e.profile(ctx, secs); err != nil {
 					profErr = errors.Join(profErr, err)
 				}
 			}
@@ -431,7 +431,7 @@ func (e *benchEnv) perfRecord(ctx context.Context, srv *server, seconds int) err
 
 // profile takes a CPU profile of the reserve process through its
 // /debug/pprof endpoint, a couple of seconds into the storm.
-func (e *benchEnv) profile(ctx context.Context, srv *server, seconds int) error {
+func (e *benchEnv) profile(ctx context.Context, seconds int) error {
 	if seconds < 1 {
 		return fmt.Errorf("the storm is too short for a profile")
 	}

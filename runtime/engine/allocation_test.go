@@ -63,7 +63,7 @@ func TestAllocationChangeDuringARebuildIsRefused(t *testing.T) {
 func (f *fixture) restockAfterRebuild(target, available int64) {
 	f.t.Helper()
 	ctx := context.Background()
-	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 		f.t.Fatal(err)
 	}
 	for range 2 {
@@ -187,7 +187,7 @@ func TestRestockExactlyOnce(t *testing.T) {
 			t.Fatalf("counts %+v", c)
 		}
 		// A rebuild after the change keeps it exactly once too.
-		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.e.ApplyAllocation(ctx, 600); err != nil {
@@ -242,7 +242,7 @@ func TestAllocationDecrease(t *testing.T) {
 			t.Fatalf("after lowering to 10: %+v", c)
 		}
 		// A rebuild keeps the lowered allocation.
-		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 			t.Fatal(err)
 		}
 		if c := f.assertConserved(); c.Allocation != 10 || c.Available != 0 || c.Sold != 1 {

@@ -65,7 +65,7 @@ func TestRebuildStreamsManyBatches(t *testing.T) {
 		if _, err := f.e.Store().DeleteAll(ctx); err != nil {
 			t.Fatal(err)
 		}
-		rep, err := f.e.Rebuild(ctx, gate(stock.StateOpen))
+		rep, err := f.e.Rebuild(ctx, openGate)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func TestMaterializationRacingRebuild(t *testing.T) {
 		}()
 		for range 3 {
 			time.Sleep(30 * time.Millisecond)
-			if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+			if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -195,7 +195,7 @@ func TestBackstopOutlivesLongReservations(t *testing.T) {
 	cfg := f.cfg
 	cfg.TTL = 10 * time.Minute
 	e := openEngine(t, cfg, rdb, f.l)
-	if _, err := e.Rebuild(context.Background(), gate(stock.StateOpen)); err != nil {
+	if _, err := e.Rebuild(context.Background(), openGate); err != nil {
 		t.Fatal(err)
 	}
 	ttl, err = rdb.TTL(context.Background(), f.e.Store().Keys(0).Res(strings.TrimPrefix(r.Reservation.ID, "0."))).Result()
@@ -229,7 +229,7 @@ func TestPaidRequestReplaysAfterARebuild(t *testing.T) {
 			if _, err := f.e.Store().DeleteAll(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+			if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 				t.Fatal(err)
 			}
 			before := f.counts()
@@ -263,7 +263,7 @@ func TestRebuildCutShortIsFinished(t *testing.T) {
 	if _, err := f.e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
 		t.Fatalf("seeding over shards left being rebuilt: %v, want ErrNeedsRebuild", err)
 	}
-	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 		t.Fatal(err)
 	}
 	if c := f.assertConserved(); c.Available != 9 || c.Reserved != 1 {

@@ -91,7 +91,7 @@ func TestRedisLostMidStormThenRebuilt(t *testing.T) {
 			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
 				t.Fatalf("seed after loss must refuse: %v", err)
 			}
-			rep, err := f.e.Rebuild(ctx, gate(stock.StateOpen))
+			rep, err := f.e.Rebuild(ctx, openGate)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -203,7 +203,7 @@ func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 		!strings.Contains(err.Error(), "shards [0 1 2 3 4 5 6 7] and 4 more hold data") {
 		t.Fatalf("seeding after the restart: %v", err)
 	}
-	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 		t.Fatal(err)
 	}
 	if res := f.reserve("quinn", "r", 1); res.Outcome != engine.OutcomeReserved {
@@ -290,7 +290,7 @@ func TestStaleSnapshotRefusedUntilRebuilt(t *testing.T) {
 			if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) {
 				t.Fatalf("seed over the snapshot: %v", err)
 			}
-			rep, err := f.e.Rebuild(ctx, gate(stock.StateOpen))
+			rep, err := f.e.Rebuild(ctx, openGate)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -95,7 +95,7 @@ func TestSeedAfterLossIsARebuild(t *testing.T) {
 	if a := <-first; a.err != nil || a.r.Outcome != engine.OutcomeReserved {
 		t.Fatalf("the reservation in flight: %+v %v", a.r, a.err)
 	}
-	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.reserve("second", "r", 1); r.Outcome != engine.OutcomeSoldOut {
@@ -157,7 +157,7 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 	if _, err := e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
 		t.Fatalf("a live sale with a shard lost on an evicting Redis: %v, want ErrNeedsRebuild", err)
 	}
-	if _, err := e.Rebuild(ctx, gate(stock.StateOpen)); !errors.Is(err, stock.ErrEvictionPolicy) {
+	if _, err := e.Rebuild(ctx, openGate); !errors.Is(err, stock.ErrEvictionPolicy) {
 		t.Fatalf("rebuild on an evicting Redis: %v", err)
 	}
 	if c, err := l.GetCampaign(ctx, cfg.CampaignID); err != nil || c.Epoch != 1 {

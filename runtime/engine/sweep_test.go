@@ -525,7 +525,7 @@ func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, reb
 	}
 	wait := slack + 100*time.Millisecond
 	if rebuild {
-		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 			t.Fatal(err)
 		}
 		// Pending stolen reservations get their pointers back; a sold one

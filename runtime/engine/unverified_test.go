@@ -45,7 +45,7 @@ func TestShardFromAnotherServerRefused(t *testing.T) {
 		if refused == 0 || taken == 0 {
 			t.Fatalf("refused %d, taken %d: both shards should have been tried", refused, taken)
 		}
-		if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+		if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 			t.Fatal(err)
 		}
 		if h, err := f.e.Check(ctx, 2); err != nil || h.Lost() {
@@ -84,7 +84,7 @@ func (f *fixture) unverifiedUntilRebuilt(user, where string) engine.Health {
 	if err != nil || !slices.Contains(h.Unverified, 0) {
 		f.t.Fatalf("check %+v %v", h, err)
 	}
-	if _, err := f.e.Rebuild(ctx, gate(stock.StateOpen)); err != nil {
+	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
 		f.t.Fatal(err)
 	}
 	if res := f.reserve(user, "r", 1); res.Outcome != engine.OutcomeReserved {

@@ -73,37 +73,16 @@ func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration
 // interrupt): the checks then run at once on what the campaign holds.
 func RunAuditUntil(ctx context.Context, stop <-chan struct{}, src Source, res *Result, settle time.Duration) (*Audit, error) {
 	start := time.Now()
-	deadline := start.Add(settle)
-	var c engine.Counts
-	var err error
 	a := &Audit{SettleAsked: settle > 0}
-	for {
-		if c, err = src.Counts(ctx); err != nil {
-			return nil, fmt.Errorf("audit: %w", err)
-		}
-		if c.Reserved == 0 && c.Pending == 0 && c.Conserved() {
-			a.Settled = true
-			break
-		}
-		if settle <= 0 || !time.Now().Before(deadline) {
-			break
-		}
-		interrupted := false
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("audit: %w", ctx.Err())
-		case <-stop:
-			interrupted = true // check what is there now
-		case <-time.After(settlePoll):
-		}
-		if interrupted {
-			break
-		}
+	c, settled, err := awaitSettled(ctx, stop, src, settle)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
 	}
+	a.Settled = settled
 	a.SettleSeconds = time.Since(start).Seconds()
 	a.Allocation, a.Available, a.Reserved, a.Sold, a.Pending = c.Allocation, c.Available, c.Reserved, c.Sold, c.Pending
 	a.Oversold, a.Conserved = c.Oversold(), c.Conserved()
-	fail := func(format string, args ...any) { a.Failures = append(a.Failures, fmt.Sprintf(format, args...)) }
+	fail := a.fail
 
 	if a.Oversold > 0 {
 		fail("I1 oversold: %d units sold of an allocation of %d", a.Sold, a.Allocation)
@@ -132,11 +111,54 @@ func RunAuditUntil(ctx context.Context, stop <-chan struct{}, src Source, res *R
 		}
 	}
 
+	if err := a.checkRows(ctx, src, res); err != nil {
+		return nil, err
+	}
+	if n := len(res.IdempotencyViolations); n > 0 {
+		fail("I4: %d retries of acknowledged requests did not replay them (%s)", n, examples(res.IdempotencyViolations))
+	}
+	a.OK = len(a.Failures) == 0
+	return a, nil
+}
+
+// awaitSettled reads the counts until nothing is reserved or pending and
+// they add up, for at most settle, or until stop closes.
+func awaitSettled(ctx context.Context, stop <-chan struct{}, src Source, settle time.Duration) (engine.Counts, bool, error) {
+	deadline := time.Now().Add(settle)
+	for {
+		c, err := src.Counts(ctx)
+		if err != nil {
+			return c, false, err
+		}
+		if c.Reserved == 0 && c.Pending == 0 && c.Conserved() {
+			return c, true, nil
+		}
+		if settle <= 0 || !time.Now().Before(deadline) {
+			return c, false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return c, false, ctx.Err()
+		case <-stop:
+			return c, false, nil // an interrupt: check what is there now
+		case <-time.After(settlePoll):
+		}
+	}
+}
+
+func (a *Audit) fail(format string, args ...any) {
+	a.Failures = append(a.Failures, fmt.Sprintf(format, args...))
+}
+
+// checkRows holds every answer the storm got against the ledger's rows
+// (I3, I7).
+func (a *Audit) checkRows(ctx context.Context, src Source, res *Result) error {
+	fail := a.fail
 	ids := make([]string, 0, len(res.Acked)+len(res.Confirmed)+len(res.Cancelled)+len(res.Voided))
 	ids = append(append(append(append(ids, res.Acked...), res.Confirmed...), res.Cancelled...), res.Voided...)
 	statuses, err := src.Statuses(ctx, ids)
 	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
+		return fmt.Errorf("audit: %w", err)
 	}
 	a.Acked, a.Confirmed, a.Cancelled = len(res.Acked), len(res.Confirmed), len(res.Cancelled)
 	var missing, abandoned, notCommitted, notCancelled []string
@@ -185,11 +207,7 @@ func RunAuditUntil(ctx context.Context, stop <-chan struct{}, src Source, res *R
 	if len(soldAfterVoid) > 0 {
 		fail("I7: %d checkouts answered EXPIRED (void the payment) are COMMITTED in the ledger (%s)", len(soldAfterVoid), examples(soldAfterVoid))
 	}
-	if n := len(res.IdempotencyViolations); n > 0 {
-		fail("I4: %d retries of acknowledged requests did not replay them (%s)", n, examples(res.IdempotencyViolations))
-	}
-	a.OK = len(a.Failures) == 0
-	return a, nil
+	return nil
 }
 
 // Counts reads Redis and then the ledger, and a sweeper or a cancel changes
