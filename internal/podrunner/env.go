@@ -33,6 +33,10 @@ type resolver struct {
 // would add for Services (KUBERNETES_SERVICE_HOST and friends): there is no
 // in-cluster API endpoint here, and the data plane must not look for one.
 func (r resolver) containerEnv(ctx context.Context, c *corev1.Container, pod podMeta) ([]corev1.EnvVar, error) {
+	// Each Secret is read once per start: a container names the same Secret
+	// for many variables, and a read per variable spends the client's rate
+	// limit on copies when many replicas start at once.
+	secrets := &secretReads{cs: r.cs, ns: pod.Namespace, got: map[string]secretRead{}}
 	var out []corev1.EnvVar
 	set := map[string]int{} // name -> index in out
 	put := func(name, value string) {
@@ -44,7 +48,7 @@ func (r resolver) containerEnv(ctx context.Context, c *corev1.Container, pod pod
 		out = append(out, corev1.EnvVar{Name: name, Value: value})
 	}
 	for _, from := range c.EnvFrom {
-		data, err := r.envFromSource(ctx, pod.Namespace, from)
+		data, err := r.envFromSource(ctx, pod.Namespace, from, secrets)
 		if err != nil {
 			return nil, err
 		}
@@ -63,7 +67,7 @@ func (r resolver) containerEnv(ctx context.Context, c *corev1.Container, pod pod
 			put(e.Name, expand(e.Value, lookup))
 			continue
 		}
-		v, ok, err := r.valueFrom(ctx, e, pod)
+		v, ok, err := r.valueFrom(ctx, e, pod, secrets)
 		if err != nil {
 			return nil, err
 		}
@@ -74,10 +78,10 @@ func (r resolver) containerEnv(ctx context.Context, c *corev1.Container, pod pod
 	return out, nil
 }
 
-func (r resolver) envFromSource(ctx context.Context, ns string, from corev1.EnvFromSource) (map[string]string, error) {
+func (r resolver) envFromSource(ctx context.Context, ns string, from corev1.EnvFromSource, secrets *secretReads) (map[string]string, error) {
 	switch {
 	case from.SecretRef != nil:
-		s, err := r.cs.CoreV1().Secrets(ns).Get(ctx, from.SecretRef.Name, metav1.GetOptions{})
+		s, err := secrets.get(ctx, from.SecretRef.Name)
 		if apierrors.IsNotFound(err) && optional(from.SecretRef.Optional) {
 			return nil, nil
 		}
@@ -107,12 +111,12 @@ func (r resolver) envFromSource(ctx context.Context, ns string, from corev1.EnvF
 
 // valueFrom resolves one env entry's valueFrom. ok is false when an optional
 // reference is missing: the variable is then not set at all, as in Kubernetes.
-func (r resolver) valueFrom(ctx context.Context, e corev1.EnvVar, pod podMeta) (string, bool, error) {
+func (r resolver) valueFrom(ctx context.Context, e corev1.EnvVar, pod podMeta, secrets *secretReads) (string, bool, error) {
 	src := e.ValueFrom
 	switch {
 	case src.SecretKeyRef != nil:
 		ref := src.SecretKeyRef
-		s, err := r.cs.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		s, err := secrets.get(ctx, ref.Name)
 		if apierrors.IsNotFound(err) && optional(ref.Optional) {
 			return "", false, nil
 		}
@@ -152,6 +156,28 @@ func (r resolver) valueFrom(ctx context.Context, e corev1.EnvVar, pod podMeta) (
 		return v, true, nil
 	}
 	return "", false, fmt.Errorf("env %s: only secretKeyRef, configMapKeyRef and fieldRef are supported here", e.Name)
+}
+
+// secretReads are the Secrets one start has read, by name, with the error
+// of the read (a Secret not found is remembered too).
+type secretReads struct {
+	cs  kubernetes.Interface
+	ns  string
+	got map[string]secretRead
+}
+
+type secretRead struct {
+	secret *corev1.Secret
+	err    error
+}
+
+func (c *secretReads) get(ctx context.Context, name string) (*corev1.Secret, error) {
+	if r, ok := c.got[name]; ok {
+		return r.secret, r.err
+	}
+	s, err := c.cs.CoreV1().Secrets(c.ns).Get(ctx, name, metav1.GetOptions{})
+	c.got[name] = secretRead{secret: s, err: err}
+	return s, err
 }
 
 // fieldValue is the downward API for the fields that mean something here.

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -134,5 +135,39 @@ func TestContainerEnv(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("resolving %+v: error %v, want one containing %s", e.ValueFrom, err, name)
 		}
+	}
+}
+
+// A container that names one Secret for many variables reads it once per
+// start: many replicas starting at once must not spend the client's rate
+// limit on copies of the same read.
+func TestContainerEnvReadsEachSecretOnce(t *testing.T) {
+	cs := fake.NewClientset(
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Data: map[string][]byte{"a": []byte("1"), "b": []byte("2"), "c": []byte("3")}},
+	)
+	r := resolver{cs: cs}
+	key := func(name, secret, key string) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: key, Optional: ptr.To(true)}}}
+	}
+	c := &corev1.Container{
+		EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}, Prefix: "S_"}},
+		Env:     []corev1.EnvVar{key("A", "s", "a"), key("B", "s", "b"), key("C", "s", "c"), key("X", "absent", "x"), key("Y", "absent", "y")},
+	}
+	env, err := r.containerEnv(context.Background(), c, podMeta{Namespace: "ns", Name: "p-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(env) != 6 {
+		t.Fatalf("env = %v, want S_a, S_b, S_c, A, B and C", env)
+	}
+	reads := map[string]int{}
+	for _, a := range cs.Actions() {
+		if g, ok := a.(k8stesting.GetAction); ok && a.GetResource().Resource == "secrets" {
+			reads[g.GetName()]++
+		}
+	}
+	if want := map[string]int{"s": 1, "absent": 1}; !reflect.DeepEqual(reads, want) {
+		t.Fatalf("Secret reads %v, want %v", reads, want)
 	}
 }

@@ -211,7 +211,13 @@ func New(cfg Config) (*Runner, error) {
 	if _, err := labels.Parse(cfg.Selector); err != nil {
 		return nil, fmt.Errorf("podrunner: selector %q: %w", cfg.Selector, err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg.Kube)
+	kube := rest.CopyConfig(cfg.Kube)
+	if kube.QPS == 0 && kube.Burst == 0 {
+		// The kubelet's defaults (kubeAPIQPS, kubeAPIBurst): client-go's own
+		// (5 and 10) make replicas wait on the rate limiter when many start.
+		kube.QPS, kube.Burst = 50, 100
+	}
+	cs, err := kubernetes.NewForConfig(kube)
 	if err != nil {
 		return nil, err
 	}

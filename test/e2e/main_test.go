@@ -183,7 +183,11 @@ func applySale(t *testing.T, ns, file string, vars map[string]any) *sale {
 // its reserve Service's local URL.
 func waitReady(t *testing.T, ns, name string) *sale {
 	t.Helper()
-	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Ready", "flashsale/"+name, "--timeout=90s")
+	if _, err := env.Kubectl(context.Background(), nil, "wait", "-n", ns, "--for=condition=Ready", "flashsale/"+name, "--timeout=90s"); err != nil {
+		// What the sale and its pods say, for the log.
+		t.Fatalf("%v\n%s\n%s", err, kubectl(t, nil, "get", "flashsale", name, "-n", ns, "-o", "yaml"),
+			kubectl(t, nil, "get", "deployments,pods", "-n", ns, "-o", "wide"))
+	}
 	fs := getSale(t, ns, name)
 	s := &sale{ns: ns, name: name, uid: string(fs.UID), sku: fs.Spec.SKU}
 	s.redisAddr = secretValue(t, ns, fs.Spec.Redis.SecretRef.Name, "addresses")
