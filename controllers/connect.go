@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -91,9 +89,10 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 	}
 	s.conn = conn
 	// A new connection reached the ledger. A cached one is asked when the
-	// ledger was last found down: the phases below may stop at Redis before
-	// any ledger query, and the recovery would not show until Redis is back.
-	if conn != prev || (ledgerUnreachable(s.fs) && pingLedger(ctx, conn) == nil) {
+	// ledger was last found down on it: the phases below may stop at Redis
+	// before any ledger query, and the recovery would not show until Redis
+	// is back.
+	if conn != prev || (conn.ledgerDown.Load() && pingLedger(ctx, conn) == nil) {
 		s.ledgerOK = true
 	}
 	return false, nil
@@ -165,12 +164,14 @@ func classify(err error) error {
 	return err
 }
 
-// ledgerUnreachable: LedgerHealthy says the ledger did not answer (not that
-// it refused the operator or holds another sale's data, which a ping does
-// not tell).
-func ledgerUnreachable(fs *flashsalev1alpha1.FlashSale) bool {
-	c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerHealthy)
-	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonUnreachable
+// ledgerUnreachable: err says the ledger did not answer (not that it refused
+// the operator, or that its DSN is invalid).
+func ledgerUnreachable(fs *flashsalev1alpha1.FlashSale, err error) bool {
+	if err == nil || !isLedgerError(err) {
+		return false
+	}
+	f := describeFailure(fs, err)
+	return f.condition == flashsalev1alpha1.ConditionLedgerHealthy && f.reason == ReasonUnreachable
 }
 
 // pingLedger asks the ledger for a sign of life, briefly: a ledger that hangs

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +28,24 @@ type campaignConn struct {
 	rdb    redis.UniversalClient
 	engine *engine.Engine
 	runIDs map[string]string // Redis run ids seen at the last healthy check
+	// ledgerDown: the last reconcile to say found the ledger not answering
+	// on these connections (see noteLedger).
+	ledgerDown atomic.Bool
+}
+
+// noteLedger keeps what a reconcile found of the ledger on the connections it
+// used: a later reconcile that stops at Redis before any ledger query asks the
+// ledger again only if it did not answer (a ping tells nothing of a ledger
+// that refused the operator or holds another sale's data). The connections
+// are the finder's own memory: a new process opens new ones, which reach the
+// ledger or fail.
+func (c *campaignConn) noteLedger(fs *flashsalev1alpha1.FlashSale, f *facts) {
+	switch {
+	case ledgerUnreachable(fs, f.outage) || ledgerUnreachable(fs, f.rebuildErr):
+		c.ledgerDown.Store(true)
+	case f.ledgerOK:
+		c.ledgerDown.Store(false)
+	}
 }
 
 func (c *campaignConn) close() {

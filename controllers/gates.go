@@ -68,6 +68,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 			others = false
 		}
 	}
+	s.held = heldUnits(states)
 	if err == nil && !open {
 		if others {
 			return gate
@@ -92,20 +93,34 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 }
 
 // closedPhase is the phase of shards closed by gate when observe could not
-// run: not Completed (that needs the counts) unless it was already, and a
-// failed-closed sale stays so until it is rebuilt.
-func closedPhase(gate string, cur flashsalev1alpha1.FlashSalePhase) flashsalev1alpha1.FlashSalePhase {
+// run, from what this reconcile found: every shard holds gate (so none is
+// failed closed or being rebuilt; computeStatus says FailClosed or Rebuilding
+// from the facts that found them), and held units are reserved in Redis.
+//
+// Completed needs the ledger's pending orders too, which observe could not
+// read: a sale reported Completed (was) stays so while Redis holds no
+// reservation, the one thing Redis can tell; any reservation there refutes it.
+// Once Completed nothing changes any more (the gate stays ENDED), so this is
+// the report of a fact observed before, not a decision.
+func closedPhase(gate string, held int64, was flashsalev1alpha1.FlashSalePhase) flashsalev1alpha1.FlashSalePhase {
 	switch {
-	case cur == flashsalev1alpha1.PhaseFailClosed || cur == flashsalev1alpha1.PhaseRebuilding:
-		return cur
 	case gate == engine.StatePaused:
 		return flashsalev1alpha1.PhasePaused
 	case gate == engine.StateNotStarted:
 		return flashsalev1alpha1.PhaseScheduled
-	case cur == flashsalev1alpha1.PhaseCompleted:
-		return cur
+	case was == flashsalev1alpha1.PhaseCompleted && held == 0:
+		return was
 	}
 	return flashsalev1alpha1.PhaseEnded
+}
+
+// heldUnits is the units the shards hold in RESERVED reservations.
+func heldUnits(states []engine.ShardState) int64 {
+	var n int64
+	for _, st := range states {
+		n += st.Reserved
+	}
+	return n
 }
 
 // applyGates writes the gate the schedule and the pause switch ask for into every
@@ -132,7 +147,7 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 			return true, nil
 		}
 		if s.window.Gate != engine.StateOpen {
-			s.closed = s.window.Gate
+			s.closed, s.held = s.window.Gate, heldUnits(states)
 		}
 		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)
 		break

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
@@ -115,6 +116,42 @@ func TestLedgerRecoversWhileRedisIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitFor("both", 30*time.Second, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
+}
+
+// Whether the ledger is asked again while Redis is down is decided by what
+// the controller found on its connections, not by the status: a status
+// patched to say the ledger refused the operator (a ping cannot tell that
+// apart, so the status could not be trusted to ask) does not keep the
+// recovery from showing.
+func TestLedgerRecoveryIsNotDecidedByTheStatus(t *testing.T) {
+	t.Parallel()
+	pg := testharness.PostgresT(t)
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), pg)
+	e.startController()
+	e.openSale("told", 10)
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("told", settle, "LedgerHealthy False", reasonIs(flashsalev1alpha1.ConditionLedgerHealthy, controllers.ReasonUnreachable))
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	fs := e.waitFor("told", settle, "RedisHealthy False", reasonIs(flashsalev1alpha1.ConditionRedisHealthy, controllers.ReasonUnreachable))
+	before := fs.DeepCopy()
+	meta.SetStatusCondition(&fs.Status.Conditions, metav1.Condition{Type: flashsalev1alpha1.ConditionLedgerHealthy, Status: metav1.ConditionFalse,
+		Reason: controllers.ReasonForbidden, Message: "a status that lies", ObservedGeneration: fs.Generation})
+	if err := k8s.Status().Patch(context.Background(), fs, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("told", 30*time.Second, "LedgerHealthy True with Redis down", reasonIs(flashsalev1alpha1.ConditionLedgerHealthy, controllers.ReasonReachable))
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("told", 30*time.Second, "Open again", phaseIs(flashsalev1alpha1.PhaseOpen))
 }
 
 // The pause switch and the schedule's end close the shards while the operator

@@ -116,6 +116,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		s.reservePods = &pods
 	}
 	fs.Status = computeStatus(fs, &s.facts, r.countsStamp())
+	if s.conn != nil {
+		s.conn.noteLedger(fs, &s.facts)
+	}
 	err := s.err
 	if errors.Is(ctx.Err(), context.Canceled) {
 		// The manager is stopping (or lost its lease): what the cut phases

@@ -72,6 +72,9 @@ type facts struct {
 	// closed is the closing gate every shard is known to hold, when this
 	// reconcile wrote it or found it (closeFirst, applyGates).
 	closed string
+	// held: the units in RESERVED reservations on the shards when closed
+	// was found.
+	held int64
 	// completed: every phase ran; err is the reconcile's error.
 	completed bool
 	err       error

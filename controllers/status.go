@@ -47,14 +47,15 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 	if f.lost != "" {
 		d.set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost, lostMessage(f.lost))
 	}
+	if !f.completed && f.closed != "" {
+		// observe did not finish: the phase says what the shards hold (a
+		// stop below may say more).
+		st.Phase = closedPhase(f.closed, f.held, st.Phase)
+	}
 	reportStop(&st, d, fs, f)
 	if f.lost != "" {
 		// The shards were failed closed, whatever stopped the reconcile next.
 		st.Phase = flashsalev1alpha1.PhaseFailClosed
-	}
-	if !f.completed && f.closed != "" {
-		// observe did not finish: the phase says what the shards hold.
-		st.Phase = closedPhase(f.closed, st.Phase)
 	}
 
 	// A problem that did not stop the phases has the last word on Ready.

@@ -169,9 +169,21 @@ func TestComputeStatus(t *testing.T) {
 		{name: "ledger down at the schedule's end of a completed sale",
 			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseCompleted },
 			facts: stopped(func(f *facts) { f.outage, f.closed = ledgerDown, stock.StateEnded }), phase: flashsalev1alpha1.PhaseCompleted},
-		{name: "ledger down while failed closed stays failed closed",
+		// A status that lies does not decide the phase: the shards do.
+		{name: "a FailClosed read while every shard holds ENDED is Ended",
 			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseFailClosed },
-			facts: stopped(func(f *facts) { f.outage, f.closed = ledgerDown, stock.StateEnded }), phase: flashsalev1alpha1.PhaseFailClosed},
+			facts: stopped(func(f *facts) { f.outage, f.closed, f.held = ledgerDown, stock.StateEnded, 2 }), phase: flashsalev1alpha1.PhaseEnded},
+		{name: "a Rebuilding read while every shard holds PAUSED is Paused",
+			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseRebuilding },
+			facts: stopped(func(f *facts) { f.outage, f.closed = ledgerDown, stock.StatePaused }), phase: flashsalev1alpha1.PhasePaused},
+		{name: "a Completed read is refuted by reservations Redis holds",
+			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseCompleted },
+			facts: stopped(func(f *facts) { f.outage, f.closed, f.held = ledgerDown, stock.StateEnded, 3 }), phase: flashsalev1alpha1.PhaseEnded},
+		{name: "failed closed by this reconcile, whatever gate the shards held before",
+			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseCompleted },
+			facts: stopped(func(f *facts) { f.lost, f.closed, f.outage = "shard 0 has no meta", stock.StateEnded, ledgerDown }), phase: flashsalev1alpha1.PhaseFailClosed},
+		{name: "the rebuild failed on Redis after the shards were found ENDED",
+			facts: stopped(func(f *facts) { f.closed, f.rebuildErr = stock.StateEnded, redisDown }), phase: flashsalev1alpha1.PhaseRebuilding},
 		{name: "ledger holds another sale's data", facts: stopped(func(f *facts) {
 			f.ledgerOK, f.mismatch = true, errors.New("the ledger's campaign has 4 shards, the sale 2")
 		}), phase: flashsalev1alpha1.PhaseOpen,

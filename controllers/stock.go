@@ -28,8 +28,17 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	defer cancel()
 	eng := s.conn.engine
 	lost, why := false, ""
-	// seededBefore: only the status can tell that a ledger without the
-	// campaign is not the sale's (the ledger cannot witness its own loss).
+	// seededBefore is the one decision the status still takes part in, and
+	// only to refuse. Redis shards of the sale already make a ledger without
+	// its campaign a mismatch; status.epoch matters only when Redis holds
+	// none of them either (a DSN switched to another database after Redis
+	// lost its data too). Then no store the operator writes is left to say
+	// the sale ran: the ledger record is in the database the DSN no longer
+	// names, and an annotation would be one more field every writer of the
+	// sale can change, with nothing more to vouch for it. A status that lies
+	// can refuse a new sale its seed (nothing is written, Ready says why),
+	// or, saying epoch 0 after both stores lost the sale, let it seed afresh
+	// as a restored object without status would.
 	res, err := eng.SeedSale(ctx, s.window.Gate, s.fs.Status.Epoch > 0)
 	switch {
 	case errors.Is(err, engine.ErrNeedsRebuild):
