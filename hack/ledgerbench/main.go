@@ -50,6 +50,7 @@ type report struct {
 	NewOrders    int64               `json:"new_orders"`
 	LoadSeconds  float64             `json:"old_load_s"`
 	LoadPGCPU    float64             `json:"old_load_pg_cpu_s"`
+	LoadWALBytes float64             `json:"old_load_wal_bytes_per_order"`
 	CounterPairs int64               `json:"counters_checked"`
 	Sizes        relSizes            `json:"sizes_with_old"`
 	Rounds       map[string][]sample `json:"rounds"`
@@ -129,6 +130,10 @@ func run(o options) error {
 
 	// The old sales first, then the new one beside them, as in production.
 	pg0, t0 := cpustat.TreeWithExited(pg.PID()), time.Now()
+	wal0, err := walLSN(ctx, beside.l)
+	if err != nil {
+		return err
+	}
 	for c := range o.oldCampaigns {
 		id := fmt.Sprintf("old-%02d", c)
 		if err := newCampaign(ctx, beside.l, id, o.shards, o.oldOrders); err != nil {
@@ -140,6 +145,13 @@ func run(o options) error {
 		logf("old sale %d of %d: %d orders written", c+1, o.oldCampaigns, o.oldOrders)
 	}
 	rep.LoadSeconds, rep.LoadPGCPU = time.Since(t0).Seconds(), (cpustat.TreeWithExited(pg.PID()) - pg0).Seconds()
+	wal1, err := walLSN(ctx, beside.l)
+	if err != nil {
+		return err
+	}
+	if n := int64(o.oldCampaigns) * o.oldOrders; n > 0 {
+		rep.LoadWALBytes = float64(wal1-wal0) / float64(n)
+	}
 	for _, t := range []*target{alone, beside} {
 		if err := t.fill(ctx, o); err != nil {
 			return err

@@ -40,6 +40,7 @@ type sample struct {
 	InsertBatchRows float64 `json:"insert_batch_rows"`
 	InsertBatchMs   float64 `json:"insert_batch_ms"`
 	InsertPGCPUus   float64 `json:"insert_pg_cpu_us_per_row"`
+	InsertWALBytes  float64 `json:"insert_wal_bytes_per_row"`
 	Load            float64 `json:"load"` // 1-minute load average at the start
 }
 
@@ -69,9 +70,18 @@ func loadAvg() float64 {
 func (t *target) round(ctx context.Context, round int, c roundCfg) (sample, error) {
 	s := sample{Load: loadAvg()}
 	var err error
+	wal0, err := walLSN(ctx, t.l)
+	if err != nil {
+		return s, err
+	}
 	if s.InsertRowsPerS, s.InsertBatchRows, s.InsertBatchMs, s.InsertPGCPUus, err = t.insert(ctx, c); err != nil {
 		return s, err
 	}
+	wal1, err := walLSN(ctx, t.l)
+	if err != nil {
+		return s, err
+	}
+	s.InsertWALBytes = float64(wal1-wal0) / float64(c.insertRows)
 	var took []time.Duration
 	for range c.counts {
 		t0 := time.Now()
@@ -197,4 +207,13 @@ func (t *target) insert(ctx context.Context, c roundCfg) (rowsPerS, batchRows, b
 	b := max(batches.Load(), 1)
 	return float64(c.insertRows) / wall.Seconds(), float64(rows.Load()) / float64(b),
 		float64(batchNs.Load()) / float64(b) / 1e6, float64(pgCPU.Microseconds()) / float64(c.insertRows), nil
+}
+
+// walLSN is PostgreSQL's current WAL position in bytes: the difference across
+// a step is the WAL it wrote (every database of the server; the rounds run
+// one at a time).
+func walLSN(ctx context.Context, l *ledger.Ledger) (int64, error) {
+	var n int64
+	err := l.Pool().QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&n)
+	return n, err
 }

@@ -20,8 +20,8 @@ func medianOf(ss []sample, f func(sample) float64) float64 {
 }
 
 func printReport(r report) {
-	fmt.Printf("Old sales: %d of %d orders each (%d orders), loaded in %.1f s (%.0f orders/s, PostgreSQL %.1f s of CPU); counters checked against the orders: %d (campaign, shard) pairs agree. Load average at the start: %.2f.\n\n",
-		r.OldCampaigns, r.OldOrders, int64(r.OldCampaigns)*r.OldOrders, r.LoadSeconds, float64(int64(r.OldCampaigns)*r.OldOrders)/max(r.LoadSeconds, 1e-9), r.LoadPGCPU, r.CounterPairs, r.StartLoad)
+	fmt.Printf("Old sales: %d of %d orders each (%d orders), loaded in %.1f s (%.0f orders/s, PostgreSQL %.1f s of CPU, %.0f bytes of WAL per order); counters checked against the orders: %d (campaign, shard) pairs agree. Load average at the start: %.2f.\n\n",
+		r.OldCampaigns, r.OldOrders, int64(r.OldCampaigns)*r.OldOrders, r.LoadSeconds, float64(int64(r.OldCampaigns)*r.OldOrders)/max(r.LoadSeconds, 1e-9), r.LoadPGCPU, r.LoadWALBytes, r.CounterPairs, r.StartLoad)
 
 	fmt.Println("| figure (median of the rounds) | new sale alone | beside the old sales | ratio |")
 	fmt.Println("|---|---:|---:|---:|")
@@ -42,6 +42,7 @@ func printReport(r report) {
 		{"  rows per batch", func(s sample) float64 { return s.InsertBatchRows }, "%.1f"},
 		{"  batch transaction, ms", func(s sample) float64 { return s.InsertBatchMs }, "%.2f"},
 		{"  PostgreSQL CPU per row, µs", func(s sample) float64 { return s.InsertPGCPUus }, "%.1f"},
+		{"  WAL bytes per row", func(s sample) float64 { return s.InsertWALBytes }, "%.0f"},
 		{"load average during the rounds", func(s sample) float64 { return s.Load }, "%.2f"},
 	}
 	for _, row := range rows {
