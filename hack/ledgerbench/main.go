@@ -153,7 +153,7 @@ func run(o options) error {
 		rep.LoadWALBytes = float64(wal1-wal0) / float64(n)
 	}
 	for _, t := range []*target{alone, beside} {
-		if err := t.fill(ctx, o); err != nil {
+		if err := t.fill(ctx); err != nil {
 			return err
 		}
 	}
@@ -216,7 +216,7 @@ func openTarget(ctx context.Context, pg *testharness.Postgres, name string, o op
 }
 
 // fill loads the new sale: half its buyers hold a pending order, half paid.
-func (t *target) fill(ctx context.Context, o options) error {
+func (t *target) fill(ctx context.Context) error {
 	if err := newCampaign(ctx, t.l, t.campaign, t.shards, 1_000_000_000); err != nil {
 		return err
 	}

@@ -19,6 +19,12 @@ func medianOf(ss []sample, f func(sample) float64) float64 {
 	return v[len(v)/2]
 }
 
+// Formats of the table's figures.
+const (
+	whole = "%.0f"
+	ms3   = "%.3f"
+)
+
 func printReport(r report) {
 	fmt.Printf("Old sales: %d of %d orders each (%d orders), loaded in %.1f s (%.0f orders/s, PostgreSQL %.1f s of CPU, %.0f bytes of WAL per order); counters checked against the orders: %d (campaign, shard) pairs agree. Load average at the start: %.2f.\n\n",
 		r.OldCampaigns, r.OldOrders, int64(r.OldCampaigns)*r.OldOrders, r.LoadSeconds, float64(int64(r.OldCampaigns)*r.OldOrders)/max(r.LoadSeconds, 1e-9), r.LoadPGCPU, r.LoadWALBytes, r.CounterPairs, r.StartLoad)
@@ -31,18 +37,18 @@ func printReport(r report) {
 		f    func(sample) float64
 		unit string
 	}{
-		{"status counts (CountsByShard), ms", func(s sample) float64 { return s.CountsMs }, "%.3f"},
-		{"rebuild read (ReadRebuild), ms", func(s sample) float64 { return s.RebuildReadMs }, "%.0f"},
-		{"  pending orders streamed", func(s sample) float64 { return float64(s.RebuildPending) }, "%.0f"},
-		{"  buyers streamed", func(s sample) float64 { return float64(s.RebuildHolders) }, "%.0f"},
-		{"request lookup (GetRequestOrder), ms", func(s sample) float64 { return s.RequestOrderMs }, "%.3f"},
-		{"order lookup (GetOrder), ms", func(s sample) float64 { return s.OrderMs }, "%.3f"},
+		{"status counts (CountsByShard), ms", func(s sample) float64 { return s.CountsMs }, ms3},
+		{"rebuild read (ReadRebuild), ms", func(s sample) float64 { return s.RebuildReadMs }, whole},
+		{"  pending orders streamed", func(s sample) float64 { return float64(s.RebuildPending) }, whole},
+		{"  buyers streamed", func(s sample) float64 { return float64(s.RebuildHolders) }, whole},
+		{"request lookup (GetRequestOrder), ms", func(s sample) float64 { return s.RequestOrderMs }, ms3},
+		{"order lookup (GetOrder), ms", func(s sample) float64 { return s.OrderMs }, ms3},
 		{"sweeper cancel of a batch (CancelExpired), ms", func(s sample) float64 { return s.SweepMs }, "%.2f"},
-		{"group-commit insert, rows/s", func(s sample) float64 { return s.InsertRowsPerS }, "%.0f"},
+		{"group-commit insert, rows/s", func(s sample) float64 { return s.InsertRowsPerS }, whole},
 		{"  rows per batch", func(s sample) float64 { return s.InsertBatchRows }, "%.1f"},
 		{"  batch transaction, ms", func(s sample) float64 { return s.InsertBatchMs }, "%.2f"},
 		{"  PostgreSQL CPU per row, µs", func(s sample) float64 { return s.InsertPGCPUus }, "%.1f"},
-		{"  WAL bytes per row", func(s sample) float64 { return s.InsertWALBytes }, "%.0f"},
+		{"  WAL bytes per row", func(s sample) float64 { return s.InsertWALBytes }, whole},
 		{"load average during the rounds", func(s sample) float64 { return s.Load }, "%.2f"},
 	}
 	for _, row := range rows {
