@@ -72,6 +72,7 @@ func main() {
 	fs.IntVar(&o.round.sweepBatch, "sweep-batch", 100, "expired orders per sweeper cancel")
 	fs.IntVar(&o.round.sweeps, "sweeps", 20, "sweeper cancels per round")
 	fs.IntVar(&o.round.insertRows, "insert-rows", 20000, "orders written through the group-commit writer per round")
+	fs.BoolVar(&o.round.checkpoint, "checkpoint", false, "CHECKPOINT before each round's writer run (its WAL right after a checkpoint)")
 	fs.IntVar(&o.round.submitters, "submitters", 256, "concurrent submitters of those orders")
 	fs.IntVar(&o.triggerReps, "trigger-reps", 10, "rounds of the 0002 insert-cost comparison")
 	fs.IntVar(&o.triggerStmts, "trigger-statements", 20, "insert statements per variant per round")

@@ -47,6 +47,7 @@ type sample struct {
 type roundCfg struct {
 	counts, lookups, sweepBatch, sweeps, insertRows, submitters int
 	pgPID                                                       int
+	checkpoint                                                  bool
 }
 
 func median(d []time.Duration) float64 {
@@ -70,6 +71,13 @@ func loadAvg() float64 {
 func (t *target) round(ctx context.Context, round int, c roundCfg) (sample, error) {
 	s := sample{Load: loadAvg()}
 	var err error
+	if c.checkpoint {
+		// The writer's worst case: every page it touches is its first since
+		// the checkpoint, and is written whole to the WAL.
+		if _, err := t.l.Pool().Exec(ctx, "CHECKPOINT"); err != nil {
+			return s, err
+		}
+	}
 	wal0, err := walLSN(ctx, t.l)
 	if err != nil {
 		return s, err
