@@ -126,12 +126,16 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps bench-rebuild ## Run the benchmarks of docs/benchmarks.md and docs/capacity.md (20–25 minutes); BENCH_ARGS="--json" for JSON.
+bench: deps bench-rebuild bench-ledger ## Run the benchmarks of docs/benchmarks.md and docs/capacity.md (20–25 minutes); BENCH_ARGS="--json" for JSON.
 	go run ./hack/bench $(BENCH_ARGS)
 
 .PHONY: bench-rebuild
 bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (REBUILD_ARGS="--orders 100000" for fewer).
 	go run ./hack/rebuildbench $(REBUILD_ARGS)
+
+.PHONY: bench-ledger
+bench-ledger: deps ## A new sale's ledger queries beside 10 finished sales of 1M orders each, bytes per order, 0002's insert cost (LEDGER_ARGS="--old-orders 100000" for less).
+	go run ./hack/ledgerbench $(LEDGER_ARGS)
 
 .PHONY: tools
 tools: ## Build helm, promtool, crd-ref-docs and golangci-lint from their Go modules (cached).
