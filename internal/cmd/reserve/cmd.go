@@ -212,7 +212,8 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		"namespace", c.Namespace, "name", c.Name, "sku", c.SKU, "shards", c.Shards,
 		"maxPerUser", c.MaxPerUser, "stealProbes", c.StealProbes, "ttl", c.TTL.String(),
 		"redisMode", c.Redis.Mode, "redisAddresses", c.Redis.Addresses, "listen", opts.Listen, "metricsListen", opts.MetricsListen,
-		"rateLimit", opts.Server.RateLimit, "rateBurst", opts.Server.RateBurst)
+		"rateLimit", opts.Server.RateLimit, "rateBurst", opts.Server.RateBurst,
+		"reservePipeline", opts.Pipeline.MaxBatch, "reserveLinger", opts.Pipeline.Linger.String())
 
 	metrics := api.NewMetrics()
 	rdb := c.Redis.Client()
