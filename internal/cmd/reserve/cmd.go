@@ -159,9 +159,10 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 const (
 	DefaultLedgerWriters = 2
 	DefaultGCPercent     = 400
-	// DefaultReservePipeline: Redis CPU per reservation fell in 11 of 12
-	// measured pairs with it (docs/capacity.md, "Pipelined reserve calls").
-	DefaultReservePipeline = 32
+	// DefaultReservePipeline is off: pipelining saves Redis CPU per
+	// reservation but doubled p99 at 64 buyers on a quiet machine
+	// (docs/capacity.md, "Pipelined reserve calls").
+	DefaultReservePipeline = 0
 )
 
 // Complete reads the secrets and checks everything, naming what is wrong.
