@@ -73,6 +73,8 @@ type options struct {
 	Buckets           []int
 	Limits            LimitOptions
 	OpenLoop          []float64
+	ReservePipeline   int
+	ReserveLinger     time.Duration
 }
 
 func main() {
@@ -101,8 +103,10 @@ func main() {
 	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one; the run's databases are dropped at the end")
 	fs.BoolVar(&o.Durable, "durable", true, "run the started PostgreSQL with fsync on, as production does (the ledger's group commit and the hot-row baselines both pay for durability); --durable=false measures without it")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow, limits, openloop (gobench has its own flag)")
-	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, bare, decr, pg-buckets")
+	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, reserve-pipe (reserve calls pipelined), bare, decr, pg-buckets")
 	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")
+	fs.IntVar(&o.ReservePipeline, "reserve-pipeline", 32, "most reserve calls in one Redis pipeline of the reserve-pipe target (FLASHSALE_RESERVE_PIPELINE); the reserve target runs with 0")
+	fs.DurationVar(&o.ReserveLinger, "reserve-linger", 0, "how long a pipeline of the reserve-pipe target waits for more calls (FLASHSALE_RESERVE_LINGER)")
 	o.Limits.addFlags(fs)
 	fs.Float64SliceVar(&o.OpenLoop, "open-loop", []float64{0.5, 0.8}, "fractions of each target's closed-loop maximum at 64 buyers run open-loop (on a schedule, 64 connections) after the reservation storms")
 	_ = fs.Parse(os.Args[1:])
@@ -155,6 +159,8 @@ func (o *options) validate() error {
 		return errors.New("--shards must be at least 1")
 	case o.Rounds < 1:
 		return errors.New("--rounds must be at least 1")
+	case o.ReservePipeline < 2 || o.ReserveLinger < 0:
+		return errors.New("--reserve-pipeline must be at least 2 and --reserve-linger not negative")
 	}
 	for _, c := range append(append([]int{}, o.Concurrency...), o.HotRowClients...) {
 		// The harness's PostgreSQL allows 300 connections; the ledger pools and
@@ -172,9 +178,9 @@ func (o *options) validate() error {
 	}
 	for _, t := range o.Targets {
 		switch t {
-		case targetReserve, targetBare, targetDecr, "pg-buckets":
+		case targetReserve, targetReservePipe, targetBare, targetDecr, "pg-buckets":
 		default:
-			return fmt.Errorf("--targets %q: want reserve, bare, decr or pg-buckets", t)
+			return fmt.Errorf("--targets %q: want reserve, reserve-pipe, bare, decr or pg-buckets", t)
 		}
 	}
 	for _, f := range o.OpenLoop {

@@ -298,6 +298,8 @@ func targetName(t string) string {
 	switch {
 	case t == targetReserve:
 		return "`flashsale reserve`"
+	case t == targetReservePipe:
+		return "`flashsale reserve`, reserve calls pipelined"
 	case t == targetDecr:
 		return "HTTP + one-command script (DECR)"
 	case bucketsOf(t) > 0:

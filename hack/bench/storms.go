@@ -294,7 +294,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		}()
 	}
 	var metricsBefore map[string]float64
-	if target == targetReserve {
+	if isReserve(target) {
 		if metricsBefore, err = scrape(ctx, srv.url()+"/metrics"); err != nil {
 			logf("%s: /metrics: %v", label, err)
 		}
@@ -352,7 +352,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		row.PostgresCPUus = max(0, float64(pgCPU.Microseconds())/n)
 		row.ClientCPUus = float64(selfCPU0.Microseconds()) / n
 	}
-	if target == targetReserve {
+	if isReserve(target) {
 		actx, cancel := context.WithTimeout(ctx, auditTimeout)
 		a, err := storm.RunAudit(actx, storm.EngineSource{Engine: c.engine}, res, 0)
 		cancel()

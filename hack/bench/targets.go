@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,11 +19,17 @@ import (
 // behind the route differs.
 const (
 	targetReserve = "reserve" // `flashsale reserve`: the product
-	targetBare    = "bare"    // the same reserve script, nothing else
-	targetDecr    = "decr"    // a one-command script (DECR)
+	// targetReservePipe is the product with its reserve calls batched into
+	// Redis pipelines (--reserve-pipeline, --reserve-linger).
+	targetReservePipe = "reserve-pipe"
+	targetBare        = "bare" // the same reserve script, nothing else
+	targetDecr        = "decr" // a one-command script (DECR)
 	// targetBuckets is the PostgreSQL bucket design, "pg-buckets-<N>".
 	targetBuckets = "pg-buckets-"
 )
+
+// isReserve: the target is the product, pipelined or not.
+func isReserve(target string) bool { return target == targetReserve || target == targetReservePipe }
 
 // bucketTarget names the bucket design with n rows per SKU.
 func bucketTarget(n int) string { return targetBuckets + strconv.Itoa(n) }
@@ -58,9 +65,14 @@ func bucketConns(conc int) int { return min(conc, 128) }
 
 func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label string, conc int) (*server, error) {
 	switch {
-	case target == targetReserve:
+	case isReserve(target):
 		env := e.env(c)
-		if e.o.Profile != "" {
+		batch, linger := 0, time.Duration(0) // explicit: the default may change
+		if target == targetReservePipe {
+			batch, linger = e.o.ReservePipeline, e.o.ReserveLinger
+		}
+		env = append(env, config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReserveLinger+"="+linger.String())
+		if target == targetReserve && e.o.Profile != "" {
 			port, err := testharness.FreePort()
 			if err != nil {
 				return nil, err

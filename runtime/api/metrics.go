@@ -92,8 +92,23 @@ type scriptHook struct{ m *Metrics }
 
 func (h scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessPipelineHook times reserve calls batched into a pipeline
+// (stock.PipelineConfig): each is observed with the whole pipeline's time,
+// which is its caller's wait.
 func (h scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmds)
+		d := time.Since(start).Seconds()
+		for _, cmd := range cmds {
+			if args := cmd.Args(); cmd.Name() == "evalsha" && len(args) > 1 {
+				if s, ok := args[1].(string); ok && stock.IsReserveScript(s) {
+					h.m.reserveScript().Observe(d)
+				}
+			}
+		}
+		return err
+	}
 }
 
 func (h scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

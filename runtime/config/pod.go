@@ -39,6 +39,11 @@ const (
 	EnvLedgerWriters     = "FLASHSALE_LEDGER_WRITERS"
 	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
 	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
+	// The reserve script calls batched per Redis server (stock.PipelineConfig):
+	// the most calls in one pipeline (0 or 1: none batched) and how long a
+	// pipeline waits for more.
+	EnvReservePipeline = "FLASHSALE_RESERVE_PIPELINE"
+	EnvReserveLinger   = "FLASHSALE_RESERVE_LINGER"
 )
 
 // Leader lock kinds of the sweeper (EnvLeaderLock, --leader-lock).

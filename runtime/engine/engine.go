@@ -54,6 +54,9 @@ type Config struct {
 	// default stock.BackstopFor(TTL + Grace). A reservation still unswept when
 	// its hash expires (a long sweeper outage) is released from its ledger row.
 	Backstop time.Duration
+	// Pipeline batches concurrent reserve script calls to one Redis server
+	// into pipelines (stock.PipelineConfig); zero: every call on its own.
+	Pipeline stock.PipelineConfig
 }
 
 // DefaultLedgerStallAfter is Config.LedgerStallAfter's default.
@@ -91,7 +94,7 @@ func (c Config) Validate() error {
 	case len(c.IDSecret) > 0 && len(c.IDSecret) < 16:
 		return errors.New("the reservation id secret must be at least 16 bytes")
 	}
-	return nil
+	return c.Pipeline.Validate()
 }
 
 // soldOutMemory is how long a shard seen sold out is skipped by stealing. Releases
@@ -136,7 +139,7 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 
 	return &Engine{
 		cfg:     cfg,
-		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(cfg.Backstop),
+		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(cfg.Backstop).WithPipeline(cfg.Pipeline),
 		ledger:  l,
 		mat:     l.NewMaterializer(mc),
 		soldOut: make([]atomic.Int64, cfg.Shards),

@@ -65,8 +65,33 @@ func (h *lostReply) take(args []any, before bool) bool {
 
 func (h *lostReply) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessPipelineHook does the same to the commands of a pipeline (reserve
+// calls batched with FLASHSALE_TEST_RESERVE_PIPELINE), each on its own.
 func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		send := cmds[:0:0]
+		for _, cmd := range cmds {
+			if h.take(cmd.Args(), true) {
+				cmd.SetErr(errLostReply)
+				continue
+			}
+			send = append(send, cmd)
+		}
+		var err error
+		if len(send) > 0 {
+			err = next(ctx, send)
+		}
+		for _, cmd := range send {
+			if cmd.Err() == nil && h.take(cmd.Args(), false) {
+				cmd.SetErr(errLostReply)
+				err = errLostReply
+			}
+		}
+		if len(send) < len(cmds) && err == nil {
+			err = errLostReply
+		}
+		return err
+	}
 }
 
 func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -128,7 +130,7 @@ func newFixtureOn(t testing.TB, rdb redis.UniversalClient, pg *testharness.Postg
 	for _, o := range opts {
 		o(&fc)
 	}
-	cfg := fc.Config
+	cfg := withTestPipeline(fc.Config)
 	l := newLedger(t, pg)
 	e, err := engine.New(cfg, rdb, l, fc.mat)
 	if err != nil {
@@ -161,12 +163,23 @@ func newLedger(t testing.TB, pg *testharness.Postgres) *ledger.Ledger {
 // process, or the same one after a configuration change), closed at the end.
 func openEngine(t testing.TB, cfg engine.Config, rdb redis.UniversalClient, l *ledger.Ledger) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
+	e, err := engine.New(withTestPipeline(cfg), rdb, l, ledger.MaterializerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
 	return e
+}
+
+// envTestReservePipeline, set to a batch size, runs the engines of these
+// tests with their reserve calls batched into pipelines of that size.
+const envTestReservePipeline = "FLASHSALE_TEST_RESERVE_PIPELINE"
+
+func withTestPipeline(c engine.Config) engine.Config {
+	if n, err := strconv.Atoi(os.Getenv(envTestReservePipeline)); err == nil && c.Pipeline == (stock.PipelineConfig{}) {
+		c.Pipeline = stock.PipelineConfig{MaxBatch: n}
+	}
+	return c
 }
 
 func (f *fixture) counts() engine.Counts {

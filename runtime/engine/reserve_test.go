@@ -316,7 +316,11 @@ func TestStealingFromClosedShardsIsNotSoldOut(t *testing.T) {
 func TestReservationIDsAreServerDerived(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10))
 	a := f.reserve("henry", "k", 1)
-	other, err := engine.New(func() engine.Config { c := f.cfg; c.IDSecret = []byte("another-secret-another-secret!!"); return c }(), f.rdb, f.l, ledger.MaterializerConfig{})
+	other, err := engine.New(func() engine.Config {
+		c := withTestPipeline(f.cfg)
+		c.IDSecret = []byte("another-secret-another-secret!!")
+		return c
+	}(), f.rdb, f.l, ledger.MaterializerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func TestEngineWithoutIDSecret(t *testing.T) {
 		ctx := context.Background()
 		cfg := f.cfg
 		cfg.IDSecret = nil
-		g, err := engine.New(cfg, rdb, f.l, ledger.MaterializerConfig{})
+		g, err := engine.New(withTestPipeline(cfg), rdb, f.l, ledger.MaterializerConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}

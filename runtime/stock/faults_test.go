@@ -112,25 +112,36 @@ func (h *stallHook) restore(ctx context.Context) error {
 
 func (h *stallHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessPipelineHook: reserve calls go in pipelines when the tests run
+// with FLASHSALE_TEST_RESERVE_PIPELINE.
 func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 {
+			h.maybeInject(ctx, cmds[0])
+		}
+		return next(ctx, cmds)
+	}
 }
 
 func (h *stallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); (name == "evalsha" || name == "eval") && h.armed.CompareAndSwap(true, false) {
-			addr := h.env.serverOf(ctx, cmd)
-			restore, err := h.env.fault.inject(ctx, h.env, addr)
-			h.mu.Lock()
-			h.hit = true
-			if err != nil {
-				h.errs = append(h.errs, err)
-			} else {
-				h.restores = append(h.restores, restore)
-			}
-			h.mu.Unlock()
-		}
+		h.maybeInject(ctx, cmd)
 		return next(ctx, cmd)
+	}
+}
+
+func (h *stallHook) maybeInject(ctx context.Context, cmd redis.Cmder) {
+	if name := cmd.Name(); (name == "evalsha" || name == "eval") && h.armed.CompareAndSwap(true, false) {
+		addr := h.env.serverOf(ctx, cmd)
+		restore, err := h.env.fault.inject(ctx, h.env, addr)
+		h.mu.Lock()
+		h.hit = true
+		if err != nil {
+			h.errs = append(h.errs, err)
+		} else {
+			h.restores = append(h.restores, restore)
+		}
+		h.mu.Unlock()
 	}
 }
 

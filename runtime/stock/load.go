@@ -20,6 +20,7 @@ var ErrServerChanged = errors.New("the Redis server connection was lost while lo
 type serverScript struct {
 	loading chan struct{}                // capacity 1: one load at a time
 	loaded  atomic.Pointer[loadedScript] // nil until the first load
+	batch   batcher                      // reserve calls waiting for a pipeline (PipelineConfig)
 }
 
 type loadedScript struct{ runID string }
@@ -28,7 +29,7 @@ func (s *Store) server(addr string) *serverScript {
 	if v, ok := s.servers.Load(addr); ok {
 		return v.(*serverScript)
 	}
-	v, _ := s.servers.LoadOrStore(addr, &serverScript{loading: make(chan struct{}, 1)})
+	v, _ := s.servers.LoadOrStore(addr, &serverScript{loading: make(chan struct{}, 1), batch: batcher{wake: make(chan struct{}, 1)}})
 	return v.(*serverScript)
 }
 

@@ -48,6 +48,13 @@ func evalShaOnce(ctx context.Context, c processor, sha1 string, keys []string, a
 }
 
 func evalOnce(ctx context.Context, c processor, name, payload string, keys []string, args []any) *redis.Cmd {
+	cmd := evalCmd(ctx, name, payload, keys, args)
+	_ = c.Process(ctx, noRetryCmd{cmd})
+	return cmd
+}
+
+// evalCmd is an EVAL or EVALSHA command, not sent.
+func evalCmd(ctx context.Context, name, payload string, keys []string, args []any) *redis.Cmd {
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
 	cmdArgs = append(cmdArgs, name, payload, len(keys))
 	for _, k := range keys {
@@ -58,7 +65,6 @@ func evalOnce(ctx context.Context, c processor, name, payload string, keys []str
 	if len(keys) > 0 {
 		cmd.SetFirstKeyPos(3) // the cluster client routes by the first key
 	}
-	_ = c.Process(ctx, noRetryCmd{cmd})
 	return cmd
 }
 

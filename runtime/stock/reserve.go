@@ -115,13 +115,26 @@ func (s *Store) runReserve(ctx context.Context, key string, keys []string, args 
 	}
 	var v []any
 	if err == nil {
-		v, err = evalShaOnce(ctx, node, ReserveScriptFor(cur.runID).Hash(), keys, args...).Slice()
+		v, err = s.evalReserve(ctx, node, srv, cur, keys, args)
 	}
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// Answered before the script ran, in a pipeline as alone: the
+		// call after the load is its first run.
 		if cur, err = s.loadReserve(ctx, node, srv, cur); err == nil {
-			v, err = evalShaOnce(ctx, node, ReserveScriptFor(cur.runID).Hash(), keys, args...).Slice()
+			v, err = s.evalReserve(ctx, node, srv, cur, keys, args)
 		}
 	}
 	s.redirected(ctx, err) // a failed load too: the node may be gone
 	return v, err
+}
+
+// evalReserve is one EVALSHA of the reserve body loaded as cur: in the next
+// pipeline to the server when batching is on, else on its own. Either way it
+// is sent once (noRetryCmd).
+func (s *Store) evalReserve(ctx context.Context, node *redis.Client, srv *serverScript, cur *loadedScript, keys []string, args []any) ([]any, error) {
+	sha := ReserveScriptFor(cur.runID).Hash()
+	if !s.pipeline.Enabled() {
+		return evalShaOnce(ctx, node, sha, keys, args...).Slice()
+	}
+	return srv.batch.do(ctx, s.pipeline, node, evalCmd(ctx, "evalsha", sha, keys, args))
 }

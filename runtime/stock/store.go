@@ -40,6 +40,7 @@ type Store struct {
 	shards   []Keys
 	backstop time.Duration
 	servers  sync.Map // server address -> *serverScript
+	pipeline PipelineConfig
 }
 
 // New returns the Store of a campaign with the given number of shards.
@@ -48,13 +49,20 @@ func New(rdb redis.UniversalClient, campaign string, shards int) *Store {
 	for i := range ks {
 		ks[i] = ShardKeys(campaign, i)
 	}
-	return &Store{rdb: rdb, campaign: campaign, shards: ks, backstop: DefaultBackstop}
+	return &Store{rdb: rdb, campaign: campaign, shards: ks, backstop: DefaultBackstop, pipeline: testDefaultPipeline}
 }
 
 // WithBackstop sets the reservation hash TTL (see BackstopFor); call it before
 // the Store is used.
 func (s *Store) WithBackstop(d time.Duration) *Store {
 	s.backstop = d
+	return s
+}
+
+// WithPipeline batches concurrent reserve calls to one server into
+// pipelines (see PipelineConfig); call it before the Store is used.
+func (s *Store) WithPipeline(c PipelineConfig) *Store {
+	s.pipeline = c
 	return s
 }
 

@@ -421,3 +421,25 @@ func TestDebugListenerServesProfiles(t *testing.T) {
 		t.Fatal("a bad --debug-listen address must be refused")
 	}
 }
+
+// A negative pipeline size or linger, from a flag or the environment, is
+// refused by name; a size that is not a number names its variable.
+func TestReservePipelineMustNotBeNegative(t *testing.T) {
+	for _, c := range []struct{ env, val, want string }{
+		{config.EnvReservePipeline, "-1", "--reserve-pipeline"},
+		{config.EnvReserveLinger, "-1ms", "--reserve-linger"},
+		{config.EnvReservePipeline, "many", config.EnvReservePipeline},
+	} {
+		clearEnv(t)
+		t.Setenv(c.env, c.val)
+		var o Options
+		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s=%s: %v, want an error naming %s", c.env, c.val, err, c.want)
+		}
+	}
+}
