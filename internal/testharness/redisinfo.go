@@ -2,6 +2,7 @@ package testharness
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -31,4 +32,26 @@ func RunID(t testing.TB, c redis.UniversalClient) string {
 		t.Fatal("no run_id in INFO server")
 	}
 	return id
+}
+
+// ScriptRuns is how many script calls the server c talks to ran since CONFIG
+// RESETSTAT: calls less failed calls of EVAL and EVALSHA (INFO commandstats).
+func ScriptRuns(t testing.TB, c redis.UniversalClient) int {
+	t.Helper()
+	total := 0
+	for _, cmd := range []string{"cmdstat_eval", "cmdstat_evalsha"} {
+		var calls, failed int
+		for _, kv := range strings.Split(InfoField(t, c, "commandstats", cmd), ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.Atoi(v)
+			switch k {
+			case "calls":
+				calls = n
+			case "failed_calls":
+				failed = n
+			}
+		}
+		total += calls - failed
+	}
+	return total
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -203,34 +201,12 @@ func loadScripts(servers []string) error {
 	return nil
 }
 
-// scriptRuns is how many script calls the servers ran since CONFIG RESETSTAT
-// (INFO commandstats: calls less failed calls, of EVAL and EVALSHA).
-func scriptRuns(ctx context.Context, t *testing.T, servers []string) int {
+// scriptRuns is how many script calls the servers ran since CONFIG RESETSTAT.
+func scriptRuns(t *testing.T, servers []string) int {
 	t.Helper()
 	total := 0
 	for _, addr := range servers {
-		info, err := redisOn(addr).Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(info, "\n") {
-			name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-			if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-				continue
-			}
-			var calls, failed int
-			for _, kv := range strings.Split(stats, ",") {
-				k, v, _ := strings.Cut(kv, "=")
-				n, _ := strconv.Atoi(v)
-				switch k {
-				case "calls":
-					calls = n
-				case "failed_calls":
-					failed = n
-				}
-			}
-			total += calls - failed
-		}
+		total += testharness.ScriptRuns(t, redisOn(addr))
 	}
 	return total
 }

@@ -75,7 +75,7 @@ func TestScriptFollowsMoved(t *testing.T) {
 	if err != nil || res.Code != stock.Released {
 		t.Fatalf("release after the slot moved: %+v %v", res, err)
 	}
-	if runs := scriptRuns(ctx, t, masters); runs != 1 {
+	if runs := scriptRuns(t, masters); runs != 1 {
 		t.Fatalf("the release ran %d times", runs)
 	}
 	if st, err := setup.State(ctx); err != nil || st[0].Available != 5 || st[0].Reserved != 0 {

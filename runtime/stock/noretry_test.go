@@ -288,7 +288,7 @@ func runStallCases(t *testing.T, e *stallEnv) {
 			}
 			if e.fault.dropsTimedOut {
 				// CLIENT UNPAUSE has run what was paused by the time it answers.
-				if runs := scriptRuns(ctx, t, e.servers); runs > 1 {
+				if runs := scriptRuns(t, e.servers); runs > 1 {
 					t.Fatalf("the script ran %d times after one call (the call returned %v)", runs, err)
 				}
 				if err == nil {
@@ -296,8 +296,8 @@ func runStallCases(t *testing.T, e *stallEnv) {
 				}
 				return
 			}
-			runs := scriptRuns(ctx, t, e.servers)
-			for deadline := time.Now().Add(30 * time.Second); runs < 1; runs = scriptRuns(ctx, t, e.servers) {
+			runs := scriptRuns(t, e.servers)
+			for deadline := time.Now().Add(30 * time.Second); runs < 1; runs = scriptRuns(t, e.servers) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the stalled script never ran (the call returned %v)", err)
 				}

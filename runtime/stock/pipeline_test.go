@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -272,8 +271,8 @@ func TestStalledPipelineLosesEveryReplyOnce(t *testing.T) {
 				}
 			}
 			t.Logf("every call failed, e.g. %v", errs[0])
-			runs := scriptRunsOn(ctx, t, admin)
-			for deadline := time.Now().Add(30 * time.Second); !f.atMostOne && runs < calls; runs = scriptRunsOn(ctx, t, admin) {
+			runs := testharness.ScriptRuns(t, admin)
+			for deadline := time.Now().Add(30 * time.Second); !f.atMostOne && runs < calls; runs = testharness.ScriptRuns(t, admin) {
 				if time.Now().After(deadline) {
 					break
 				}
@@ -339,34 +338,6 @@ func debugSleepOn(ctx context.Context, addr string) (func(context.Context) error
 			return nil, err
 		}
 	}
-}
-
-// scriptRunsOn is EVALSHA calls less failed ones since CONFIG RESETSTAT.
-func scriptRunsOn(ctx context.Context, t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
-		if !ok {
-			continue
-		}
-		var calls, failed int
-		for _, kv := range strings.Split(stats, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			n, _ := strconv.Atoi(v)
-			switch k {
-			case "calls":
-				calls = n
-			case "failed_calls":
-				failed = n
-			}
-		}
-		return calls - failed
-	}
-	return 0
 }
 
 // A caller whose context ends while its call waits for a pipeline gets
