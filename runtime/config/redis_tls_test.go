@@ -147,24 +147,31 @@ func TestRedisTLSStandalone(t *testing.T) {
 		name    string
 		env     map[string]string
 		wantErr string // "" = PING answers
+		// serverLog, when set, is the refusal the server must log: with
+		// TLS 1.3 the client's handshake ends before the server checks the
+		// client certificate, so the client sees either the server's alert
+		// or, when its PING crosses the close, a reset.
+		serverLog string
 	}{
 		{"rediss:// with CA and client certificate", map[string]string{
 			EnvRedisAddresses: "rediss://" + tlsAddr, EnvRedisTLSCA: string(p.caPEM),
-			EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, ""},
+			EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, "", ""},
 		{"tls=true, server name, key from a file", map[string]string{
 			EnvRedisAddresses: tlsAddr, EnvRedisTLS: "true", EnvRedisTLSServerName: "redis.test",
-			EnvRedisTLSCA: string(p.caPEM), EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey + FileSuffix: keyFile}, ""},
+			EnvRedisTLSCA: string(p.caPEM), EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey + FileSuffix: keyFile}, "", ""},
 		{"no client certificate", map[string]string{
-			EnvRedisAddresses: "rediss://" + tlsAddr, EnvRedisTLSCA: string(p.caPEM)}, "certificate"},
+			EnvRedisAddresses: "rediss://" + tlsAddr, EnvRedisTLSCA: string(p.caPEM)},
+			"certificate|reset by peer|broken pipe|EOF", "peer did not return a certificate"},
 		{"another CA", map[string]string{
 			EnvRedisAddresses: "rediss://" + tlsAddr, EnvRedisTLSCA: string(other.caPEM),
-			EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, "certificate"},
+			EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, "certificate", ""},
 		{"a server name the certificate lacks", map[string]string{
 			EnvRedisAddresses: tlsAddr, EnvRedisTLS: "true", EnvRedisTLSServerName: "elsewhere.test",
-			EnvRedisTLSCA: string(p.caPEM), EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, "elsewhere.test"},
-		{"plain Redis on the TLS port", map[string]string{EnvRedisAddresses: tlsAddr}, "EOF|reset|i/o timeout"},
+			EnvRedisTLSCA: string(p.caPEM), EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, "elsewhere.test", ""},
+		{"plain Redis on the TLS port", map[string]string{EnvRedisAddresses: tlsAddr}, "EOF|reset|i/o timeout", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			logBefore := len(readFile(r.LogPath()))
 			camp, err := campaignFromEnv(t, c.env)
 			if err != nil {
 				t.Fatal(err)
@@ -178,6 +185,17 @@ func TestRedisTLSStandalone(t *testing.T) {
 			case c.wantErr != "" && !matchesAny(err.Error(), c.wantErr):
 				t.Fatalf("error %q, want one like %q", err, c.wantErr)
 			}
+			if c.serverLog == "" {
+				return
+			}
+			// The server logs the refusal as it closes the connection.
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(readFile(r.LogPath())[logBefore:], c.serverLog) {
+				if time.Now().After(deadline) {
+					t.Fatalf("client error %q, but the server never logged %q:\n%s", err, c.serverLog, tail(r.LogPath()))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		})
 	}
 }
@@ -189,6 +207,11 @@ func matchesAny(s, alternatives string) bool {
 		}
 	}
 	return false
+}
+
+func readFile(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
 }
 
 func tail(path string) string {
