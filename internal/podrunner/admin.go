@@ -247,3 +247,32 @@ func ReadState(path string) (State, error) {
 	}
 	return st, json.Unmarshal(b, &st)
 }
+
+// Kill sends SIGKILL to a replica's process, as a crash would, and returns its
+// pid; the runner restarts it like any crashed replica. index is the position
+// of the replica among the Deployment's current replicas (0 = lowest slot), as
+// listed by Pods.
+func (r *Runner) Kill(namespace, deployment string, index int) (int, error) {
+	r.mu.Lock()
+	st := r.deps[namespace+"/"+deployment]
+	if st == nil {
+		r.mu.Unlock()
+		return 0, fmt.Errorf("no deployment %s/%s is run here", namespace, deployment)
+	}
+	if index < 0 || index >= len(st.replicas) {
+		n := len(st.replicas)
+		r.mu.Unlock()
+		return 0, fmt.Errorf("deployment %s/%s has %d replicas: no index %d", namespace, deployment, n, index)
+	}
+	rp := st.replicas[index]
+	r.mu.Unlock()
+
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.proc == nil || rp.proc.exited() {
+		return 0, fmt.Errorf("replica %s is not running (%s)", rp.name, rp.phase)
+	}
+	rp.proc.signal(sigKill)
+	r.log.Info("replica killed on request", "pod", rp.namespace+"/"+rp.name, "pid", rp.proc.pid())
+	return rp.proc.pid(), nil
+}
