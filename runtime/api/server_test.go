@@ -4,19 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
-	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -263,194 +257,6 @@ func TestForeignShardsClosedBeforeAnyReserve(t *testing.T) {
 	}
 }
 
-func TestRateLimit(t *testing.T) {
-	f := newFixture(t, withRateLimit(1, 2))
-	ask := func(user string) response {
-		return f.checkout(user, "0.AAAAAAAAAAAAAAAAAAAAAAAA", "pay")
-	}
-	for range 2 {
-		if r := ask("eager"); r.status != http.StatusNotFound {
-			t.Fatalf("within the burst: %d %s", r.status, r.body)
-		}
-	}
-	before := f.redisCmds.Load()
-	r := ask("eager")
-	if e := r.errorBody(t); r.status != http.StatusTooManyRequests || e.Code != CodeRateLimited {
-		t.Fatalf("over the limit: %d %s", r.status, r.body)
-	}
-	if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 1 || s > 2 {
-		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
-	}
-	if f.redisCmds.Load() != before {
-		t.Fatal("a rate-limited request reached Redis")
-	}
-	// Other buyers are not affected; the eager one is back after a second.
-	if r := ask("patient"); r.status != http.StatusNotFound {
-		t.Fatalf("another user: %d %s", r.status, r.body)
-	}
-	time.Sleep(1100 * time.Millisecond)
-	if r := ask("eager"); r.status != http.StatusNotFound {
-		t.Fatalf("after refill: %d %s", r.status, r.body)
-	}
-}
-
-func TestLimiter(t *testing.T) {
-	l := newLimiter(10, 3)
-	now := time.Unix(1000, 0)
-	for i := range 3 {
-		if ok, _ := l.allow("a", now); !ok {
-			t.Fatalf("request %d within the burst refused", i)
-		}
-	}
-	ok, wait := l.allow("a", now)
-	if ok || wait != 100*time.Millisecond {
-		t.Fatalf("over the burst: %v, wait %s", ok, wait)
-	}
-	if ok, _ := l.allow("a", now.Add(100*time.Millisecond)); !ok {
-		t.Fatal("one token refilled after 1/rate")
-	}
-	// Idle users are forgotten as new ones arrive.
-	for i := range 10 * sweepEvery * limiterShards / 8 {
-		l.allow("user-"+strconv.Itoa(i), now.Add(time.Duration(i)*time.Millisecond))
-	}
-	if n := l.size(); n > 2*sweepEvery*limiterShards {
-		t.Fatalf("%d buckets kept", n)
-	}
-	if newLimiter(0, 5) != nil {
-		t.Fatal("rate 0 must disable the limit")
-	}
-	var off *limiter
-	if ok, _ := off.allow("x", now); !ok {
-		t.Fatal("a disabled limiter refused")
-	}
-}
-
-func TestProbesAndMetrics(t *testing.T) {
-	f := newFixture(t, withAllocation(10))
-	for _, p := range []string{"/healthz", "/readyz"} {
-		if r := f.call(http.MethodGet, p, "", nil); r.status != http.StatusOK {
-			t.Fatalf("%s: %d %s", p, r.status, r.body)
-		}
-	}
-	f.reserve("m", "k", 1)
-	f.call(http.MethodPost, reservePath, "", reserveBody("m", "k", 1)) // 401
-
-	m := f.call(http.MethodGet, "/metrics", "", nil)
-	if m.status != http.StatusOK {
-		t.Fatalf("/metrics: %d", m.status)
-	}
-	for _, want := range []string{
-		`flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`,
-		`flashsale_api_requests_total{code="ADMISSION_INVALID",route="reserve"} 1`,
-		`flashsale_api_request_duration_seconds_bucket{route="reserve",le=`,
-		`flashsale_reserve_script_calls_total 1`,
-		`flashsale_redis_script_duration_seconds_count{script="reserve"}`,
-		`flashsale_ledger_batch_size_count`,
-		`flashsale_stock_available{shard="0"}`,
-		`flashsale_stock_reserved{shard=`,
-		`flashsale_shard_open{shard="3"} 1`,
-		`go_goroutines`,
-	} {
-		if !strings.Contains(string(m.body), want) {
-			t.Errorf("/metrics lacks %s", want)
-		}
-	}
-	if n, err := testutil.GatherAndCount(f.srv.Metrics().Registry(), "flashsale_ledger_batch_size"); err != nil || n != 1 {
-		t.Fatalf("batch size histogram: %d series, %v", n, err)
-	}
-}
-
-func TestReadinessNeedsTheCampaign(t *testing.T) {
-	f := newFixture(t)
-	// A process started before the controller created the campaign is not ready;
-	// it never creates the campaign itself.
-	cfg := f.e.Config()
-	cfg.CampaignID = "c-" + randomID()
-	e, err := engine.New(cfg, f.rdb, f.l, ledger.MaterializerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	early, err := New(Config{Engine: e, AdmissionKey: testKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	early.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not in the ledger") {
-		t.Fatalf("readyz without the campaign: %d %s", rec.Code, rec.Body)
-	}
-	if _, err := f.l.GetCampaign(context.Background(), cfg.CampaignID); err == nil {
-		t.Fatal("the readiness probe created the campaign")
-	}
-
-	if err := f.l.MarkCampaignDeleted(context.Background(), f.e.Config().CampaignID); err != nil {
-		t.Fatal(err)
-	}
-	if r := f.call(http.MethodGet, "/readyz", "", nil); r.status != http.StatusServiceUnavailable {
-		t.Fatalf("readyz for a deleted campaign: %d %s", r.status, r.body)
-	}
-	if r := f.call(http.MethodGet, "/healthz", "", nil); r.status != http.StatusOK {
-		t.Fatalf("healthz: %d", r.status)
-	}
-}
-
-// Once ready, a replica stays ready while Redis is down: the replicas share
-// it, and failing readiness would take them all out of the Service. Buyers
-// get 503 with Retry-After instead, and checkout, which needs only the
-// ledger, goes on. A replica that never saw its campaign is not ready.
-func TestReadinessOutlastsARedisOutage(t *testing.T) {
-	r := testharness.RedisT(t)
-	f := newFixture(t, withRedis(r.Addr()))
-	if got := f.call(http.MethodGet, "/readyz", "", nil); got.status != http.StatusOK {
-		t.Fatalf("readyz: %d %s", got.status, got.body)
-	}
-	held := f.reserve("ann", "k", 1)
-	// A Redis that hangs (stopped, not gone) leaves readyz answering within
-	// the kubelet's 2 s probe timeout: it asks Redis nothing any more.
-	if err := syscall.Kill(r.PID(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	probe := &http.Client{Timeout: 2 * time.Second}
-	resp, err := probe.Get(f.base + "/readyz")
-	_ = syscall.Kill(r.PID(), syscall.SIGCONT)
-	if err != nil {
-		t.Fatalf("readyz while Redis hangs: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("readyz while Redis hangs: %d", resp.StatusCode)
-	}
-	if err := r.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.call(http.MethodGet, "/readyz", "", nil); got.status != http.StatusOK {
-		t.Fatalf("readyz while Redis is down: %d %s", got.status, got.body)
-	}
-	res := f.call(http.MethodPost, reservePath, f.token("bob"), reserveBody("bob", "k", 1))
-	if res.status != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" {
-		t.Fatalf("reserve while Redis is down: %d %v %s", res.status, res.header, res.body)
-	}
-	if co := f.checkout("ann", held.ReservationID, "pay"); co.status != http.StatusOK {
-		t.Fatalf("checkout while Redis is down: %d %s", co.status, co.body)
-	}
-	// The availability route needs Redis: it asks to retry, without an
-	// idempotency key it does not have.
-	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
-	if av.status != http.StatusServiceUnavailable || strings.Contains(string(av.body), "idempotency_key") {
-		t.Fatalf("availability while Redis is down: %d %s", av.status, av.body)
-	}
-	fresh, err := New(Config{Engine: f.e, AdmissionKey: testKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	fresh.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "redis") {
-		t.Fatalf("readyz of a replica that never reached Redis: %d %s", rec.Code, rec.Body)
-	}
-}
-
 // The same journey on a Redis Cluster: every script touches one slot, the shard
 // read for availability spans them all.
 func TestReserveOnRedisCluster(t *testing.T) {
@@ -604,25 +410,5 @@ func TestAdmissionKeyWithAndWithoutItsNewline(t *testing.T) {
 	}
 	if r := f.call(http.MethodPost, reservePath, tok, reserveBody("nadia", "k2", 1)); r.status != http.StatusUnauthorized {
 		t.Fatalf("another key: %d %s", r.status, r.body)
-	}
-}
-
-// With MetricsElsewhere the API's listener has no /metrics: the process
-// serves MetricsHandler on an address buyers cannot reach.
-func TestMetricsElsewhere(t *testing.T) {
-	f := newFixture(t, withAllocation(10), func(c *fixtureConfig) { c.api.MetricsElsewhere = true })
-	f.reserve("m", "k", 1)
-	if r := f.call(http.MethodGet, "/metrics", "", nil); r.status != http.StatusNotFound {
-		t.Fatalf("/metrics on the API listener: %d, want 404", r.status)
-	}
-	for _, rt := range f.srv.Routes() {
-		if rt.Name == "metrics" {
-			t.Fatalf("the metrics route is registered: %+v", rt)
-		}
-	}
-	rec := httptest.NewRecorder()
-	f.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
-		t.Fatalf("MetricsHandler: %d %.300s", rec.Code, rec.Body.String())
 	}
 }

@@ -1,0 +1,162 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+func TestProbesAndMetrics(t *testing.T) {
+	f := newFixture(t, withAllocation(10))
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if r := f.call(http.MethodGet, p, "", nil); r.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", p, r.status, r.body)
+		}
+	}
+	f.reserve("m", "k", 1)
+	f.call(http.MethodPost, reservePath, "", reserveBody("m", "k", 1)) // 401
+
+	m := f.call(http.MethodGet, "/metrics", "", nil)
+	if m.status != http.StatusOK {
+		t.Fatalf("/metrics: %d", m.status)
+	}
+	for _, want := range []string{
+		`flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`,
+		`flashsale_api_requests_total{code="ADMISSION_INVALID",route="reserve"} 1`,
+		`flashsale_api_request_duration_seconds_bucket{route="reserve",le=`,
+		`flashsale_reserve_script_calls_total 1`,
+		`flashsale_redis_script_duration_seconds_count{script="reserve"}`,
+		`flashsale_ledger_batch_size_count`,
+		`flashsale_stock_available{shard="0"}`,
+		`flashsale_stock_reserved{shard=`,
+		`flashsale_shard_open{shard="3"} 1`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if n, err := testutil.GatherAndCount(f.srv.Metrics().Registry(), "flashsale_ledger_batch_size"); err != nil || n != 1 {
+		t.Fatalf("batch size histogram: %d series, %v", n, err)
+	}
+}
+func TestReadinessNeedsTheCampaign(t *testing.T) {
+	f := newFixture(t)
+	// A process started before the controller created the campaign is not ready;
+	// it never creates the campaign itself.
+	cfg := f.e.Config()
+	cfg.CampaignID = "c-" + randomID()
+	e, err := engine.New(cfg, f.rdb, f.l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	early, err := New(Config{Engine: e, AdmissionKey: testKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	early.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not in the ledger") {
+		t.Fatalf("readyz without the campaign: %d %s", rec.Code, rec.Body)
+	}
+	if _, err := f.l.GetCampaign(context.Background(), cfg.CampaignID); err == nil {
+		t.Fatal("the readiness probe created the campaign")
+	}
+
+	if err := f.l.MarkCampaignDeleted(context.Background(), f.e.Config().CampaignID); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.call(http.MethodGet, "/readyz", "", nil); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("readyz for a deleted campaign: %d %s", r.status, r.body)
+	}
+	if r := f.call(http.MethodGet, "/healthz", "", nil); r.status != http.StatusOK {
+		t.Fatalf("healthz: %d", r.status)
+	}
+}
+
+// Once ready, a replica stays ready while Redis is down: the replicas share
+// it, and failing readiness would take them all out of the Service. Buyers
+// get 503 with Retry-After instead, and checkout, which needs only the
+// ledger, goes on. A replica that never saw its campaign is not ready.
+func TestReadinessOutlastsARedisOutage(t *testing.T) {
+	r := testharness.RedisT(t)
+	f := newFixture(t, withRedis(r.Addr()))
+	if got := f.call(http.MethodGet, "/readyz", "", nil); got.status != http.StatusOK {
+		t.Fatalf("readyz: %d %s", got.status, got.body)
+	}
+	held := f.reserve("ann", "k", 1)
+	// A Redis that hangs (stopped, not gone) leaves readyz answering within
+	// the kubelet's 2 s probe timeout: it asks Redis nothing any more.
+	if err := syscall.Kill(r.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	probe := &http.Client{Timeout: 2 * time.Second}
+	resp, err := probe.Get(f.base + "/readyz")
+	_ = syscall.Kill(r.PID(), syscall.SIGCONT)
+	if err != nil {
+		t.Fatalf("readyz while Redis hangs: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz while Redis hangs: %d", resp.StatusCode)
+	}
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.call(http.MethodGet, "/readyz", "", nil); got.status != http.StatusOK {
+		t.Fatalf("readyz while Redis is down: %d %s", got.status, got.body)
+	}
+	res := f.call(http.MethodPost, reservePath, f.token("bob"), reserveBody("bob", "k", 1))
+	if res.status != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" {
+		t.Fatalf("reserve while Redis is down: %d %v %s", res.status, res.header, res.body)
+	}
+	if co := f.checkout("ann", held.ReservationID, "pay"); co.status != http.StatusOK {
+		t.Fatalf("checkout while Redis is down: %d %s", co.status, co.body)
+	}
+	// The availability route needs Redis: it asks to retry, without an
+	// idempotency key it does not have.
+	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+	if av.status != http.StatusServiceUnavailable || strings.Contains(string(av.body), "idempotency_key") {
+		t.Fatalf("availability while Redis is down: %d %s", av.status, av.body)
+	}
+	fresh, err := New(Config{Engine: f.e, AdmissionKey: testKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	fresh.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "redis") {
+		t.Fatalf("readyz of a replica that never reached Redis: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// With MetricsElsewhere the API's listener has no /metrics: the process
+// serves MetricsHandler on an address buyers cannot reach.
+func TestMetricsElsewhere(t *testing.T) {
+	f := newFixture(t, withAllocation(10), func(c *fixtureConfig) { c.api.MetricsElsewhere = true })
+	f.reserve("m", "k", 1)
+	if r := f.call(http.MethodGet, "/metrics", "", nil); r.status != http.StatusNotFound {
+		t.Fatalf("/metrics on the API listener: %d, want 404", r.status)
+	}
+	for _, rt := range f.srv.Routes() {
+		if rt.Name == "metrics" {
+			t.Fatalf("the metrics route is registered: %+v", rt)
+		}
+	}
+	rec := httptest.NewRecorder()
+	f.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
+		t.Fatalf("MetricsHandler: %d %.300s", rec.Code, rec.Body.String())
+	}
+}
