@@ -22,7 +22,10 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 // writeRules renders the chart's PrometheusRule and writes its spec, a
@@ -89,4 +92,63 @@ func TestPrometheusRuleTestsCanFail(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "FlashSaleFailClosed") {
 		t.Fatalf("promtool test rules passed against a FailClosed alert that waits 10m: %v\n%s", err, out)
 	}
+}
+
+// TestEveryAlertHasARunbook: each alert's runbook_url points into
+// docs/runbooks.md at a section that exists there.
+func TestEveryAlertHasARunbook(t *testing.T) {
+	objs := render(t, "monitoring.prometheusRule.enabled=true")
+	rule := find(t, objs, "PrometheusRule", "flashsale-operator")
+	doc, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := markdownAnchors(string(doc))
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	alerts := 0
+	for _, g := range groups {
+		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rules {
+			name, _, _ := unstructured.NestedString(r.(map[string]any), "alert")
+			if name == "" {
+				continue
+			}
+			alerts++
+			url, _, _ := unstructured.NestedString(r.(map[string]any), "annotations", "runbook_url")
+			page, anchor, ok := strings.Cut(url, "#")
+			switch {
+			case !ok || !strings.HasSuffix(page, "/docs/runbooks.md"):
+				t.Errorf("alert %s: runbook_url %q does not point into docs/runbooks.md", name, url)
+			case !sections[anchor]:
+				t.Errorf("alert %s: docs/runbooks.md has no section #%s", name, anchor)
+			case anchor != strings.ToLower(name):
+				t.Errorf("alert %s: runbook_url anchor #%s is another alert's", name, anchor)
+			}
+		}
+	}
+	if alerts == 0 {
+		t.Fatal("the rendered PrometheusRule has no alert")
+	}
+}
+
+// markdownAnchors are the anchors GitHub gives a page's headings.
+func markdownAnchors(doc string) map[string]bool {
+	out := map[string]bool{}
+	for _, line := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+		var b strings.Builder
+		for _, r := range h {
+			switch {
+			case r == ' ':
+				b.WriteByte('-')
+			case r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9'):
+				b.WriteRune(r)
+			}
+		}
+		out[b.String()] = true
+	}
+	return out
 }
