@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -114,7 +113,7 @@ type Campaign struct {
 	WithoutAdmissionKey bool
 
 	redisAddresses string
-	envErrs        []error // malformed environment values, reported by Complete
+	env            EnvDefaults // malformed environment values, reported by Complete
 }
 
 // AddFlags registers the campaign flags; their defaults come from the environment.
@@ -123,11 +122,11 @@ func (c *Campaign) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Namespace, "namespace", os.Getenv(EnvNamespace), "namespace of the FlashSale (env "+EnvNamespace+")")
 	fs.StringVar(&c.Name, "name", os.Getenv(EnvName), "name of the FlashSale (env "+EnvName+")")
 	fs.StringVar(&c.SKU, "sku", os.Getenv(EnvSKU), "SKU on sale (env "+EnvSKU+")")
-	fs.IntVar(&c.Shards, "shards", c.envInt(EnvShards, 10), "number of stock shards (env "+EnvShards+")")
-	fs.IntVar(&c.MaxPerUser, "max-per-user", c.envInt(EnvMaxPerUser, 1), "units one user may hold (env "+EnvMaxPerUser+")")
-	fs.IntVar(&c.StealProbes, "steal-probes", c.envInt(EnvStealProbes, 2), "other shards tried when the home shard is sold out, 0-2 (env "+EnvStealProbes+")")
-	fs.DurationVar(&c.TTL, "ttl", c.envDuration(EnvTTL, 10*time.Minute), "reservation lifetime (env "+EnvTTL+")")
-	fs.DurationVar(&c.GracePeriod, "grace-period", c.envDuration(EnvGracePeriod, 30*time.Second), "time after expiry before the sweeper releases (env "+EnvGracePeriod+")")
+	fs.IntVar(&c.Shards, "shards", c.env.Int(EnvShards, 10), "number of stock shards (env "+EnvShards+")")
+	fs.IntVar(&c.MaxPerUser, "max-per-user", c.env.Int(EnvMaxPerUser, 1), "units one user may hold (env "+EnvMaxPerUser+")")
+	fs.IntVar(&c.StealProbes, "steal-probes", c.env.Int(EnvStealProbes, 2), "other shards tried when the home shard is sold out, 0-2 (env "+EnvStealProbes+")")
+	fs.DurationVar(&c.TTL, "ttl", c.env.Duration(EnvTTL, 10*time.Minute), "reservation lifetime (env "+EnvTTL+")")
+	fs.DurationVar(&c.GracePeriod, "grace-period", c.env.Duration(EnvGracePeriod, 30*time.Second), "time after expiry before the sweeper releases (env "+EnvGracePeriod+")")
 	fs.StringVar(&c.Redis.Mode, "redis-mode", EnvString(EnvRedisMode, RedisStandalone), "standalone or cluster (env "+EnvRedisMode+")")
 	fs.StringVar(&c.redisAddresses, "redis-addresses", os.Getenv(EnvRedisAddresses), "comma-separated host:port list (env "+EnvRedisAddresses+")")
 	fs.StringVar(&c.Redis.Username, "redis-username", os.Getenv(EnvRedisUsername), "Redis ACL user (env "+EnvRedisUsername+")")
@@ -136,7 +135,7 @@ func (c *Campaign) AddFlags(fs *pflag.FlagSet) {
 // Complete reads the secrets and checks everything, naming the flag or variable
 // that is wrong.
 func (c *Campaign) Complete() error {
-	errs := append([]error(nil), c.envErrs...)
+	errs := []error{c.env.Err()}
 	need := func(v, flag, env string) {
 		if strings.TrimSpace(v) == "" {
 			errs = append(errs, fmt.Errorf("--%s (or %s) is required", flag, env))
@@ -235,30 +234,4 @@ func Secret(env string) (string, error) {
 		return strings.TrimRight(string(b), "\r\n"), nil
 	}
 	return strings.TrimRight(v, "\r\n"), nil
-}
-
-func (c *Campaign) envInt(name string, def int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := strconv.Atoi(s)
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q is not an integer", name, s))
-		return def
-	}
-	return v
-}
-
-func (c *Campaign) envDuration(name string, def time.Duration) time.Duration {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 10m, 30s)", name, s))
-		return def
-	}
-	return v
 }

@@ -30,7 +30,6 @@ import (
 	"net/url"
 	"os"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
@@ -73,7 +72,7 @@ type Options struct {
 	// API's listener.
 	MetricsListen string
 
-	envErrs []error
+	env config.EnvDefaults // malformed environment values, reported by Complete
 }
 
 // NewCmd returns the `reserve` command.
@@ -115,9 +114,9 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 	o.Campaign.AddFlags(f)
 	s := &o.Server
 	f.StringVar(&o.Listen, "listen", config.EnvString(config.EnvListen, config.DefaultListen), "address the API listens on (env "+config.EnvListen+")")
-	f.Float64Var(&s.RateLimit, "rate-limit", o.envFloat(config.EnvRateLimit, DefaultRateLimit),
+	f.Float64Var(&s.RateLimit, "rate-limit", o.env.Float(config.EnvRateLimit, DefaultRateLimit),
 		"requests per second each buyer may send on the buyer routes, per replica; 0 disables the limit (env "+config.EnvRateLimit+")")
-	f.IntVar(&s.RateBurst, "rate-burst", o.envInt(config.EnvRateBurst, DefaultRateBurst), "requests a buyer may send at once (env "+config.EnvRateBurst+")")
+	f.IntVar(&s.RateBurst, "rate-burst", o.env.Int(config.EnvRateBurst, DefaultRateBurst), "requests a buyer may send at once (env "+config.EnvRateBurst+")")
 	// The HTTP server's durations.
 	for _, d := range []struct {
 		v         *time.Duration
@@ -134,24 +133,24 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		{&s.ShutdownTimeout, "shutdown-timeout", config.EnvShutdownTimeout, api.DefaultShutdownTimeout, "how long in-flight requests may take to finish after SIGTERM"},
 		{&s.DrainDelay, "drain-delay", config.EnvDrainDelay, 0, "keep serving this long after SIGTERM with /readyz failing, before closing the listener"},
 	} {
-		f.DurationVar(d.v, d.flag, o.envDuration(d.env, d.def), d.usage+" (env "+d.env+")")
+		f.DurationVar(d.v, d.flag, o.env.Duration(d.env, d.def), d.usage+" (env "+d.env+")")
 	}
-	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", int64(o.envInt(config.EnvMaxBodyBytes, api.DefaultMaxBodyBytes)),
+	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", int64(o.env.Int(config.EnvMaxBodyBytes, api.DefaultMaxBodyBytes)),
 		"largest request body accepted (env "+config.EnvMaxBodyBytes+")")
 	f.StringVar(&o.LogLevel, "log-level", config.EnvString(config.EnvLogLevel, "info"), "debug, info, warn or error (env "+config.EnvLogLevel+")")
-	f.IntVar(&o.Ledger.Concurrency, "ledger-writers", o.envInt(config.EnvLedgerWriters, DefaultLedgerWriters),
+	f.IntVar(&o.Ledger.Concurrency, "ledger-writers", o.env.Int(config.EnvLedgerWriters, DefaultLedgerWriters),
 		"most ledger transactions in flight at once; one at a time while it keeps up (batches grow with load), another only when a full batch of 256 rows waits (env "+config.EnvLedgerWriters+")")
-	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.envDuration(config.EnvLedgerLinger, 0),
+	f.DurationVar(&o.Ledger.MaxWait, "ledger-linger", o.env.Duration(config.EnvLedgerLinger, 0),
 		"how long a ledger writer waits for more rows before writing a batch; 0 writes what is queued at once (env "+config.EnvLedgerLinger+")")
-	f.IntVar(&o.Pipeline.MaxBatch, "reserve-pipeline", o.envInt(config.EnvReservePipeline, DefaultReservePipeline),
+	f.IntVar(&o.Pipeline.MaxBatch, "reserve-pipeline", o.env.Int(config.EnvReservePipeline, DefaultReservePipeline),
 		"most reserve script calls sent to one Redis server in one pipeline; calls arriving while one is in flight go in the next; 0 or 1 sends each call alone (env "+config.EnvReservePipeline+")")
-	f.DurationVar(&o.Pipeline.Linger, "reserve-linger", o.envDuration(config.EnvReserveLinger, 0),
+	f.DurationVar(&o.Pipeline.Linger, "reserve-linger", o.env.Duration(config.EnvReserveLinger, 0),
 		"how long a reserve pipeline waits for more calls before it is sent; 0 sends what is queued at once (env "+config.EnvReserveLinger+")")
 	f.StringVar(&o.MetricsListen, "metrics-listen", config.EnvString(config.EnvMetricsListen, ""),
 		"serve /metrics on this address instead of the API's, e.g. :9090, so buyers cannot reach it (env "+config.EnvMetricsListen+")")
 	f.StringVar(&o.DebugListen, "debug-listen", config.EnvString(config.EnvDebugListen, ""),
 		"serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty; never expose it (env "+config.EnvDebugListen+")")
-	f.IntVar(&o.GCPercent, "gc-percent", o.envInt(config.EnvGCPercent, DefaultGCPercent),
+	f.IntVar(&o.GCPercent, "gc-percent", o.env.Int(config.EnvGCPercent, DefaultGCPercent),
 		"Go GC target: the process holds little memory, so collecting less often saves CPU on the hot path; GOGC, when set, wins (env "+config.EnvGCPercent+")")
 }
 
@@ -167,7 +166,7 @@ const (
 
 // Complete reads the secrets and checks everything, naming what is wrong.
 func (o *Options) Complete() error {
-	errs := append([]error(nil), o.envErrs...)
+	errs := []error{o.env.Err()}
 	errs = append(errs, o.Campaign.Complete())
 	s := o.Server
 	if s.RateLimit < 0 || s.RateBurst < 0 || math.IsNaN(s.RateLimit) || math.IsInf(s.RateLimit, 0) {
@@ -308,45 +307,6 @@ func redactor(c *config.Campaign) func(string) string {
 		}
 		return s
 	}
-}
-
-func (o *Options) envInt(name string, def int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := strconv.Atoi(s)
-	if err != nil {
-		o.envErrs = append(o.envErrs, fmt.Errorf("%s=%q is not an integer", name, s))
-		return def
-	}
-	return v
-}
-
-func (o *Options) envFloat(name string, def float64) float64 {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		o.envErrs = append(o.envErrs, fmt.Errorf("%s=%q is not a number", name, s))
-		return def
-	}
-	return v
-}
-
-func (o *Options) envDuration(name string, def time.Duration) time.Duration {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		o.envErrs = append(o.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 5s, 200ms)", name, s))
-		return def
-	}
-	return v
 }
 
 // serveDebug serves the Go profiles on their own listener, apart from the API,

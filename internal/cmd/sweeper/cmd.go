@@ -51,7 +51,7 @@ type Options struct {
 	LeaderLock string
 	LogLevel   string
 
-	envErr error
+	env config.EnvDefaults // malformed environment values, reported by Complete
 }
 
 // NewCmd returns the `sweeper` command.
@@ -70,8 +70,8 @@ It reads the same campaign configuration as reserve, except the admission key,
 which it does not need.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if opts.envErr != nil {
-				return opts.envErr
+			if err := opts.env.Err(); err != nil {
+				return err
 			}
 			log, err := config.NewLogger(cmd.ErrOrStderr(), opts.LogLevel)
 			if err != nil {
@@ -94,9 +94,7 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 	// The sweeper never checks a token nor derives a reservation id.
 	o.Campaign.WithoutAdmissionKey = true
 	o.Campaign.AddFlags(f)
-	interval, err := envDuration(config.EnvSweepInterval, 30*time.Second)
-	o.envErr = err
-	f.DurationVar(&o.Interval, "interval", interval, "time between sweep passes (env "+config.EnvSweepInterval+")")
+	f.DurationVar(&o.Interval, "interval", o.env.Duration(config.EnvSweepInterval, 30*time.Second), "time between sweep passes (env "+config.EnvSweepInterval+")")
 	f.StringVar(&o.Listen, "listen", config.EnvString(config.EnvListen, config.DefaultListen), "address of /healthz, /readyz and /metrics (env "+config.EnvListen+")")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file: elect the sweeper with a Lease through this API server (in a cluster the Lease is used without it)")
 	f.StringVar(&o.LeaderLock, "leader-lock", config.EnvString(config.EnvLeaderLock, LockAuto),
@@ -107,8 +105,8 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 // Complete reads the campaign's secrets and checks the settings, naming what
 // is wrong.
 func (o *Options) Complete() error {
-	if o.envErr != nil {
-		return o.envErr
+	if err := o.env.Err(); err != nil {
+		return err
 	}
 	return o.Campaign.Complete()
 }
@@ -206,16 +204,4 @@ func newElector(opts Options, log *slog.Logger) (sweeper.Elector, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return sweeper.NewLease(cs, ns, sweeper.LeaseName(camp.ID), sweeper.Identity(), sweeper.DefaultLeaseTiming, log)
-}
-
-func envDuration(name string, def time.Duration) (time.Duration, error) {
-	s := os.Getenv(name)
-	if s == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return def, fmt.Errorf("%s=%q is not a duration (e.g. 30s, 1m)", name, s)
-	}
-	return d, nil
 }
