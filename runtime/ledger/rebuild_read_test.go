@@ -61,6 +61,18 @@ func TestReadRebuildIsOneSnapshot(t *testing.T) {
 	if batches != 3 || len(streamed) != 6 {
 		t.Errorf("%d orders in %d batches, want 6 in 3", len(streamed), batches)
 	}
+	// Each streamed order carries what a rebuild restores, as written.
+	for _, o := range streamed {
+		i := slices.IndexFunc(orders, func(w Order) bool { return w.ReservationID == o.ReservationID })
+		if i < 0 {
+			t.Fatalf("streamed %s, never written", o.ReservationID)
+		}
+		w := orders[i]
+		if o.UserID != w.UserID || o.Shard != w.Shard || o.Quantity != w.Quantity || o.Epoch != w.Epoch ||
+			!o.ExpiresAt.Equal(w.ExpiresAt) || o.CreatedAt.IsZero() || o.Status != StatusPending || o.CampaignID != c.ID {
+			t.Errorf("streamed %+v, written %+v", o, w)
+		}
+	}
 	if want := []ShardCounts{{Pending: 3}, {Pending: 3}}; !slices.Equal(counts, want) {
 		t.Errorf("counts %v, want %v: the reads saw the checkouts halfway", counts, want)
 	}
