@@ -1,18 +1,16 @@
 package node_test
 
 import (
-	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // pod is the part of a Pod the tests read.
@@ -160,43 +158,13 @@ func TestReserveOOMKilledAtItsLimitRestartsAndLosesNothing(t *testing.T) {
 		t.Fatal(res.err)
 	}
 	logStorm(t, res.rep)
-	checkAudit(t, res.rep)
-	checkAcked(t, ackedFile, res.rep.Acked)
+	salecheck.Audit(t, res.rep)
+	salecheck.Acked(t, ledger, ackedFile, res.rep.Acked)
 
 	// The limit raised: the sale is Ready and sells on, exact.
 	kubectl(t, nil, "patch", "flashsale", "oom", "-n", ns, "--type", "merge", "-p",
 		`{"spec":{"reservation":{"resources":{"requests":{"memory":"64Mi"},"limits":{"memory":"256Mi"}}}}}`)
 	kubectl(t, nil, "rollout", "status", "deployment/oom-reserve", "-n", ns, "--timeout=170s")
 	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Ready", "flashsale/oom", "--timeout=170s")
-	checkAudit(t, s.storm(t, "--buyers", "100000", "--count", "1000", "--concurrency", "16", "--checkout-ratio", "0.3", "--settle", "90s"))
-}
-
-// checkAcked fails the test unless every reservation id in the storm's
-// --acked-file is in the ledger and not abandoned.
-func checkAcked(t *testing.T, ackedFile string, acked int) {
-	t.Helper()
-	b, err := os.ReadFile(ackedFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := strings.Fields(string(b))
-	if len(ids) != acked {
-		t.Fatalf("%d acknowledged ids in --acked-file, the report says %d", len(ids), acked)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, env.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var lost int
-	if err := conn.QueryRow(ctx, `SELECT $2::int - count(*) FILTER (WHERE status <> 'ABANDONED')
-		FROM flashsale_orders WHERE reservation_id = ANY($1)`, ids, len(ids)).Scan(&lost); err != nil {
-		t.Fatal(err)
-	}
-	if lost != 0 {
-		t.Fatalf("%d of %d acknowledged reservations are not in the ledger (or abandoned)", lost, len(ids))
-	}
-	t.Logf("all %d acknowledged reservations in the ledger", len(ids))
+	salecheck.Audit(t, s.storm(t, "--buyers", "100000", "--count", "1000", "--concurrency", "16", "--checkout-ratio", "0.3", "--settle", "90s"))
 }
