@@ -9,7 +9,7 @@
 # The binaries land in a cache directory keyed by version, beside the envtest
 # binaries; that directory is printed as the last line on stdout:
 #
-#   FLASHSALE_KUBE_NODE="$(hack/build-kube-node.sh | tail -1)" go test ./test/e2e/...
+#   FLASHSALE_KUBE_NODE="$(hack/build-kube-node.sh | tail -1)" go test ./test/node/
 #
 # When the binaries are already cached the script only prints the path.
 #

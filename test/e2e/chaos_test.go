@@ -15,18 +15,8 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/podrunner"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
-
-// alive tells whether a pid is a live (not zombie) process.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
-}
 
 // A reserve replica is SIGKILLed in the middle of a storm: the pod runner
 // restarts it, and every reservation the storm was told about (201) is in the
@@ -63,7 +53,7 @@ func TestReserveReplicaKilledMidStormLosesNoAcknowledgement(t *testing.T) {
 		if p.Restarts < 1 || !p.Ready || p.PID == pid || p.Name != before[0].Name {
 			return fmt.Sprintf("replica not restarted yet: %+v", p)
 		}
-		if alive(pid) {
+		if salecheck.Alive(pid) {
 			return fmt.Sprintf("killed pid %d still alive", pid)
 		}
 		if ready := kubectl(t, nil, "get", "deployment", deploy, "-n", ns, "-o", "jsonpath={.status.readyReplicas}"); ready != "3" {
@@ -76,28 +66,8 @@ func TestReserveReplicaKilledMidStormLosesNoAcknowledgement(t *testing.T) {
 	}
 
 	rep := st.report(t)
-	checkAudit(t, rep)
-	b, err := os.ReadFile(ackedFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := strings.Fields(string(b))
-	if len(ids) != rep.Acked {
-		t.Fatalf("%d acknowledged ids in --acked-file, the report says %d", len(ids), rep.Acked)
-	}
-	statuses := ledgerStatuses(t, ids)
-	lost := 0
-	for _, id := range ids {
-		if s, ok := statuses[id]; !ok || s == "ABANDONED" {
-			lost++
-			if lost <= 5 {
-				t.Errorf("acknowledged reservation %s: ledger status %q", id, s)
-			}
-		}
-	}
-	if lost > 0 {
-		t.Fatalf("%d of %d acknowledged reservations lost", lost, len(ids))
-	}
+	salecheck.Audit(t, rep)
+	salecheck.Acked(t, ledger, ackedFile, rep.Acked)
 }
 
 // redisStock sums the stock counters of a sale's shards, read from Redis.
@@ -156,7 +126,7 @@ func TestSweeperKilledMidPassNextPassCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	acked := strings.Fields(string(b))
-	if units := ledgerUnits(t, s.uid); units["CANCELLED_BY_SWEEPER"] != 0 {
+	if units := salecheck.Units(t, ledger, s.uid); units["CANCELLED_BY_SWEEPER"] != 0 {
 		t.Fatalf("a pass ran before the restart (ledger %v): the interval did not hold it off", units)
 	}
 	// Every reservation is past its TTL (6s) and grace (1s) by then.
@@ -210,7 +180,7 @@ func TestSweeperKilledMidPassNextPassCompletes(t *testing.T) {
 	var units map[string]int64
 	var inStock int64
 	eventually(t, 60*time.Second, 50*time.Millisecond, func() string {
-		units, inStock = ledgerUnits(t, s.uid), redisStock(t, s.redisAddr, s.uid, 1)
+		units, inStock = salecheck.Units(t, ledger, s.uid), redisStock(t, s.redisAddr, s.uid, 1)
 		if units["CANCELLED_BY_SWEEPER"] == 0 {
 			return fmt.Sprintf("no pass cancelled anything yet (ledger %v)", units)
 		}
@@ -236,13 +206,13 @@ func TestSweeperKilledMidPassNextPassCompletes(t *testing.T) {
 	if a.Available != allocation || a.Sold != 0 || a.Reserved != 0 || a.Pending != 0 {
 		t.Fatalf("after the next pass: available %d, reserved %d, sold %d, pending %d; want all %d units back", a.Available, a.Reserved, a.Sold, a.Pending, allocation)
 	}
-	statuses := ledgerStatuses(t, acked)
+	statuses := salecheck.Statuses(t, ledger, acked)
 	for _, id := range acked {
 		if statuses[id] != "CANCELLED_BY_SWEEPER" {
 			t.Errorf("acknowledged reservation %s is %q in the ledger, want CANCELLED_BY_SWEEPER", id, statuses[id])
 		}
 	}
-	units = ledgerUnits(t, s.uid)
+	units = salecheck.Units(t, ledger, s.uid)
 	if units["CANCELLED_BY_SWEEPER"] != int64(len(acked)) || units["ABANDONED"] != 0 || units["PENDING"] != 0 {
 		t.Errorf("ledger %v, want all %d acknowledged reservations CANCELLED_BY_SWEEPER", units, len(acked))
 	}

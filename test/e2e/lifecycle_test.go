@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // A scheduled drop: 425 NOT_STARTED until its start, 201 from then on; paused,
@@ -110,9 +111,9 @@ func TestDeletedSaleStopsItsProcessesAndKeepsTheLedger(t *testing.T) {
 		kubectl(t, nil, "rollout", "status", "-n", ns, "deployment/"+s.name+d, "--timeout=60s")
 	}
 	rep := s.storm(t, "--buyers", "500", "--concurrency", "8")
-	checkAudit(t, rep)
+	salecheck.Audit(t, rep)
 
-	before := ledgerUnits(t, s.uid)
+	before := salecheck.Units(t, ledger, s.uid)
 	var pids []int
 	for _, p := range runnerState(t).Pods {
 		if p.Namespace == ns && p.PID != 0 {
@@ -145,7 +146,7 @@ func TestDeletedSaleStopsItsProcessesAndKeepsTheLedger(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, 100*time.Millisecond, func() string {
 		for _, pid := range pids {
-			if alive(pid) {
+			if salecheck.Alive(pid) {
 				return fmt.Sprintf("pid %d of the deleted sale still runs", pid)
 			}
 		}
@@ -163,7 +164,7 @@ func TestDeletedSaleStopsItsProcessesAndKeepsTheLedger(t *testing.T) {
 	if left := keys(); len(left) > 0 {
 		t.Errorf("%d Redis keys left, e.g. %s", len(left), left[0])
 	}
-	after := ledgerUnits(t, s.uid)
+	after := salecheck.Units(t, ledger, s.uid)
 	if fmt.Sprint(after) != fmt.Sprint(before) || after["COMMITTED"] == 0 {
 		t.Errorf("ledger before the deletion %v, after %v: orders must be kept", before, after)
 	}

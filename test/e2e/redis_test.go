@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // phaseWatch is `kubectl get flashsale -w`, printing the phase of every update.
@@ -120,7 +122,7 @@ func TestRedisLostMidStormIsRebuiltFromTheLedger(t *testing.T) {
 	}
 
 	rep := st.report(t)
-	checkAudit(t, rep)
+	salecheck.Audit(t, rep)
 	if !rep.Audit.Settled || rep.Audit.Reserved != 0 || rep.Audit.Pending != 0 {
 		t.Fatalf("not settled: reserved %d, pending %d", rep.Audit.Reserved, rep.Audit.Pending)
 	}
@@ -138,12 +140,12 @@ func TestRedisLostMidStormIsRebuiltFromTheLedger(t *testing.T) {
 	for _, id := range held {
 		ids = append(ids, id)
 	}
-	for id, status := range ledgerStatuses(t, ids) {
+	for id, status := range salecheck.Statuses(t, ledger, ids) {
 		if status != "COMMITTED" {
 			t.Errorf("reservation %s held across the loss is %s in the ledger", id, status)
 		}
 	}
-	units := ledgerUnits(t, s.uid)
+	units := salecheck.Units(t, ledger, s.uid)
 	wantSold := rep.Audit.Sold
 	if units["COMMITTED"] != wantSold || units["PENDING"] != 0 {
 		t.Errorf("ledger %v, audit sold %d", units, wantSold)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // The README's sale: the samples from config/samples, applied with kubectl
@@ -32,7 +33,7 @@ func TestSamplesStormAndStatusAgreeWithTheLedger(t *testing.T) {
 	s := waitReady(t, ns, "ps5-drop")
 
 	rep := s.storm(t, "--buyers", "5000", "--checkout-ratio", "0.5", "--cancel-ratio", "0.1")
-	checkAudit(t, rep)
+	salecheck.Audit(t, rep)
 	a := rep.Audit
 	if a.Allocation != 1000 || rep.Confirmed == 0 || rep.Cancelled == 0 || rep.Abandoned == 0 {
 		t.Fatalf("the storm did not exercise the sale: allocation %d, %d confirmed, %d cancelled, %d abandoned",
@@ -53,7 +54,7 @@ func TestSamplesStormAndStatusAgreeWithTheLedger(t *testing.T) {
 	if cols[0] != "SoldOut" && cols[0] != "Open" {
 		t.Errorf("phase %s after the storm", cols[0])
 	}
-	units := ledgerUnits(t, s.uid)
+	units := salecheck.Units(t, ledger, s.uid)
 	if units["COMMITTED"] != a.Sold || units["PENDING"] != a.Reserved || units["ABANDONED"] != 0 {
 		t.Errorf("ledger %v; status and audit: sold %d, reserved %d", units, a.Sold, a.Reserved)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // readyReserve counts the sale's reserve pods that are Running and ready.
@@ -81,5 +82,5 @@ wait:
 		t.Fatal(res.err)
 	}
 	logStorm(t, res.rep)
-	checkAudit(t, res.rep)
+	salecheck.Audit(t, res.rep)
 }

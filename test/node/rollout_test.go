@@ -15,6 +15,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // newShop makes a namespace with the sale's Secrets (pointing at the
@@ -149,7 +150,7 @@ func TestRollingRestartUnderStormLosesNothing(t *testing.T) {
 	}
 	rep := res.rep
 	logStorm(t, rep)
-	checkAudit(t, rep)
+	salecheck.Audit(t, rep)
 	answers, transport := undocumented(rep, codes)
 	if len(answers) > 0 {
 		t.Errorf("answers outside docs/openapi.yaml during the rollout: %v (outcomes %v)", answers, rep.Outcomes)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/localenv"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // The README's sale on a real node, in a namespace that enforces the
@@ -66,7 +67,7 @@ func TestSamplesOnARealNode(t *testing.T) {
 	}
 
 	rep := s.storm(t, "--buyers", "3000", "--checkout-ratio", "0.5", "--cancel-ratio", "0.1")
-	checkAudit(t, rep)
+	salecheck.Audit(t, rep)
 	if rep.Audit.Allocation != 1000 || rep.Confirmed == 0 {
 		t.Fatalf("the storm did not exercise the sale: allocation %d, %d confirmed", rep.Audit.Allocation, rep.Confirmed)
 	}
