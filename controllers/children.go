@@ -240,8 +240,10 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 // DisruptionBudget lets voluntary disruptions (a node drain, a cluster
 // upgrade) take one replica of the component at a time, so with two replicas
 // or more a drain during the sale never takes the whole reservation API at
-// once. Unhealthy pods may always be evicted: a crashing replica must not
-// block a drain.
+// once. An unready pod may be evicted only while the others keep the budget
+// (IfHealthyBudget): a crashing replica beside healthy ones does not block a
+// drain, but a replica whose probe misses under a sale's load, while another
+// is already gone, is not taken too.
 func DisruptionBudget(fs *flashsalev1alpha1.FlashSale, component string) *policyv1.PodDisruptionBudget {
 	labels := childLabels(fs, component)
 	return &policyv1.PodDisruptionBudget{
@@ -249,7 +251,7 @@ func DisruptionBudget(fs *flashsalev1alpha1.FlashSale, component string) *policy
 		Spec: policyv1.PodDisruptionBudgetSpec{
 			MaxUnavailable:             ptr.To(intstr.FromInt32(1)),
 			Selector:                   &metav1.LabelSelector{MatchLabels: labels},
-			UnhealthyPodEvictionPolicy: ptr.To(policyv1.AlwaysAllow),
+			UnhealthyPodEvictionPolicy: ptr.To(policyv1.IfHealthyBudget),
 		},
 	}
 }

@@ -180,7 +180,7 @@ func TestDisruptionBudgetsAndSpread(t *testing.T) {
 	} {
 		pdb := DisruptionBudget(fs, tc.component)
 		if pdb.Name != tc.d.Name || pdb.Namespace != "shop" || pdb.Spec.MaxUnavailable.IntValue() != 1 ||
-			*pdb.Spec.UnhealthyPodEvictionPolicy != policyv1.AlwaysAllow {
+			*pdb.Spec.UnhealthyPodEvictionPolicy != policyv1.IfHealthyBudget {
 			t.Fatalf("%s: PodDisruptionBudget %+v", tc.component, pdb)
 		}
 		// It selects exactly the Deployment's pods.
