@@ -17,10 +17,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 )
@@ -73,6 +76,12 @@ type FlashSaleReconciler struct {
 	// child that lost its labels, one that is not ours).
 	apiReader client.Reader
 	secrets   *secretReader
+	// rebuilds run off the reconcile; rebuildEnded queues a reconcile of a
+	// sale whose rebuild ended. rebuildFailpoint, set by tests, runs before
+	// each shard of a rebuild is finished.
+	rebuilds         rebuilds
+	rebuildEnded     chan ctrlevent.GenericEvent
+	rebuildFailpoint func(namespace, name string, shard int)
 }
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.
@@ -222,6 +231,10 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apiReader = mgr.GetAPIReader()
 	r.secrets = newSecretReader(mgr.GetCache(), mgr.GetAPIReader())
+	r.rebuildEnded = make(chan ctrlevent.GenericEvent, 64)
+	if err := mgr.Add(manager.RunnableFunc(r.stopRebuilds)); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		// Not on its own status writes: while the counts move, each write
 		// would start the next reconcile at once, and --status-refresh would
@@ -235,6 +248,7 @@ func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(
 			predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
+		WatchesRawSource(source.Channel(r.rebuildEnded, &handler.EnqueueRequestForObject{})).
 		Named("flashsale").
 		WithOptions(controller.Options{RateLimiter: failureRateLimiter()}).
 		Complete(r)
