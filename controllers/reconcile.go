@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -42,9 +43,10 @@ const (
 	// ones still work (a Secret or the spec changed).
 	replaceTimeout = 5 * time.Second
 	retryUnhealthy = 3 * time.Second
-	// conflictRetry is the wait before a reconcile whose status write met a
-	// newer version of the sale runs again: the cache is usually a few
-	// milliseconds behind a status written just before.
+	// conflictRetry is the first wait before a reconcile whose status write
+	// met a newer version of the sale runs again: the cache is usually a few
+	// milliseconds behind a status written just before. It doubles with each
+	// conflict in a row, per sale, up to maxFailureBackoff (conflictBackoff).
 	conflictRetry = 100 * time.Millisecond
 	idleRefresh   = 5 * time.Minute
 	// scheduledRefresh is the refresh of a sale that has not started: nothing
@@ -82,6 +84,11 @@ type FlashSaleReconciler struct {
 	rebuilds         rebuilds
 	rebuildEnded     chan ctrlevent.GenericEvent
 	rebuildFailpoint func(namespace, name string, shard int)
+	// conflicts backs off, per sale, the retries of status writes that
+	// conflict again and again (another writer in a hot loop); a status
+	// written resets it.
+	conflicts     workqueue.TypedRateLimiter[reconcile.Request]
+	conflictsOnce sync.Once
 }
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.
@@ -90,6 +97,7 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.conns.drop(req.NamespacedName)
+			r.conflictBackoff().Forget(req)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -142,12 +150,24 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			// the cache has not caught up with a status write yet). The
 			// next reconcile reads it again and computes the status anew
 			// from Redis and the ledger, which hold what this one did.
-			log.FromContext(ctx).Info("the sale changed since it was read; reconciling again", "after", conflictRetry)
-			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+			after := r.conflictBackoff().When(req)
+			log.FromContext(ctx).Info("the sale changed since it was read; reconciling again", "after", after)
+			return ctrl.Result{RequeueAfter: after}, nil
 		}
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
+	r.conflictBackoff().Forget(req)
 	return s.result, err
+}
+
+// conflictBackoff is the per-sale backoff of status writes that conflict:
+// conflictRetry, doubled with each conflict in a row, at most
+// maxFailureBackoff.
+func (r *FlashSaleReconciler) conflictBackoff() workqueue.TypedRateLimiter[reconcile.Request] {
+	r.conflictsOnce.Do(func() {
+		r.conflicts = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](conflictRetry, maxFailureBackoff)
+	})
+	return r.conflicts
 }
 
 // statusWriteTime is what a reconcile keeps of its deadline for writing the
