@@ -211,7 +211,7 @@ func TestRebuildAcrossTheScheduleEnd(t *testing.T) {
 			if got.Status.Phase != flashsalev1alpha1.PhaseEnded {
 				t.Fatalf("the rebuilt sale is %s, not Ended, past its end", got.Status.Phase)
 			}
-			states, err := eng.Store().State(ctx)
+			states, err := eng.Gates().ShardStates(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
