@@ -160,8 +160,6 @@ func (e *Engine) Close() {
 // Config returns the campaign configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-
-
 // cleanupTimeout bounds the work done after a caller gave up (releasing a unit).
 const cleanupTimeout = 5 * time.Second
 
