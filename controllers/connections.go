@@ -31,6 +31,9 @@ type campaignConn struct {
 	// ledgerDown: the last reconcile to say found the ledger not answering
 	// on these connections (see noteLedger).
 	ledgerDown atomic.Bool
+	// rebuild is the rebuild running on these connections, or the last one
+	// until a reconcile reported its outcome.
+	rebuild atomic.Pointer[rebuildRun]
 }
 
 // noteLedger keeps what a reconcile found of the ledger on the connections it
@@ -49,6 +52,11 @@ func (c *campaignConn) noteLedger(fs *flashsalev1alpha1.FlashSale, f *facts) {
 }
 
 func (c *campaignConn) close() {
+	// A rebuild must not write on after the sale is deleted, or on
+	// connections its Secrets no longer name.
+	if run := c.rebuild.Load(); run != nil {
+		run.stop()
+	}
 	c.engine.Close()
 	_ = c.rdb.Close()
 }

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -48,7 +49,7 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	states, err := eng.Store().State(ctx)
+	states, err := eng.Gates().ShardStates(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,15 +58,22 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 			t.Fatalf("shard %d still in Redis", s.Index)
 		}
 	}
-	if n, _ := eng.Store().DeleteAll(ctx); n != 0 {
+	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
+	defer rdb.Close()
+	if n, _ := stock.New(rdb, string(fs.UID), int(ptr.Deref(fs.Spec.Shards, 10))).DeleteAll(ctx); n != 0 {
 		t.Fatalf("%d Redis keys left", n)
 	}
+	l, err := ledger.Open(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	for _, id := range ids {
-		if o, err := eng.Ledger().GetOrder(ctx, id); err != nil || o.Status != ledger.StatusPending {
+		if o, err := l.GetOrder(ctx, id); err != nil || o.Status != ledger.StatusPending {
 			t.Fatalf("ledger row %s: %+v %v", id, o, err)
 		}
 	}
-	c, err := eng.Ledger().GetCampaign(ctx, string(fs.UID))
+	c, err := l.GetCampaign(ctx, string(fs.UID))
 	if err != nil || c.DeletedAt == nil {
 		t.Fatalf("ledger campaign %+v %v", c, err)
 	}

@@ -19,3 +19,9 @@ func (r *SecretReader) SetClock(now func() time.Time) { r.now = now }
 
 // SecretUnusedFor is how long a Secret nobody reads stays held.
 const SecretUnusedFor = secretUnusedFor
+
+// SetRebuildFailpoint makes fp run before each shard of a rebuild is
+// finished, on the rebuild's goroutine: a test holds a rebuild there.
+func SetRebuildFailpoint(r *FlashSaleReconciler, fp func(namespace, name string, shard int)) {
+	r.rebuildFailpoint = fp
+}

@@ -44,6 +44,12 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		return nil
 	}
 	live.DeepCopyInto(fs) // the finalizer's patch is guarded by its resourceVersion
+	// A rebuild running must not write what the cleanup deletes.
+	if c := r.conns.cached(name); c != nil {
+		if run := c.rebuild.Load(); run != nil {
+			run.stop()
+		}
+	}
 	refs, err := readReferences(ctx, r.secrets, fs)
 	var refErr *referenceError
 	cached := r.conns.cached(name)

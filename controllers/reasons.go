@@ -40,6 +40,7 @@ const (
 	ReasonFailClosed        = "FailClosed"
 	ReasonRebuilt           = "Rebuilt"
 	ReasonRebuildFailed     = "RebuildFailed"
+	ReasonRebuilding        = "Rebuilding"
 	ReasonRestocked         = "Restocked"
 	ReasonApplied           = "Applied"
 	ReasonAllocationRefused = "AllocationBelowSoldAndReserved"

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -17,10 +18,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 )
@@ -39,9 +43,10 @@ const (
 	// ones still work (a Secret or the spec changed).
 	replaceTimeout = 5 * time.Second
 	retryUnhealthy = 3 * time.Second
-	// conflictRetry is the wait before a reconcile whose status write met a
-	// newer version of the sale runs again: the cache is usually a few
-	// milliseconds behind a status written just before.
+	// conflictRetry is the first wait before a reconcile whose status write
+	// met a newer version of the sale runs again: the cache is usually a few
+	// milliseconds behind a status written just before. It doubles with each
+	// conflict in a row, per sale, up to maxFailureBackoff (conflictBackoff).
 	conflictRetry = 100 * time.Millisecond
 	idleRefresh   = 5 * time.Minute
 	// scheduledRefresh is the refresh of a sale that has not started: nothing
@@ -73,6 +78,17 @@ type FlashSaleReconciler struct {
 	// child that lost its labels, one that is not ours).
 	apiReader client.Reader
 	secrets   *secretReader
+	// rebuilds run off the reconcile; rebuildEnded queues a reconcile of a
+	// sale whose rebuild ended. rebuildFailpoint, set by tests, runs before
+	// each shard of a rebuild is finished.
+	rebuilds         rebuilds
+	rebuildEnded     chan ctrlevent.GenericEvent
+	rebuildFailpoint func(namespace, name string, shard int)
+	// conflicts backs off, per sale, the retries of status writes that
+	// conflict again and again (another writer in a hot loop); a status
+	// written resets it.
+	conflicts     workqueue.TypedRateLimiter[reconcile.Request]
+	conflictsOnce sync.Once
 }
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.
@@ -81,6 +97,7 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.conns.drop(req.NamespacedName)
+			r.conflictBackoff().Forget(req)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -133,12 +150,24 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			// the cache has not caught up with a status write yet). The
 			// next reconcile reads it again and computes the status anew
 			// from Redis and the ledger, which hold what this one did.
-			log.FromContext(ctx).Info("the sale changed since it was read; reconciling again", "after", conflictRetry)
-			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+			after := r.conflictBackoff().When(req)
+			log.FromContext(ctx).Info("the sale changed since it was read; reconciling again", "after", after)
+			return ctrl.Result{RequeueAfter: after}, nil
 		}
 		return ctrl.Result{}, errors.Join(err, werr)
 	}
+	r.conflictBackoff().Forget(req)
 	return s.result, err
+}
+
+// conflictBackoff is the per-sale backoff of status writes that conflict:
+// conflictRetry, doubled with each conflict in a row, at most
+// maxFailureBackoff.
+func (r *FlashSaleReconciler) conflictBackoff() workqueue.TypedRateLimiter[reconcile.Request] {
+	r.conflictsOnce.Do(func() {
+		r.conflicts = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](conflictRetry, maxFailureBackoff)
+	})
+	return r.conflicts
 }
 
 // statusWriteTime is what a reconcile keeps of its deadline for writing the
@@ -222,6 +251,10 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apiReader = mgr.GetAPIReader()
 	r.secrets = newSecretReader(mgr.GetCache(), mgr.GetAPIReader())
+	r.rebuildEnded = make(chan ctrlevent.GenericEvent, 64)
+	if err := mgr.Add(manager.RunnableFunc(r.stopRebuilds)); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		// Not on its own status writes: while the counts move, each write
 		// would start the next reconcile at once, and --status-refresh would
@@ -235,6 +268,7 @@ func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(
 			predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
+		WatchesRawSource(source.Channel(r.rebuildEnded, &handler.EnqueueRequestForObject{})).
 		Named("flashsale").
 		WithOptions(controller.Options{RateLimiter: failureRateLimiter()}).
 		Complete(r)

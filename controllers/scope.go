@@ -46,6 +46,13 @@ type facts struct {
 	lost string
 	// rebuildErr: the rebuild from the ledger failed.
 	rebuildErr error
+	// rebuilding: a rebuild of the shards runs (off the reconcile);
+	// progress is how far it got, as the ledger and the shards say (nil: not
+	// known now). rebuildChecked: the reconcile looked for a running
+	// rebuild, so none running is known too.
+	rebuilding     bool
+	progress       *engine.RebuildProgress
+	rebuildChecked bool
 	// rebuilt is the rebuild this reconcile performed; lastRebuild its
 	// record (none when it completed a first seeding cut short).
 	rebuilt     *engine.RebuildReport

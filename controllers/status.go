@@ -53,6 +53,9 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		st.Phase = closedPhase(f.closed, f.held, st.Phase)
 	}
 	reportStop(&st, d, fs, f)
+	if f.rebuildChecked && !f.rebuilding {
+		st.RebuildProgress = nil
+	}
 	if f.lost != "" {
 		// The shards were failed closed, whatever stopped the reconcile next.
 		st.Phase = flashsalev1alpha1.PhaseFailClosed
@@ -180,6 +183,17 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonMismatch, msg)
 		d.ready(ReasonLedgerMismatch, msg)
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonUnhealthy, "reservations cannot be recorded: "+msg)
+	case f.rebuilding:
+		st.Phase = flashsalev1alpha1.PhaseRebuilding
+		if f.progress != nil {
+			st.RebuildProgress = progressStatus(f.progress)
+		}
+		msg := "the stock is being rebuilt from the ledger; every shard refuses reservations until it is whole"
+		if p := st.RebuildProgress; p != nil {
+			msg = fmt.Sprintf("the stock is being rebuilt from the ledger: %d of %d shards done; every shard refuses reservations until all are", p.ShardsDone, p.Shards)
+		}
+		d.ready(ReasonRebuilding, msg)
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
 	case f.lost != "":
 		msg := lostMessage(f.lost)
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
@@ -220,6 +234,16 @@ func (f *facts) notReady() (reason, message string, ok bool) {
 // on; observedGeneration stays where it was.
 func (f *facts) incomplete() bool {
 	return f.refsKept || f.replaced != nil || f.childErr != "" || (f.allocation != nil && !f.allocation.applied)
+}
+
+// progressStatus is the status form of a running rebuild's progress.
+func progressStatus(p *engine.RebuildProgress) *flashsalev1alpha1.RebuildProgress {
+	out := &flashsalev1alpha1.RebuildProgress{Epoch: p.Epoch, Shards: int32(p.Shards), ShardsDone: int32(p.Finished)}
+	if !p.Started.IsZero() {
+		// Whole seconds, as lastRebuild's time.
+		out.StartedAt = &metav1.Time{Time: p.Started.Truncate(time.Second)}
+	}
+	return out
 }
 
 func lostMessage(why string) string {

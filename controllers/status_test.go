@@ -277,6 +277,52 @@ func TestComputeStatus(t *testing.T) {
 			}},
 		{name: "a reconcile that failed is not observed", facts: with(healthy(), func(f *facts) { f.err = errors.New("the API server went away") }),
 			phase: flashsalev1alpha1.PhaseOpen, conds: want{"Ready": "True/Ready"}},
+		{name: "a rebuild running reports how far it got", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseFailClosed },
+			facts: stopped(func(f *facts) {
+				f.ledgerOK, f.rebuilding = true, true
+				f.progress = &engine.RebuildProgress{Started: statusNow.Add(-1500 * time.Millisecond), Epoch: 3, Shards: 4, Finished: 2}
+			}), phase: flashsalev1alpha1.PhaseRebuilding,
+			conds: want{"Ready": "False/Rebuilding", "Admitting": "False/FailClosed", "LedgerHealthy": "True/Reachable"},
+			check: func(t *testing.T, st *flashsalev1alpha1.FlashSaleStatus) {
+				p := st.RebuildProgress
+				if p == nil || p.Shards != 4 || p.ShardsDone != 2 || p.Epoch != 3 || p.StartedAt == nil || !p.StartedAt.Time.Equal(statusNow.Add(-2*time.Second)) {
+					t.Errorf("rebuildProgress: %+v", p)
+				}
+				if c := meta.FindStatusCondition(st.Conditions, "Ready"); !strings.Contains(c.Message, "2 of 4 shards done") {
+					t.Errorf("Ready: %+v", c)
+				}
+			}},
+		{name: "a rebuild running whose progress was not read keeps the progress read",
+			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
+				st.Phase, st.RebuildProgress = flashsalev1alpha1.PhaseRebuilding, &flashsalev1alpha1.RebuildProgress{Epoch: 3, Shards: 4, ShardsDone: 1}
+			},
+			facts: stopped(func(f *facts) { f.rebuilding = true }), phase: flashsalev1alpha1.PhaseRebuilding,
+			conds: want{"Ready": "False/Rebuilding"},
+			check: func(t *testing.T, st *flashsalev1alpha1.FlashSaleStatus) {
+				if p := st.RebuildProgress; p == nil || p.ShardsDone != 1 {
+					t.Errorf("rebuildProgress: %+v", p)
+				}
+			}},
+		{name: "no rebuild running any more: its progress is gone",
+			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
+				st.RebuildProgress = &flashsalev1alpha1.RebuildProgress{Epoch: 2, Shards: 1, ShardsDone: 1}
+			},
+			facts: with(healthy(), func(f *facts) { f.rebuildChecked = true }), phase: flashsalev1alpha1.PhaseOpen, observed: true,
+			check: func(t *testing.T, st *flashsalev1alpha1.FlashSaleStatus) {
+				if st.RebuildProgress != nil {
+					t.Errorf("rebuildProgress: %+v", st.RebuildProgress)
+				}
+			}},
+		{name: "a reconcile stopped before it looked for a rebuild keeps the progress read",
+			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
+				st.Phase, st.RebuildProgress = flashsalev1alpha1.PhaseRebuilding, &flashsalev1alpha1.RebuildProgress{Epoch: 3, Shards: 4, ShardsDone: 1}
+			},
+			facts: stopped(func(f *facts) { f.outage = redisDown }), phase: flashsalev1alpha1.PhaseRebuilding,
+			check: func(t *testing.T, st *flashsalev1alpha1.FlashSaleStatus) {
+				if p := st.RebuildProgress; p == nil || p.ShardsDone != 1 {
+					t.Errorf("rebuildProgress: %+v", p)
+				}
+			}},
 		{name: "the children's readiness not read keeps Ready and the phase from the counts",
 			facts: with(healthy(), func(f *facts) { f.children, f.completed, f.err = nil, false, errors.New("cache read") }),
 			phase: flashsalev1alpha1.PhaseOpen, conds: want{"Ready": "True/Ready"}},

@@ -214,3 +214,69 @@ func TestReadyDoesNotFlapWhileNotReady(t *testing.T) {
 		t.Fatalf("Ready %s since %s, want False since %s", c.Status, c.LastTransitionTime, since)
 	}
 }
+
+// Status writes that conflict again and again (another writer in a hot loop)
+// are retried later each time, per sale: 100 ms, then doubled with each
+// conflict in a row; a status written resets the wait.
+func TestRepeatedConflictsBackOff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.countsStamp = 100 * time.Millisecond // every reconcile writes the status
+	e.statusRefresh = time.Minute          // and none runs unless asked
+	e.startController()
+	e.openSale("hot", 10)
+	read := e.settled("hot")
+	e.holdFinalizer("hot") // a newer version: every write from read conflicts
+	key := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(read)}
+	conflicts := func(n int) []time.Duration {
+		t.Helper()
+		var out []time.Duration
+		for range n {
+			// A new stamp shows in the stored second: each write is tried.
+			time.Sleep(time.Until(read.Status.CountsObservedAt.Add(1100 * time.Millisecond)))
+			e.stale.Store(read)
+			res, err := e.reconciler.Reconcile(context.Background(), key)
+			e.stale.Store(nil)
+			if err != nil {
+				t.Fatalf("reconcile over a newer version: %v", err)
+			}
+			out = append(out, res.RequeueAfter)
+		}
+		return out
+	}
+	want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond}
+	if got := conflicts(4); !slices.Equal(got, want) {
+		t.Fatalf("retries after conflicts in a row: %v, want %v", got, want)
+	}
+	// Another sale's conflicts have their own backoff.
+	e.openSale("other", 10)
+	other := e.settled("other")
+	e.holdFinalizer("other")
+	time.Sleep(time.Until(other.Status.CountsObservedAt.Add(1100 * time.Millisecond)))
+	e.stale.Store(other)
+	res, err := e.reconciler.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(other)})
+	e.stale.Store(nil)
+	if err != nil || res.RequeueAfter != want[0] {
+		t.Fatalf("another sale's first conflict: %+v %v, want a retry after %s", res, err, want[0])
+	}
+	// A reconcile that writes the status resets the backoff (once the cache
+	// holds the newer version, or it would conflict too).
+	testharness.Eventually(t, settle, "the cache holds the newer version", func() bool {
+		var cached flashsalev1alpha1.FlashSale
+		return e.mgr.GetClient().Get(context.Background(), key.NamespacedName, &cached) == nil && cached.ResourceVersion == e.get("hot").ResourceVersion
+	})
+	if res, err := e.reconciler.Reconcile(context.Background(), key); err != nil || res.RequeueAfter == want[0] {
+		t.Fatalf("reconcile from the newer version: %+v %v", res, err)
+	}
+	read = e.get("hot")
+	// Newer again, by a change that queues no reconcile of its own.
+	update(t, e.get("hot"), func(fs *flashsalev1alpha1.FlashSale) { fs.Finalizers = append(fs.Finalizers, "example.com/second") })
+	t.Cleanup(func() {
+		update(t, e.get("hot"), func(fs *flashsalev1alpha1.FlashSale) {
+			fs.Finalizers = slices.DeleteFunc(fs.Finalizers, func(f string) bool { return f == "example.com/second" })
+		})
+	})
+	if got := conflicts(2); !slices.Equal(got, want[:2]) {
+		t.Fatalf("retries after a status written: %v, want %v", got, want[:2])
+	}
+}

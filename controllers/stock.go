@@ -21,12 +21,26 @@ import (
 // ledger.
 //
 // It is given the reconcile's context without the phase bound, for the
-// rebuild (it streams every pending order and buyer); everything else is
-// bounded by PhaseTimeout.
+// rebuild, which runs off the reconcile (it streams every pending order and
+// buyer); everything else is bounded by PhaseTimeout.
 func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (bool, error) {
 	ctx, cancel := context.WithTimeout(unbounded, r.phaseTimeout())
 	defer cancel()
 	eng := s.conn.engine
+	// A rebuild runs off the reconcile: while it runs the status says how
+	// far it got; once over, what came of it is recorded and reported.
+	if run := s.conn.rebuild.Load(); run != nil {
+		if !run.over() {
+			r.reportRebuilding(ctx, s, run)
+			return true, nil
+		}
+		s.conn.rebuild.Store(nil)
+		s.rebuildChecked = true
+		if r.rebuildOver(ctx, s, run) {
+			return true, nil
+		}
+	}
+	s.rebuildChecked = true
 	lost, why := false, ""
 	// seededBefore is the one decision the status still takes part in, and
 	// only to refuse. Redis shards of the sale already make a ledger without
@@ -109,51 +123,53 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		return true, nil
 	}
 	if needsRebuild {
-		// The shards open in the state of the moment they open (applyGates
-		// recomputes the window too): a rebuild of a large ledger may run
-		// across a schedule edge.
-		// Not bounded by the phase: a rebuild reads every live order.
-		rep, err := eng.Rebuild(unbounded, func() string { return saleWindow(&s.fs.Spec, r.now()).Gate })
-		if err != nil {
-			s.rebuildErr = classify(err)
-			s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s", rebuildFailedMessage(s.rebuildErr))
-			s.requeueAfter(retryUnhealthy)
-			return true, nil
-		}
-		// The rest of the phase gets a bound of its own: the rebuild may
-		// have outlasted the phase's.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(unbounded, r.phaseTimeout())
-		defer cancel()
-		s.epoch = rep.Epoch
-		s.rebuilt = &rep
-		if firstSeed && rep.Reserved == 0 && rep.Sold == 0 {
-			s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d), completing a first seeding that was cut short (%s)",
-				s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
-			return r.afterSeed(ctx, s, rec.Servers, srv)
-		}
-		if firstSeed {
-			s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
-		}
-		rb := engine.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
-			Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, Restored: rep.Restored, Duration: rep.Duration}
-		if why == "" {
-			rb.Reason = "resumed after the sale failed closed"
-		}
-		// Kept in the ledger with the servers it rebuilt on: a later
-		// reconcile, or another operator, must not take them for restarted
-		// and rebuild again, whatever status it reads.
-		if err := eng.RecordRebuild(ctx, rb, ids); err != nil {
-			r.unhealthy(s, classify(err))
-			return true, nil
-		}
-		s.lastRebuild = rebuildStatus(&rb)
-		// The phase above is what the rebuilt shards say, until observe
-		// recomputes it: a later phase that stops early must not leave it blank.
-		s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
-			rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
+		r.reportRebuilding(ctx, s, r.startRebuild(unbounded, s, rebuildStart{why: why, firstSeed: firstSeed, servers: ids, spec: s.fs.Spec}))
+		return true, nil
 	}
 	return r.afterSeed(ctx, s, rec.Servers, srv)
+}
+
+// rebuildOver records and reports a rebuild that ended: a failure is retried
+// (the shards stay closed), a success is kept in the ledger with the servers
+// it rebuilt on, and the phase goes on to check what it left.
+// It reports whether the phase is done.
+func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *rebuildRun) bool {
+	rep, why := run.rep, run.why
+	if run.err != nil {
+		s.rebuildErr = classify(run.err)
+		s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s (after %s)", rebuildFailedMessage(s.rebuildErr), rep.Duration.Round(time.Millisecond))
+		s.requeueAfter(retryUnhealthy)
+		return true
+	}
+	s.epoch = rep.Epoch
+	s.rebuilt = &rep
+	// The servers it wrote to hold the sale as the ledger does now: the
+	// checks below must not take them for restarted.
+	s.conn.rememberRunIDs(run.servers)
+	if run.firstSeed && rep.Reserved == 0 && rep.Sold == 0 {
+		s.event(corev1.EventTypeNormal, ReasonSeeded, "Seeded %d units into %d Redis shards (epoch %d), completing a first seeding that was cut short (%s)",
+			s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
+		return false
+	}
+	if run.firstSeed {
+		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
+	}
+	rb := engine.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
+		Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, Restored: rep.Restored, Duration: rep.Duration}
+	if why == "" {
+		rb.Reason = "resumed after the sale failed closed"
+	}
+	// Kept in the ledger with the servers it rebuilt on: a later
+	// reconcile, or another operator, must not take them for restarted
+	// and rebuild again, whatever status it reads.
+	if err := s.conn.engine.RecordRebuild(ctx, rb, run.servers); err != nil {
+		r.unhealthy(s, classify(err))
+		return true
+	}
+	s.lastRebuild = rebuildStatus(&rb)
+	s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
+		rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
+	return false
 }
 
 // rebuildStatus is the status form of the ledger's rebuild record (nil for none).

@@ -99,6 +99,8 @@ type env struct {
 	countsStamp time.Duration
 	// statusRefresh, when set, replaces the tests' 1 s refresh.
 	statusRefresh time.Duration
+	// rebuildFailpoint, when set, runs before each shard of a rebuild is finished.
+	rebuildFailpoint func(namespace, name string, shard int)
 }
 
 // testClient counts the Updates of Deployments that go through it, and can
@@ -201,6 +203,7 @@ func (e *env) startController() (stop func()) {
 		Clock:         e.clock,
 		CountsStamp:   e.countsStamp,
 	}
+	controllers.SetRebuildFailpoint(r, e.rebuildFailpoint)
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatal(err)
 	}

@@ -43,10 +43,13 @@ const (
 	// PhaseFailClosed: Redis lost or disagrees with the sale's state; every
 	// shard refuses reservations until the stock is rebuilt from the ledger.
 	PhaseFailClosed FlashSalePhase = "FailClosed"
-	// PhaseRebuilding: a rebuild of the stock from the ledger failed for a
-	// reason other than the ledger and is being retried; every shard still
-	// refuses. A rebuild that succeeds goes from FailClosed straight to the
-	// sale's phase.
+	// PhaseRebuilding: the stock is being rebuilt from the ledger, and every
+	// shard refuses reservations until it is whole. Either a rebuild runs
+	// (status.rebuildProgress says how many shards it finished; Ready's
+	// reason is Rebuilding), or the last one failed for a reason other than
+	// the ledger and is retried (Ready's reason is RebuildFailed). A rebuild
+	// that fails on the ledger leaves the sale FailClosed, LedgerHealthy
+	// False. Once the rebuild is over the phase is the sale's again.
 	PhaseRebuilding FlashSalePhase = "Rebuilding"
 )
 
@@ -430,6 +433,13 @@ type FlashSaleStatus struct {
 	// +optional
 	LastRebuild *RebuildStatus `json:"lastRebuild,omitempty"`
 
+	// rebuildProgress is how far the rebuild of the stock from the ledger
+	// got, while one runs (phase Rebuilding); it is gone once the rebuild
+	// is over, and lastRebuild records it. Read from the ledger and the
+	// shards at the last reconcile, at least every few seconds meanwhile.
+	// +optional
+	RebuildProgress *RebuildProgress `json:"rebuildProgress,omitempty"`
+
 	// redisServers are the Redis servers holding the sale's shards, each with
 	// the run id it had when the stock was last verified. A server found with
 	// another run id restarted, and one not listed took shards over (a
@@ -539,6 +549,34 @@ type RebuildStatus struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
 	DurationSeconds string `json:"durationSeconds,omitempty"`
+}
+
+// RebuildProgress is how far a running rebuild of the stock got.
+type RebuildProgress struct {
+	// startedAt is when the rebuild started; unset until the ledger
+	// recorded its start.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+
+	// epoch is the epoch the shards are rebuilt at; 0 until the ledger
+	// bumped it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// shards is the number of shards being rebuilt.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	Shards int32 `json:"shards,omitempty"`
+
+	// shardsDone is the number of shards the rebuild has finished: their
+	// stock and reservations written, still closed. They open together once
+	// every shard is done.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1024
+	ShardsDone int32 `json:"shardsDone"`
 }
 
 // FlashSale is a flash-sale campaign: one SKU sold from Redis stock shards,

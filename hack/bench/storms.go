@@ -354,7 +354,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	}
 	if isReserve(target) {
 		actx, cancel := context.WithTimeout(ctx, auditTimeout)
-		a, err := storm.RunAudit(actx, storm.EngineSource{Engine: c.engine}, res, 0)
+		a, err := storm.RunAudit(actx, storm.EngineSource{Engine: c.engine, Ledger: e.ledger}, res, 0)
 		cancel()
 		if err != nil {
 			return StormRow{}, fmt.Errorf("%s: audit: %w", label, err)

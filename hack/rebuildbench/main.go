@@ -327,7 +327,7 @@ func runChild(arg, cpuProfile string) error {
 		return err
 	}
 	defer e.Close()
-	if err := e.Store().Ping(ctx); err != nil {
+	if err := e.PingRedis(ctx); err != nil {
 		return err
 	}
 	if err := l.Ping(ctx); err != nil {

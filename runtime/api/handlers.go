@@ -230,11 +230,11 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	cfg := s.engine.Config()
-	if err := s.engine.Store().Ping(ctx); err != nil {
+	if err := s.engine.PingRedis(ctx); err != nil {
 		s.log.Warn("not ready: redis does not answer", "err", err)
 		return unavailable("redis does not answer").write(w)
 	}
-	c, err := s.engine.Ledger().GetCampaign(ctx, cfg.CampaignID)
+	c, err := s.engine.Campaign(ctx)
 	switch {
 	case errors.Is(err, ledger.ErrCampaignNotFound):
 		return unavailable("the campaign is not in the ledger yet").write(w)
@@ -260,7 +260,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 func (s *Server) stillReady(w http.ResponseWriter, r *http.Request) string {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout/2)
 	defer cancel()
-	c, err := s.engine.Ledger().GetCampaign(ctx, s.engine.Config().CampaignID)
+	c, err := s.engine.Campaign(ctx)
 	switch {
 	case errors.Is(err, ledger.ErrCampaignNotFound):
 		return unavailable("the campaign is not in the ledger").write(w)

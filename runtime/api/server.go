@@ -363,7 +363,7 @@ func (s *Server) snapshot(ctx context.Context) (*stockSnapshot, error) {
 	if s.snap != nil && now.Sub(s.snap.at) < s.cfg.AvailabilityCache {
 		return s.snap, nil
 	}
-	states, err := s.engine.Store().State(ctx)
+	states, err := s.engine.Gates().ShardStates(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -198,7 +198,7 @@ func TestClosedGates(t *testing.T) {
 		// meta names another server. Refused like any closed shard, nothing taken.
 		before := f.counts()
 		for i := range 2 {
-			if err := f.rdb.HSet(context.Background(), f.e.Store().Keys(i).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
+			if err := f.rdb.HSet(context.Background(), stock.ShardKeys(f.e.Config().CampaignID, i).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -221,7 +221,7 @@ func TestClosedGates(t *testing.T) {
 		f.setGate(stock.StateOpen)
 		// Fail closed: a shard without meta (Redis lost data) refuses everything.
 		for i := range 2 {
-			if err := f.rdb.Del(context.Background(), f.e.Store().Keys(i).Meta()).Err(); err != nil {
+			if err := f.rdb.Del(context.Background(), stock.ShardKeys(f.e.Config().CampaignID, i).Meta()).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -242,7 +242,7 @@ func TestClosedGates(t *testing.T) {
 // availability and the shard gauge read the servers' run ids themselves.
 func TestForeignShardsClosedBeforeAnyReserve(t *testing.T) {
 	f := newFixture(t, withAllocation(10), withShards(2))
-	if err := f.rdb.HSet(context.Background(), f.e.Store().Keys(1).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
+	if err := f.rdb.HSet(context.Background(), stock.ShardKeys(f.e.Config().CampaignID, 1).Meta(), "srv", "0123456789abcdef0123456789abcdef01234567").Err(); err != nil {
 		t.Fatal(err)
 	}
 	av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)

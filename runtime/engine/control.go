@@ -32,6 +32,8 @@ type (
 	RebuildRecord = ledger.RebuildRecord
 	// FailClosedRecord is a fail-close as the ledger keeps it.
 	FailClosedRecord = ledger.FailClosedRecord
+	// Campaign is the ledger's campaign row (Engine.Campaign).
+	Campaign = ledger.Campaign
 )
 
 var (
@@ -47,6 +49,8 @@ var (
 	ErrRedisTooOld = stock.ErrRedisTooOld
 	// ErrBadDSN: the ledger's connection string cannot be parsed (Dial).
 	ErrBadDSN = ledger.ErrBadDSN
+	// ErrCampaignNotFound: the ledger has no row for the campaign.
+	ErrCampaignNotFound = ledger.ErrCampaignNotFound
 )
 
 // Record is what the ledger keeps of the campaign for the operator: the

@@ -160,12 +160,6 @@ func (e *Engine) Close() {
 // Config returns the campaign configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// Store is the Redis side, for status and tests.
-func (e *Engine) Store() *stock.Store { return e.store }
-
-// Ledger is the PostgreSQL side.
-func (e *Engine) Ledger() *ledger.Ledger { return e.ledger }
-
 // cleanupTimeout bounds the work done after a caller gave up (releasing a unit).
 const cleanupTimeout = 5 * time.Second
 

@@ -46,6 +46,19 @@ func (e *openError) Unwrap() []error { return []error{ErrLedger, e.err} }
 // PingLedger checks that PostgreSQL answers.
 func (e *Engine) PingLedger(ctx context.Context) error { return e.ledger.Ping(ctx) }
 
+// PingRedis checks that Redis answers (every node, on a cluster).
+func (e *Engine) PingRedis(ctx context.Context) error { return e.store.Ping(ctx) }
+
+// Campaign is the ledger's campaign row (ErrCampaignNotFound when there is
+// none, or it is an ErrLedger).
+func (e *Engine) Campaign(ctx context.Context) (Campaign, error) {
+	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
+	if err != nil {
+		return Campaign{}, ledgerFailure("campaign", err)
+	}
+	return c, nil
+}
+
 // Allocation is the allocation in effect, as the ledger's campaign row says.
 func (e *Engine) Allocation(ctx context.Context) (int64, error) {
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)

@@ -53,8 +53,35 @@ const (
 //
 // A committed order is not recreated: a retried request of a paid reservation
 // is answered from the ledger (see Reserve).
+//
+// Once the epoch is bumped the rebuild's start and epoch are recorded in the
+// ledger, so that RebuildProgress tells from the ledger and the shards how far
+// it got.
 func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport, error) {
+	return e.RebuildWith(ctx, RebuildOptions{Gate: gate})
+}
+
+// RebuildOptions are a rebuild's gate and its failpoint.
+type RebuildOptions struct {
+	// Gate returns the state the shards open in, asked once they are whole.
+	Gate func() string
+	// Begun, when set, is told the epoch the rebuild rebuilds at once its
+	// start is recorded: from then on RebuildProgress speaks of this rebuild.
+	Begun func(epoch int64)
+	// BeforeFinish, when set, runs before each shard is finished (its stock
+	// and meta written, still closed): a failpoint, so a test can hold a
+	// rebuild with exactly the shards it let through finished.
+	BeforeFinish func(shard int)
+}
+
+// RebuildWith is Rebuild with its options.
+func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep RebuildReport, err error) {
+	if o.Gate == nil {
+		return RebuildReport{}, fmt.Errorf("%w: a rebuild needs a gate", ErrInvalid)
+	}
 	start := e.now()
+	// Failed or not, the report says how long it ran.
+	defer func() { rep.Duration = e.now().Sub(start) }()
 	// Before the epoch is bumped: stock rebuilt where it may be evicted again
 	// would not stay what the ledger says.
 	if err := e.store.CheckEviction(ctx); err != nil {
@@ -69,7 +96,13 @@ func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport
 		return RebuildReport{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
 	}
 	e.seeEpoch(c.Epoch)
-	rep := RebuildReport{Epoch: c.Epoch, Expired: snap.Expired}
+	rep = RebuildReport{Epoch: c.Epoch, Expired: snap.Expired}
+	if err := e.ledger.RecordRebuildStart(ctx, e.cfg.CampaignID, ledger.RebuildStart{Time: start, Epoch: c.Epoch}); err != nil {
+		return rep, ledgerFailure("rebuild start", err)
+	}
+	if o.Begun != nil {
+		o.Begun(c.Epoch)
+	}
 	if err := e.eachShard(ctx, func(ctx context.Context, i int) error {
 		return e.store.RebuildBegin(ctx, i, c.Epoch)
 	}); err != nil {
@@ -103,11 +136,14 @@ func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport
 	// Each shard is finished closed and the gate opened on all of them at the
 	// end: a rebuild that fails on one shard admits nothing.
 	if err := e.eachShard(ctx, func(ctx context.Context, i int) error {
+		if o.BeforeFinish != nil {
+			o.BeforeFinish(i)
+		}
 		return e.store.RebuildFinish(ctx, i, units[i], c.Epoch, stock.StateFailClosed, c.ShardAllocations[i], c.LastChangeID)
 	}); err != nil {
 		return rep, fmt.Errorf("rebuild: %w", err)
 	}
-	rep.Gate = gate()
+	rep.Gate = o.Gate()
 	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
 		// Shards are written one by one: close again those that opened, on
 		// a context of its own (the open may have failed on a spent one).
@@ -116,8 +152,46 @@ func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport
 		cancel()
 		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
 	}
-	rep.Duration = e.now().Sub(start)
 	return rep, nil
+}
+
+// RebuildProgress is how far the last rebuild to start got, as the ledger
+// and the shards say.
+type RebuildProgress struct {
+	// Started is when it started (zero: no rebuild ever started).
+	Started time.Time
+	// Epoch is the epoch it rebuilds at.
+	Epoch int64
+	// Shards is the sale's number of shards; Finished how many of them the
+	// rebuild has made whole (stock and meta at Epoch, still closed or
+	// opened since).
+	Shards, Finished int
+}
+
+// RebuildProgress reads how far the last rebuild to start got: its start
+// from the ledger, and from every shard's meta whether it finished it. It
+// says nothing of whether that rebuild still runs (one cut short stays where
+// it stopped); the caller knows that of its own.
+func (e *Engine) RebuildProgress(ctx context.Context) (RebuildProgress, error) {
+	rec, err := e.ledger.GetRecord(ctx, e.cfg.CampaignID)
+	if err != nil {
+		return RebuildProgress{}, ledgerFailure("campaign record", err)
+	}
+	p := RebuildProgress{Shards: e.cfg.Shards}
+	if rec.RebuildStarted == nil {
+		return p, nil
+	}
+	p.Started, p.Epoch = rec.RebuildStarted.Time, rec.RebuildStarted.Epoch
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return p, fmt.Errorf("redis: %w", err)
+	}
+	for _, st := range states {
+		if st.Present && st.Epoch == p.Epoch && st.State != stock.StateRebuilding {
+			p.Finished++
+		}
+	}
+	return p, nil
 }
 
 // eachShard runs fn for every shard, sweepParallel at a time, and returns

@@ -346,3 +346,66 @@ func TestPartialRebuildAdmitsNothing(t *testing.T) {
 		t.Fatalf("reserve after the full rebuild: %s", r.Outcome)
 	}
 }
+
+// A rebuild held before shard 2 of 4 is finished shows 2 of 4 from the
+// ledger and the shards alone, at the epoch its Begun hook was told; let go,
+// it finishes all 4, and its report says how long it ran.
+func TestRebuildProgressFromTheWorld(t *testing.T) {
+	rdb := standaloneClient(t, testharness.RedisT(t).Addr())
+	const shards = 4
+	f := newFixture(t, rdb, withAllocation(40), withShards(shards))
+	ctx := context.Background()
+	if _, err := f.e.RebuildWith(ctx, engine.RebuildOptions{}); !errors.Is(err, engine.ErrInvalid) {
+		t.Fatalf("a rebuild without a gate: %v", err)
+	}
+	if p, err := f.e.RebuildProgress(ctx); err != nil || !p.Started.IsZero() || p.Shards != shards || p.Finished != 0 {
+		t.Fatalf("progress before any rebuild: %+v %v", p, err)
+	}
+	f.reserve("u-1", "r", 1)
+	if _, err := f.e.Store().DeleteAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var begun atomic.Int64
+	var once sync.Once
+	type result struct {
+		rep engine.RebuildReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := f.e.RebuildWith(ctx, engine.RebuildOptions{Gate: openGate, Begun: func(e int64) { begun.Store(e) },
+			BeforeFinish: func(shard int) {
+				if shard >= 2 {
+					once.Do(func() { close(held) })
+					<-release
+				}
+			}})
+		done <- result{rep, err}
+	}()
+	select {
+	case <-held:
+	case r := <-done:
+		t.Fatalf("the rebuild ended before the failpoint: %+v %v", r.rep, r.err)
+	}
+	// Shards 0 and 1 may still be finishing when shard 2 reaches the
+	// failpoint; none past them can be.
+	var p engine.RebuildProgress
+	for deadline := time.Now().Add(time.Minute); p.Finished < 2; {
+		var err error
+		if p, err = f.e.RebuildProgress(ctx); err != nil || p.Finished > 2 || time.Now().After(deadline) {
+			t.Fatalf("progress held before shard 2: %+v %v", p, err)
+		}
+	}
+	if p.Epoch != begun.Load() || p.Epoch < 2 || p.Shards != shards || p.Started.IsZero() {
+		t.Fatalf("progress held before shard 2: %+v (begun at epoch %d)", p, begun.Load())
+	}
+	close(release)
+	r := <-done
+	if r.err != nil || r.rep.Epoch != p.Epoch || r.rep.Duration <= 0 {
+		t.Fatalf("rebuild: %+v %v", r.rep, r.err)
+	}
+	if p, err := f.e.RebuildProgress(ctx); err != nil || p.Finished != shards || p.Epoch != r.rep.Epoch {
+		t.Fatalf("progress once over: %+v %v", p, err)
+	}
+}

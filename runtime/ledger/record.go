@@ -22,6 +22,17 @@ type Record struct {
 	// FailClosed is the last time the shards were failed closed on a data
 	// loss, if ever.
 	FailClosed *FailClosedRecord
+	// RebuildStarted is the last rebuild to start, if any: it is under way
+	// while the process running it says so, not because it is recorded (a
+	// rebuild cut short is not recorded as over).
+	RebuildStarted *RebuildStart
+}
+
+// RebuildStart is a rebuild of the shards from the ledger that started at
+// Time and rebuilds them at Epoch.
+type RebuildStart struct {
+	Time  time.Time `json:"time"`
+	Epoch int64     `json:"epoch"`
 }
 
 // FailClosedRecord is the shards failed closed on a data loss, at Epoch.
@@ -52,19 +63,20 @@ type RebuildRecord struct {
 }
 
 const (
-	sqlGetRecord = `SELECT redis_servers, last_rebuild, fail_closed FROM flashsale_campaigns WHERE campaign_id = $1`
+	sqlGetRecord = `SELECT redis_servers, last_rebuild, fail_closed, rebuild_started FROM flashsale_campaigns WHERE campaign_id = $1`
 	// Written only when it changes: a healthy sale checks its servers every
 	// few seconds.
 	sqlSetServers = `UPDATE flashsale_campaigns SET redis_servers = $2
 WHERE campaign_id = $1 AND redis_servers IS DISTINCT FROM $2`
 	sqlSetRebuild    = `UPDATE flashsale_campaigns SET last_rebuild = $2, redis_servers = $3 WHERE campaign_id = $1`
 	sqlSetFailClosed = `UPDATE flashsale_campaigns SET fail_closed = $2 WHERE campaign_id = $1`
+	sqlSetStarted    = `UPDATE flashsale_campaigns SET rebuild_started = $2 WHERE campaign_id = $1`
 )
 
 // GetRecord returns the campaign's record, or ErrCampaignNotFound.
 func (l *Ledger) GetRecord(ctx context.Context, id string) (Record, error) {
-	var servers, rebuild, closed []byte
-	err := l.pool.QueryRow(ctx, sqlGetRecord, id).Scan(&servers, &rebuild, &closed)
+	var servers, rebuild, closed, started []byte
+	err := l.pool.QueryRow(ctx, sqlGetRecord, id).Scan(&servers, &rebuild, &closed, &started)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("%w: %s", ErrCampaignNotFound, id)
 	}
@@ -89,6 +101,12 @@ func (l *Ledger) GetRecord(ctx context.Context, id string) (Record, error) {
 			return Record{}, fmt.Errorf("ledger: campaign %s: fail_closed: %w", id, err)
 		}
 	}
+	if started != nil {
+		rec.RebuildStarted = &RebuildStart{}
+		if err := json.Unmarshal(started, rec.RebuildStarted); err != nil {
+			return Record{}, fmt.Errorf("ledger: campaign %s: rebuild_started: %w", id, err)
+		}
+	}
 	return rec, nil
 }
 
@@ -101,6 +119,25 @@ func (l *Ledger) RecordFailClosed(ctx context.Context, id string, fc FailClosedR
 	tag, err := l.pool.Exec(ctx, sqlSetFailClosed, id, b)
 	if err != nil {
 		return fmt.Errorf("ledger: record fail-closed of campaign %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %s", ErrCampaignNotFound, id)
+	}
+	return nil
+}
+
+// RecordRebuildStart stores the start of a rebuild, once it bumped the epoch.
+func (l *Ledger) RecordRebuildStart(ctx context.Context, id string, rs RebuildStart) error {
+	if rs.Epoch < 1 {
+		return fmt.Errorf("ledger: campaign %s: rebuild start at epoch %d < 1", id, rs.Epoch)
+	}
+	b, err := json.Marshal(rs)
+	if err != nil {
+		return fmt.Errorf("ledger: campaign %s: rebuild start: %w", id, err)
+	}
+	tag, err := l.pool.Exec(ctx, sqlSetStarted, id, b)
+	if err != nil {
+		return fmt.Errorf("ledger: record rebuild start of campaign %s: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("%w: %s", ErrCampaignNotFound, id)

@@ -73,3 +73,36 @@ func TestCampaignRecord(t *testing.T) {
 		t.Fatalf("failed closed at epoch 2 after the rebuild at 2: due %v %v", rec.RebuildDue(), err)
 	}
 }
+
+// A rebuild's start is recorded with its epoch; bad input changes nothing.
+func TestRebuildStartRecord(t *testing.T) {
+	t.Parallel()
+	l := openLedger(t, newDSN(t, testPG))
+	ctx := testCtx(t)
+	if err := l.RecordRebuildStart(ctx, "uid-none", RebuildStart{Epoch: 1}); !errors.Is(err, ErrCampaignNotFound) {
+		t.Fatalf("rebuild start of no campaign: %v", err)
+	}
+	if _, _, err := l.EnsureCampaign(ctx, Campaign{ID: "uid-start", Namespace: "shop", Name: "drop", SKU: "sku", Allocation: 10, Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := l.GetRecord(ctx, "uid-start"); err != nil || rec.RebuildStarted != nil {
+		t.Fatalf("new campaign's rebuild start: %+v %v", rec.RebuildStarted, err)
+	}
+	at := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	for _, rs := range []RebuildStart{{Time: at, Epoch: 2}, {Time: at.Add(time.Second), Epoch: 3}} {
+		if err := l.RecordRebuildStart(ctx, "uid-start", rs); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := l.GetRecord(ctx, "uid-start"); err != nil || rec.RebuildStarted == nil || *rec.RebuildStarted != rs {
+			t.Fatalf("rebuild start read back: %+v %v, want %+v", rec.RebuildStarted, err, rs)
+		}
+	}
+	for _, bad := range []int64{0, -1} {
+		if err := l.RecordRebuildStart(ctx, "uid-start", RebuildStart{Time: at, Epoch: bad}); err == nil {
+			t.Fatalf("a rebuild start at epoch %d recorded without an error", bad)
+		}
+	}
+	if rec, err := l.GetRecord(ctx, "uid-start"); err != nil || rec.RebuildStarted.Epoch != 3 {
+		t.Fatalf("after a refused start: %+v %v", rec.RebuildStarted, err)
+	}
+}

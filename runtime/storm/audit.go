@@ -279,8 +279,12 @@ WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
 // statusBatch bounds the ids sent in one query.
 const statusBatch = 5000
 
-// EngineSource reads counts through an engine and statuses from its ledger.
-type EngineSource struct{ Engine *engine.Engine }
+// EngineSource reads counts through an engine and statuses from the ledger
+// the engine was built on.
+type EngineSource struct {
+	Engine *engine.Engine
+	Ledger *ledger.Ledger
+}
 
 // Counts implements Source.
 func (s EngineSource) Counts(ctx context.Context) (engine.Counts, error) { return s.Engine.Counts(ctx) }
@@ -288,7 +292,7 @@ func (s EngineSource) Counts(ctx context.Context) (engine.Counts, error) { retur
 // Statuses implements Source.
 func (s EngineSource) Statuses(ctx context.Context, ids []string) (map[string]ledger.Status, error) {
 	out := make(map[string]ledger.Status, len(ids))
-	pool := s.Engine.Ledger().Pool()
+	pool := s.Ledger.Pool()
 	campaign := s.Engine.Config().CampaignID
 	for len(ids) > 0 {
 		n := min(len(ids), statusBatch)

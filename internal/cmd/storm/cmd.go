@@ -144,12 +144,12 @@ func run(cmd *cobra.Command, o *Options) error {
 	// the storm, not after it.
 	var src storm.Source
 	if o.Audit {
-		eng, closeAll, err := openAudit(ctx, &o.Campaign, o.KeyFile)
+		audit, closeAll, err := openAudit(ctx, &o.Campaign, o.KeyFile)
 		if err != nil {
 			return fmt.Errorf("audit (use --audit=false to storm without it): %w", err)
 		}
 		defer closeAll()
-		src = storm.EngineSource{Engine: eng}
+		src = audit
 	}
 
 	stderr := cmd.ErrOrStderr()
@@ -256,9 +256,9 @@ func admissionKey(keyFile string) ([]byte, error) {
 }
 
 // openAudit connects to the campaign's Redis and ledger and builds an engine
-// only to read counts; its shard count comes from the ledger, so a wrong
+// only to read counts (and the ledger for statuses); its shard count comes from the ledger, so a wrong
 // --shards cannot skew the audit.
-func openAudit(ctx context.Context, c *config.Campaign, keyFile string) (*engine.Engine, func(), error) {
+func openAudit(ctx context.Context, c *config.Campaign, keyFile string) (storm.EngineSource, func(), error) {
 	if keyFile != "" {
 		// Complete reads the key from the environment; hand it --key-file the way
 		// the pods would get it, as the _FILE variable.
@@ -266,24 +266,24 @@ func openAudit(ctx context.Context, c *config.Campaign, keyFile string) (*engine
 		_ = os.Setenv(config.EnvAdmissionKey+config.FileSuffix, keyFile)
 	}
 	if err := c.Complete(); err != nil {
-		return nil, nil, err
+		return storm.EngineSource{}, nil, err
 	}
 	octx, cancel := context.WithTimeout(ctx, auditTimeout)
 	defer cancel()
 	l, err := ledger.Open(octx, c.PostgresDSN)
 	if err != nil {
-		return nil, nil, err
+		return storm.EngineSource{}, nil, err
 	}
 	camp, err := l.GetCampaign(octx, c.ID)
 	if err != nil {
 		l.Close()
-		return nil, nil, err
+		return storm.EngineSource{}, nil, err
 	}
 	rdb := c.Redis.Client()
 	if err := rdb.Ping(octx).Err(); err != nil {
 		rdb.Close()
 		l.Close()
-		return nil, nil, fmt.Errorf("redis: %w", err)
+		return storm.EngineSource{}, nil, fmt.Errorf("redis: %w", err)
 	}
 	ecfg := c.EngineConfig()
 	ecfg.Shards = camp.Shards
@@ -291,9 +291,9 @@ func openAudit(ctx context.Context, c *config.Campaign, keyFile string) (*engine
 	if err != nil {
 		rdb.Close()
 		l.Close()
-		return nil, nil, err
+		return storm.EngineSource{}, nil, err
 	}
-	return eng, func() { eng.Close(); rdb.Close(); l.Close() }, nil
+	return storm.EngineSource{Engine: eng, Ledger: l}, func() { eng.Close(); rdb.Close(); l.Close() }, nil
 }
 
 func writeLines(path string, lines []string) error {

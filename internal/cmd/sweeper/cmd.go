@@ -147,7 +147,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	ready := sweeper.ReadyOnce(func(ctx context.Context) error {
-		return errors.Join(eng.Store().Ping(ctx), l.Ping(ctx))
+		return errors.Join(eng.PingRedis(ctx), l.Ping(ctx))
 	})
 	// The probe server outlives ctx until the last pass is over, so a
 	// terminating pod still reports while it finishes.

@@ -1,0 +1,162 @@
+package controllers
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// rebuildPoll is how often a sale whose stock is being rebuilt is reconciled
+// to report how far the rebuild got.
+const rebuildPoll = time.Second
+
+// rebuildRun is a rebuild of one sale's shards running off the reconcile: a
+// reconcile that waited for it could not write the status meanwhile. The run
+// is this process's handle on it (whether it still runs, which epoch it
+// rebuilds at, its outcome); how far it got comes from the ledger and the
+// shards (engine.RebuildProgress), like every other figure of the status.
+type rebuildRun struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed once rep and err are set
+	// epoch is the epoch the rebuild rebuilds at, once its start is in the
+	// ledger (0 before).
+	epoch atomic.Int64
+	// What the reconcile that started it found: why the shards were lost,
+	// whether the sale had ever been recorded as seeded, and the Redis
+	// servers (address → run id) the rebuild writes to.
+	why       string
+	firstSeed bool
+	servers   map[string]string
+
+	rep engine.RebuildReport
+	err error
+}
+
+func (run *rebuildRun) over() bool {
+	select {
+	case <-run.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop cancels the rebuild and waits for it to return.
+func (run *rebuildRun) stop() {
+	run.cancel()
+	<-run.done
+}
+
+// rebuildStart is what a rebuild is started with.
+type rebuildStart struct {
+	why       string
+	firstSeed bool
+	servers   map[string]string
+	spec      flashsalev1alpha1.FlashSaleSpec
+}
+
+// startRebuild runs the sale's rebuild on a goroutine of its own, bounded by
+// the connections' life (a connection closed or replaced stops it) and the
+// manager's (stopRebuilds), not by the reconcile that starts it. Its end
+// queues a reconcile of the sale, which reports the outcome.
+func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st rebuildStart) *rebuildRun {
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	run := &rebuildRun{cancel: cancel, done: make(chan struct{}), why: st.why, firstSeed: st.firstSeed, servers: st.servers}
+	s.conn.rebuild.Store(run)
+	eng := s.conn.engine
+	obj := &flashsalev1alpha1.FlashSale{}
+	obj.Namespace, obj.Name = s.fs.Namespace, s.fs.Name
+	spec := st.spec
+	failpoint := r.rebuildFailpoint
+	r.rebuilds.add(run)
+	go func() {
+		defer r.rebuilds.remove(run)
+		opts := engine.RebuildOptions{
+			// The shards open in the state of the moment they open (applyGates
+			// recomputes the window too): a rebuild of a large ledger may run
+			// across a schedule edge.
+			Gate:  func() string { return saleWindow(&spec, r.now()).Gate },
+			Begun: run.epoch.Store,
+		}
+		if failpoint != nil {
+			opts.BeforeFinish = func(shard int) { failpoint(obj.Namespace, obj.Name, shard) }
+		}
+		run.rep, run.err = eng.RebuildWith(rctx, opts)
+		cancel()
+		close(run.done)
+		select {
+		case r.rebuildEnded <- ctrlevent.GenericEvent{Object: obj}:
+		default: // the next rebuildPoll reconcile finds it over
+		}
+	}()
+	return run
+}
+
+// reportRebuilding records the running rebuild and how far it got, as the
+// ledger and the shards say; the sale is reconciled again within rebuildPoll.
+func (r *FlashSaleReconciler) reportRebuilding(ctx context.Context, s *scope, run *rebuildRun) {
+	s.rebuilding = true
+	s.requeueAfter(rebuildPoll)
+	epoch := run.epoch.Load()
+	if epoch == 0 {
+		// Not begun: the ledger's record is of an earlier rebuild.
+		s.progress = &engine.RebuildProgress{Shards: s.conn.engine.Config().Shards}
+		return
+	}
+	p, err := s.conn.engine.RebuildProgress(ctx)
+	if err != nil || p.Epoch != epoch {
+		// Not known now: the status keeps what it said.
+		return
+	}
+	s.progress = &p
+}
+
+// rebuilds are the rebuilds the reconciler runs, stopped when the manager
+// stops (or loses its lease) so that none writes after another manager took
+// over.
+type rebuilds struct {
+	mu   sync.Mutex
+	runs map[*rebuildRun]bool
+}
+
+func (rs *rebuilds) add(run *rebuildRun) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.runs == nil {
+		rs.runs = map[*rebuildRun]bool{}
+	}
+	rs.runs[run] = true
+}
+
+func (rs *rebuilds) remove(run *rebuildRun) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	delete(rs.runs, run)
+}
+
+// stopAll cancels every running rebuild and waits for them to return.
+func (rs *rebuilds) stopAll() {
+	rs.mu.Lock()
+	runs := make([]*rebuildRun, 0, len(rs.runs))
+	for run := range rs.runs {
+		runs = append(runs, run)
+	}
+	rs.mu.Unlock()
+	for _, run := range runs {
+		run.stop()
+	}
+}
+
+// stopRebuilds is a runnable of the manager: when it stops, so do the
+// rebuilds.
+func (r *FlashSaleReconciler) stopRebuilds(ctx context.Context) error {
+	<-ctx.Done()
+	r.rebuilds.stopAll()
+	return nil
+}

@@ -1,0 +1,13 @@
+package engine
+
+import (
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// Store is the engine's shards, for the tests that set a shard up or look at
+// it directly.
+func (e *Engine) Store() *stock.Store { return e.store }
+
+// Ledger is the engine's ledger, for the tests that read or write it directly.
+func (e *Engine) Ledger() *ledger.Ledger { return e.ledger }
