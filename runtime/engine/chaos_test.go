@@ -43,8 +43,8 @@ const (
 // connection reset, DEBUG SLEEP or CLIENT PAUSE past the read timeout. After
 // each round the sale quiesces (every reservation expires and is swept) and
 // I1-I7 are checked. A replayed seed sends the same operations, in the same
-// order, with the same fault at the same call; which shards a steal probes,
-// and so some outcomes, are the engine's own draw.
+// order, with the same fault at the same call, and the engine draws the same
+// shards to probe when it steals (Config.Rand, seeded from the round).
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a storm per round")
@@ -95,9 +95,11 @@ func chaosRound(t *testing.T, rng *rand.Rand, campaign string, fault chaosFault,
 	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &chaosHook{at: int64(rng.IntN(chaosOps)), steal: stealFaults}
 	stock.AddHook(rdb, hook)
-	// The seed names the campaign, so a replay has the same home shards.
+	// The seed names the campaign, so a replay has the same home shards, and
+	// seeds the engine's steal draws.
 	f := newFixture(t, rdb, func(c *fixtureConfig) { c.CampaignID = campaign }, withAllocation(chaosUnits), withShards(4), withSteal(2), withMaxPerUser(1),
-		withTTL(chaosTTL, 0), withClaimSlack(time.Second), withSettleStuckAfter(time.Second))
+		withTTL(chaosTTL, 0), withClaimSlack(time.Second), withSettleStuckAfter(time.Second),
+		withRand(rand.NewPCG(rng.Uint64(), rng.Uint64())))
 	hook.mu.Lock()
 	hook.inject = func() (func() error, error) { return fault.inject(ctx, r.Addr(), proxy, admin) }
 	hook.mu.Unlock()
