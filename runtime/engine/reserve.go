@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -100,6 +101,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	res := ReserveResult{Calls: 1}
 	switch r.Code {
 	case stock.Reserved:
+		failpoint.Kill(failpoint.ReserveAfterHomeReserve)
 		return e.materialize(ctx, res, home, key, user, quantity, r)
 	case stock.Replay:
 		shard := home
@@ -127,6 +129,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 		res.Outcome = OutcomeBusy
 	case stock.Claimed:
 		e.markSoldOut(home)
+		failpoint.Kill(failpoint.ReserveAfterHomeClaim)
 		return e.steal(ctx, res, req, r.Status, r.Extra)
 	default:
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("reserve: unexpected script code %v", r.Code)
@@ -220,6 +223,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 			_ = unclaim()
 			return e.replay(ctx, res, t, req.Key, req.User)
 		case stock.Reserved:
+			failpoint.Kill(failpoint.ReserveAfterSteal)
 			cctx, cancel := detached(ctx)
 			ok, err := e.store.ConfirmClaim(cctx, home, req.Key, claim, t, r.ExpiryMs)
 			cancel()
@@ -236,6 +240,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 				}
 				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: the user's quota on shard %d was lost or not confirmed: %v", ErrUnavailable, home, err)
 			}
+			failpoint.Kill(failpoint.ReserveAfterConfirm)
 			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
 		case stock.SoldOut:
 			e.markSoldOut(t)
@@ -311,6 +316,7 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 	e.ledgerWrote(err)
 	switch {
 	case err == nil:
+		failpoint.Kill(failpoint.ReserveAfterLedger)
 		res.Outcome = OutcomeReserved
 		res.Reservation = Reservation{ID: o.ReservationID, Shard: shard, Quantity: qty, ExpiresAt: o.ExpiresAt, Epoch: r.Epoch}
 		return res, nil
