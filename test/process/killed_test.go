@@ -47,8 +47,9 @@ func testKilledAt(t *testing.T, step string) {
 	}
 	victim := c.start("reserve-killed", c.env(failpoint.Env+"="+step), "reserve")
 	good := c.start("reserve-live", c.env(), "reserve")
-	victim.waitReady(30 * time.Second)
-	good.waitReady(30 * time.Second)
+	// Two processes start at once: each gets twice a single start's time.
+	victim.waitReady(time.Minute)
+	good.waitReady(time.Minute)
 
 	if status, code, err := reserveKey(victim.url(), buyer, "r"); err == nil {
 		t.Fatalf("the process to be killed at %s answered %d %s", step, status, code)
