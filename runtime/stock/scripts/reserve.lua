@@ -25,7 +25,7 @@
 --                       caller may try other shards ("steal")
 --               steal - another shard; the quota was claimed on the home shard
 -- ARGV[9] home shard index of the user (stored in the reservation)
--- ARGV[10] the calling attempt's tag ('' for none): it is part of a claim's stamp, so
+-- ARGV[10] the calling attempt's tag ('' or absent for none): it is part of a claim's stamp, so
 --          that an attempt whose reply was lost can tell its own claim (resolve.lua),
 --          and an attempt fenced by resolve.lua (field f:<tag> of the reservation hash)
 --          does nothing when its call arrives late
@@ -86,7 +86,8 @@ local user, key, mode = ARGV[1], ARGV[2], ARGV[8]
 local qty = tonumber(ARGV[3])
 local held = 0
 
-local prev = redis.call('HMGET', KEYS[4], 'e', 's', 'f:' .. ARGV[10])
+local tag = ARGV[10] or ''
+local prev = redis.call('HMGET', KEYS[4], 'e', 's', 'f:' .. tag)
 if prev[3] then
   return {7, 0, epoch, 0, 'FENCED'}
 end
@@ -117,8 +118,8 @@ if stock < qty then
     local t = redis.call('TIME')
     local at = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     local stamp = at
-    if ARGV[10] ~= '' then
-      stamp = at .. '.' .. ARGV[10]
+    if tag ~= '' then
+      stamp = at .. '.' .. tag
     end
     redis.call('HINCRBY', KEYS[5], user, qty)
     redis.call('HSET', KEYS[5], 'p:' .. key, 'c|' .. stamp .. '|' .. qty .. '|' .. user)
