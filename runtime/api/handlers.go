@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -84,6 +85,8 @@ func (s *Server) reserve(w http.ResponseWriter, r *http.Request) string {
 		status, code := http.StatusCreated, okReserved
 		if res.Outcome == engine.OutcomeReplayed {
 			status, code = http.StatusOK, okReplayed
+		} else {
+			failpoint.Kill(failpoint.ReserveBefore201)
 		}
 		writeJSON(w, status, ReservationBody{
 			ReservationID: res.Reservation.ID,

@@ -6,9 +6,12 @@ package engine
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +60,10 @@ type Config struct {
 	// Pipeline batches concurrent reserve script calls to one Redis server
 	// into pipelines (stock.PipelineConfig); zero: every call on its own.
 	Pipeline stock.PipelineConfig
+	// Rand draws the shards a steal probes; nil: a source seeded from
+	// crypto/rand. The engine uses it under its own lock, so one source
+	// serves one engine. A test passes a seeded one to replay its schedule.
+	Rand rand.Source
 }
 
 // DefaultLedgerStallAfter is Config.LedgerStallAfter's default.
@@ -117,6 +124,15 @@ type Engine struct {
 	closing       chan struct{} // closed by Close
 	closeOnce     sync.Once
 	now           func() time.Time
+
+	rngMu sync.Mutex
+	rng   *rand.Rand // Config.Rand, under rngMu
+
+	// attemptBase and attempts tag each reserve attempt (stock.ReserveRequest.Attempt):
+	// random per engine, so that attempts of one request made by different
+	// processes differ too.
+	attemptBase string
+	attempts    atomic.Uint64
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.
@@ -137,15 +153,31 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 		cfg.Backstop = stock.BackstopFor(cfg.TTL + cfg.Grace)
 	}
 
+	var seed [38]byte // a ChaCha8 key, then the attempt tags' base
+	if _, err := crand.Read(seed[:]); err != nil {
+		return nil, fmt.Errorf("seeding the engine: %w", err)
+	}
+	src := cfg.Rand
+	if src == nil {
+		src = rand.NewChaCha8([32]byte(seed[:32]))
+	}
 	return &Engine{
-		cfg:     cfg,
-		store:   stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(cfg.Backstop).WithPipeline(cfg.Pipeline),
-		ledger:  l,
-		mat:     l.NewMaterializer(mc),
-		soldOut: make([]atomic.Int64, cfg.Shards),
-		closing: make(chan struct{}),
-		now:     time.Now,
+		cfg:         cfg,
+		store:       stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(cfg.Backstop).WithPipeline(cfg.Pipeline),
+		ledger:      l,
+		mat:         l.NewMaterializer(mc),
+		soldOut:     make([]atomic.Int64, cfg.Shards),
+		closing:     make(chan struct{}),
+		now:         time.Now,
+		rng:         rand.New(src),
+		attemptBase: hex.EncodeToString(seed[32:]),
 	}, nil
+}
+
+// newAttempt is a tag no other attempt of this engine has, and no other
+// engine's but by a 2^-48 chance.
+func (e *Engine) newAttempt() string {
+	return e.attemptBase + strconv.FormatUint(e.attempts.Add(1), 36)
 }
 
 // Close flushes the materializer, and closes the ledger if Dial opened it.
@@ -190,7 +222,10 @@ func (e *Engine) seeEpoch(epoch int64) {
 // seen sold out a moment ago.
 func (e *Engine) stealOrder(home int) []int {
 	out := make([]int, 0, e.cfg.StealProbes)
-	for _, s := range rand.Perm(e.cfg.Shards) {
+	e.rngMu.Lock()
+	perm := e.rng.Perm(e.cfg.Shards)
+	e.rngMu.Unlock()
+	for _, s := range perm {
 		if len(out) == e.cfg.StealProbes {
 			break
 		}

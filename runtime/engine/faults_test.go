@@ -2,8 +2,10 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +25,8 @@ type lostReply struct {
 	left  int  // replies still to lose
 	lost  int  // replies lost so far
 	drop  bool // lose the command itself: it never reaches the server
+	hold  bool // with drop: keep the command, for the test to send late
+	held  [][]any
 }
 
 // errLostReply is what a reply lost to a read deadline looks like to a caller.
@@ -43,6 +47,28 @@ func (h *lostReply) armDrop(n int, match func(args []any) bool) {
 	h.mu.Unlock()
 }
 
+// armHold is armDrop for commands held on the way: the test sends them
+// later (sendHeld), as a stalled server runs what it had read.
+func (h *lostReply) armHold(n int, match func(args []any) bool) {
+	h.armDrop(n, match)
+	h.mu.Lock()
+	h.hold = true
+	h.mu.Unlock()
+}
+
+// sendHeld sends the held commands, now, through rdb: their replies.
+func (h *lostReply) sendHeld(ctx context.Context, rdb redis.UniversalClient) []*redis.Cmd {
+	h.mu.Lock()
+	held := h.held
+	h.held, h.hold = nil, false
+	h.mu.Unlock()
+	out := make([]*redis.Cmd, 0, len(held))
+	for _, args := range held {
+		out = append(out, rdb.Do(ctx, args...))
+	}
+	return out
+}
+
 // count is how many replies were lost.
 func (h *lostReply) count() int {
 	h.mu.Lock()
@@ -60,6 +86,9 @@ func (h *lostReply) take(args []any, before bool) bool {
 	}
 	h.left--
 	h.lost++
+	if h.hold {
+		h.held = append(h.held, append([]any(nil), args...))
+	}
 	return true
 }
 
@@ -109,15 +138,19 @@ func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// isReserveMode matches a reserve script call in the given mode (its ARGV[8],
-// the second to last argument).
+// isReserveMode matches a reserve script call in the given mode (its
+// ARGV[8]): EVALSHA sha numkeys keys... args...
 func isReserveMode(mode stock.Mode) func(args []any) bool {
 	return func(args []any) bool {
-		if len(args) < 2 {
+		if len(args) < 3 {
 			return false
 		}
 		name, _ := args[0].(string)
-		m, _ := args[len(args)-2].(string)
+		nkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+		if len(args) < 3+nkeys+8 {
+			return false
+		}
+		m, _ := args[3+nkeys+7].(string)
 		return strings.HasPrefix(strings.ToLower(name), "eval") && m == string(mode)
 	}
 }

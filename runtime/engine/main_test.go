@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	mrand "math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -106,6 +107,7 @@ func withClaimSlack(d time.Duration) option {
 	return func(c *fixtureConfig) { c.ClaimSlack = d }
 }
 func withBackstop(d time.Duration) option { return func(c *fixtureConfig) { c.Backstop = d } }
+func withRand(src mrand.Source) option    { return func(c *fixtureConfig) { c.Rand = src } }
 func withMaterializer(mc ledger.MaterializerConfig) option {
 	return func(c *fixtureConfig) { c.mat = mc }
 }

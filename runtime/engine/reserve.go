@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -90,16 +91,17 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	}
 	req := stock.ReserveRequest{
 		Shard: home, Home: home, Mode: mode, User: user, Key: key, Quantity: quantity,
-		MaxPerUser: e.cfg.MaxPerUser, TTL: e.cfg.TTL, MinEpoch: e.minEpoch.Load(),
+		MaxPerUser: e.cfg.MaxPerUser, TTL: e.cfg.TTL, MinEpoch: e.minEpoch.Load(), Attempt: e.newAttempt(),
 	}
 	r, err := e.store.Reserve(ctx, req)
 	if err != nil {
-		return ReserveResult{Calls: 1}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return e.lostHome(ctx, req, err)
 	}
 	e.seeEpoch(r.Epoch)
 	res := ReserveResult{Calls: 1}
 	switch r.Code {
 	case stock.Reserved:
+		failpoint.Kill(failpoint.ReserveAfterHomeReserve)
 		return e.materialize(ctx, res, home, key, user, quantity, r)
 	case stock.Replay:
 		shard := home
@@ -127,11 +129,43 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 		res.Outcome = OutcomeBusy
 	case stock.Claimed:
 		e.markSoldOut(home)
+		failpoint.Kill(failpoint.ReserveAfterHomeClaim)
 		return e.steal(ctx, res, req, r.Status, r.Extra)
 	default:
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("reserve: unexpected script code %v", r.Code)
 	}
 	return res, nil
+}
+
+// lostHome resolves a home shard call that answered err: the script may have
+// run, and its reply been lost, or it may still run (a stalled server runs
+// what it had read). What it did is on the home shard (stock.Store.Resolve):
+//   - this attempt's claim: the home shard is sold out, and the steal goes on
+//     as if the CLAIMED answer had arrived, so the claim is confirmed or given
+//     back now and the buyer is not held BUSY and at the limit until the reaper;
+//   - a reservation of the request: answered as a retry would be (a replay);
+//   - nothing: the call is fenced, so that arriving late it takes nothing.
+//
+// When the home shard cannot be read either, whatever the call did stays for
+// the sweeper (a claim, for its reaper).
+func (e *Engine) lostHome(ctx context.Context, req stock.ReserveRequest, err error) (ReserveResult, error) {
+	res := ReserveResult{Calls: 1}
+	cctx, cancel := detached(ctx)
+	l, lerr := e.store.Resolve(cctx, req.Shard, req.Key, req.Attempt)
+	cancel()
+	switch {
+	case lerr != nil:
+		return res, fmt.Errorf("%w: %v (and reading shard %d: %v)", ErrUnavailable, err, req.Shard, lerr)
+	case l.Claim != "":
+		e.markSoldOut(req.Shard)
+		return e.steal(ctx, res, req, l.Claim, l.Held)
+	case l.Placed && l.Reservation.User == req.User:
+		// This call's reservation, or an earlier attempt's (the call then
+		// answered REPLAY): this attempt cannot tell which, so it writes no
+		// row, and waits as a replay does for the original's.
+		return e.replay(ctx, res, req.Shard, req.Key, req.User)
+	}
+	return res, fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
 
 // canSteal reports whether a buyer homed on home could be placed elsewhere:
@@ -189,6 +223,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 			_ = unclaim()
 			return e.replay(ctx, res, t, req.Key, req.User)
 		case stock.Reserved:
+			failpoint.Kill(failpoint.ReserveAfterSteal)
 			cctx, cancel := detached(ctx)
 			ok, err := e.store.ConfirmClaim(cctx, home, req.Key, claim, t, r.ExpiryMs)
 			cancel()
@@ -205,6 +240,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 				}
 				return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: the user's quota on shard %d was lost or not confirmed: %v", ErrUnavailable, home, err)
 			}
+			failpoint.Kill(failpoint.ReserveAfterConfirm)
 			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
 		case stock.SoldOut:
 			e.markSoldOut(t)
@@ -232,12 +268,15 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 // placedBy looks at shard t for the reservation a steal call of req made
 // there, after that call's reply was lost: found with the script's answer as
 // if it had arrived (RESERVED), or not found when there is none of this
-// buyer's placed under this home shard.
+// buyer's placed under this home shard. When there is no reservation of the
+// key at all, the call is fenced (stock.Store.Resolve): arriving late, it
+// takes nothing on t.
 func (e *Engine) placedBy(ctx context.Context, t int, req stock.ReserveRequest) (stock.ShardResult, bool, error) {
 	cctx, cancel := detached(ctx)
 	defer cancel()
-	r, found, err := e.store.GetReservation(cctx, t, req.Key)
-	if err != nil || !found || r.Status != stock.ResReserved || r.User != req.User || r.Home != req.Home || r.Quantity != req.Quantity {
+	l, err := e.store.Resolve(cctx, t, req.Key, req.Attempt)
+	r := l.Reservation
+	if err != nil || !l.Placed || r.Status != stock.ResReserved || r.User != req.User || r.Home != req.Home || r.Quantity != req.Quantity {
 		return stock.ShardResult{}, false, err
 	}
 	return stock.ShardResult{Code: stock.Reserved, ExpiryMs: r.ExpiryMs, Epoch: r.Epoch, Status: stock.ResReserved}, true, nil
@@ -277,6 +316,7 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 	e.ledgerWrote(err)
 	switch {
 	case err == nil:
+		failpoint.Kill(failpoint.ReserveAfterLedger)
 		res.Outcome = OutcomeReserved
 		res.Reservation = Reservation{ID: o.ReservationID, Shard: shard, Quantity: qty, ExpiresAt: o.ExpiresAt, Epoch: r.Epoch}
 		return res, nil

@@ -186,6 +186,16 @@ var stallCases = []stallCase{
 			_, _, err := s.ReapClaim(ctx, 0, key, time.Now().Add(time.Hour))
 			return err
 		}},
+	{name: "resolve", setup: seed(0),
+		call: func(ctx context.Context, s *stock.Store) error { _, err := s.Resolve(ctx, 0, key, "a1"); return err },
+		check: func(ctx context.Context, t *testing.T, s *stock.Store) {
+			// The fence it wrote stops the attempt it names.
+			r := req(stock.ModeClaim)
+			r.Attempt = "a1"
+			if res, err := s.Reserve(ctx, r); err != nil || res.Code != stock.Busy || res.Status != "FENCED" {
+				t.Errorf("the fenced attempt: %+v %v; want BUSY FENCED", res, err)
+			}
+		}},
 	{name: "release", setup: then(seed(5), reserved(stock.Reserved, stock.ModeHome)),
 		call: func(ctx context.Context, s *stock.Store) error { _, err := s.Release(ctx, 0, key); return err }},
 	{name: "cancel", setup: then(seed(5), reserved(stock.Reserved, stock.ModeHome)),

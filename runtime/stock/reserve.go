@@ -73,6 +73,10 @@ type ReserveRequest struct {
 	MaxPerUser  int
 	TTL         time.Duration
 	MinEpoch    int64
+	// Attempt tags this call's attempt (letters and digits, no '|' or '.'):
+	// its claim's stamp carries it, so that Resolve can tell this attempt's
+	// own claim after a lost reply, and fence the call if it has not run.
+	Attempt string
 }
 
 // Reserve runs the reserve script on one shard.
@@ -81,7 +85,7 @@ func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, err
 	v, err := s.runReserve(ctx, k.Meta(),
 		[]string{k.Stock(), k.Meta(), k.Index(), k.Res(r.Key), k.Users(), k.Claims()},
 		r.User, r.Key, r.Quantity, r.MaxPerUser, r.TTL.Milliseconds(),
-		int64(s.backstop/time.Second), r.MinEpoch, string(r.Mode), r.Home,
+		int64(s.backstop/time.Second), r.MinEpoch, string(r.Mode), r.Home, r.Attempt,
 	)
 	if err != nil {
 		return ShardResult{}, fmt.Errorf("reserve on shard %d: %w", r.Shard, err)

@@ -30,6 +30,7 @@ var (
 	cancelScript         = load("cancel")
 	commitScript         = load("commit")
 	quotaScript          = load("quota")
+	resolveScript        = load("resolve")
 	seedScript           = load("seed")
 	gateScript           = load("gate")
 	adjustScript         = load("adjust")

@@ -6,7 +6,8 @@
 --
 -- KEYS[1] users   hash: <user> -> units held (the field is deleted when it reaches 0);
 --                 p:<key> -> pointer: "<shard>|<expiry>" once placed,
---                 "c|<claimed at, ms>|<qty>|<user>" while claimed
+--                 "c|<stamp>|<qty>|<user>" while claimed, the stamp being the
+--                 claim's time in ms, then '.' and the claiming attempt's tag if any
 -- KEYS[2] claims  zset: reservation key -> claimed at (ms), from the claim until the
 --                 quota is given back or the sweeper forgets a sold reservation, so
 --                 the sweeper also finds quota whose give-back failed
@@ -51,8 +52,8 @@ local function ours()
   if not claimed or ARGV[6] == nil or ARGV[6] == '' then
     return nil
   end
-  local _, _, at, qty, user = string.find(ptr, '^c|(%d+)|(%d+)|(.*)$')
-  if at ~= ARGV[6] then
+  local _, _, at, tag, qty, user = string.find(ptr, '^c|(%d+)([^|]*)|(%d+)|(.*)$')
+  if not at or at .. tag ~= ARGV[6] then
     return nil
   end
   return {tonumber(qty), user}
@@ -83,7 +84,7 @@ if op == 'reap' then
   if not claimed then
     return {2, ptr}
   end
-  local _, _, at, qty, user = string.find(ptr, '^c|(%d+)|(%d+)|(.*)$')
+  local _, _, at, _, qty, user = string.find(ptr, '^c|(%d+)([^|]*)|(%d+)|(.*)$')
   if not at then
     redis.call('ZREM', KEYS[2], key) -- not a claim this script can read: leave it
     return {0, ''}

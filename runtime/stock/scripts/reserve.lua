@@ -9,7 +9,7 @@
 --                e expiry ms, p epoch, h home shard of the user
 -- KEYS[5] users  hash (home shard only): <user> -> units the user holds (reserved or
 --                committed); p:<key> -> "<shard>|<expiry>" for a reservation placed on
---                another shard, or "c|<claimed at, ms>|<qty>|<user>" while it is being
+--                another shard, or "c|<stamp>|<qty>|<user>" while it is being
 --                placed there (a claim)
 -- KEYS[6] claims zset (home shard only): reservation key -> claimed at (ms), so that the
 --                sweeper finds claims whose placing process died
@@ -25,6 +25,10 @@
 --                       caller may try other shards ("steal")
 --               steal - another shard; the quota was claimed on the home shard
 -- ARGV[9] home shard index of the user (stored in the reservation)
+-- ARGV[10] the calling attempt's tag ('' or absent for none): it is part of a claim's stamp, so
+--          that an attempt whose reply was lost can tell its own claim (resolve.lua),
+--          and an attempt fenced by resolve.lua (field f:<tag> of the reservation hash)
+--          does nothing when its call arrives late
 --
 -- The body is loaded per Redis server: stock.Store replaces SERVER_RUN_ID below with
 -- the run_id (INFO server) of the server it loads the script on, after reading it
@@ -49,10 +53,13 @@
 --   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING,
 --               STALE_EPOCH, UNVERIFIED
 --   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim);
---               status = the claim's stamp (claimed at, ms), which confirming or giving
+--               status = the claim's stamp (claimed at, ms, then '.' and the attempt's
+--               tag when it has one), which confirming or giving
 --               back the claim must name, so that only this attempt's claim is touched;
 --               extra = units the user held before the claim
---   7 BUSY      the same request is being placed on another shard right now
+--   7 BUSY      the same request is being placed on another shard right now;
+--               status FENCED: this attempt was given up after its reply was lost
+--               (nobody waits for this answer)
 --
 -- Run twice: NOT safe. In claim mode the second run finds its own claim and answers
 -- BUSY (the buyer is refused while the claim lives); in the other modes it answers
@@ -79,7 +86,11 @@ local user, key, mode = ARGV[1], ARGV[2], ARGV[8]
 local qty = tonumber(ARGV[3])
 local held = 0
 
-local prev = redis.call('HMGET', KEYS[4], 'e', 's')
+local tag = ARGV[10] or ''
+local prev = redis.call('HMGET', KEYS[4], 'e', 's', 'f:' .. tag)
+if prev[3] then
+  return {7, 0, epoch, 0, 'FENCED'}
+end
 if prev[1] then
   return {2, tonumber(prev[1]), epoch, -1, prev[2]}
 end
@@ -106,10 +117,14 @@ if stock < qty then
   if mode == 'claim' then
     local t = redis.call('TIME')
     local at = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    local stamp = at
+    if tag ~= '' then
+      stamp = at .. '.' .. tag
+    end
     redis.call('HINCRBY', KEYS[5], user, qty)
-    redis.call('HSET', KEYS[5], 'p:' .. key, 'c|' .. at .. '|' .. qty .. '|' .. user)
+    redis.call('HSET', KEYS[5], 'p:' .. key, 'c|' .. stamp .. '|' .. qty .. '|' .. user)
     redis.call('ZADD', KEYS[6], at, key)
-    return {6, 0, epoch, held, at}
+    return {6, 0, epoch, held, stamp}
   end
   return {3, 0, epoch, held, ''}
 end
