@@ -63,9 +63,10 @@ func testKilledAt(t *testing.T, step string) {
 		t.Fatalf("the process ended with %v, want SIGKILL at %s", victim.result, step)
 	}
 
-	sw := c.sweeperEngine()
+	sw, rdb := c.sweeperEngine()
+	st := stock.New(rdb, c.id, sw.Config().Shards)
 	key := stock.ReservationKey(sw.Config().IDSecret, c.id, buyer, "r")
-	home := sw.Store().Keys(0)
+	home := st.Keys(0)
 	testharness.Eventually(t, time.Minute, "the sale to quiesce", func() bool {
 		if _, err := sw.Sweep(ctx); err != nil {
 			return false
@@ -75,14 +76,14 @@ func testKilledAt(t *testing.T, step string) {
 			return false
 		}
 		for i := range shards {
-			if z, err := sw.Store().Client().ZCard(ctx, sw.Store().Keys(i).Claims()).Result(); err != nil || z != 0 {
+			if z, err := rdb.ZCard(ctx, st.Keys(i).Claims()).Result(); err != nil || z != 0 {
 				return false
 			}
 		}
 		return true
 	})
 	c.assertSettled()
-	left, err := sw.Store().Client().HMGet(ctx, home.Users(), buyer, "p:"+key).Result()
+	left, err := rdb.HMGet(ctx, home.Users(), buyer, "p:"+key).Result()
 	if err != nil || left[0] != nil || left[1] != nil {
 		t.Fatalf("the buyer's quota and pointer after the sweep: %v %v, want none", left, err)
 	}
@@ -138,8 +139,9 @@ func (c *campaign) sellOut(shard int) {
 
 // sweeperEngine is an engine on the campaign that sweeps as the sweeper
 // process does, with a claim slack of a second, so that a claim whose
-// process died is reaped within seconds of its reservation's expiry.
-func (c *campaign) sweeperEngine() *engine.Engine {
+// process died is reaped within seconds of its reservation's expiry; and the
+// Redis client under it.
+func (c *campaign) sweeperEngine() (*engine.Engine, *redis.Client) {
 	c.t.Helper()
 	cfg := c.eng.Config()
 	cfg.ClaimSlack = time.Second
@@ -150,7 +152,7 @@ func (c *campaign) sweeperEngine() *engine.Engine {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(e.Close)
-	return e
+	return e, rdb
 }
 
 // requestRows counts the ledger rows of the request with this key, and the
