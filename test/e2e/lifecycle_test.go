@@ -164,16 +164,5 @@ func TestDeletedSaleStopsItsProcessesAndKeepsTheLedger(t *testing.T) {
 	if left := keys(); len(left) > 0 {
 		t.Errorf("%d Redis keys left, e.g. %s", len(left), left[0])
 	}
-	after := salecheck.Units(t, ledger, s.uid)
-	if fmt.Sprint(after) != fmt.Sprint(before) || after["COMMITTED"] == 0 {
-		t.Errorf("ledger before the deletion %v, after %v: orders must be kept", before, after)
-	}
-	var deleted bool
-	if err := ledger.QueryRow(context.Background(),
-		`SELECT deleted_at IS NOT NULL FROM flashsale_campaigns WHERE campaign_id = $1`, s.uid).Scan(&deleted); err != nil {
-		t.Fatal(err)
-	}
-	if !deleted {
-		t.Error("the ledger campaign is not marked deleted")
-	}
+	salecheck.KeptAfterDeletion(t, ledger, s.uid, before)
 }

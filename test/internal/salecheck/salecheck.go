@@ -6,6 +6,7 @@ package salecheck
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -132,4 +133,26 @@ func Alive(pid int) bool {
 	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// KeptAfterDeletion fails the test unless a deleted sale's ledger still holds
+// the orders it held before the deletion (before, from Units), some of them
+// paid, and marks its campaign deleted.
+func KeptAfterDeletion(t testing.TB, q Querier, uid string, before map[string]int64) {
+	t.Helper()
+	after := Units(t, q, uid)
+	if fmt.Sprint(after) != fmt.Sprint(before) || after["COMMITTED"] == 0 {
+		t.Errorf("ledger before the deletion %v, after %v: orders must be kept", before, after)
+	}
+	deleted := scan(t, q, `SELECT campaign_id, deleted_at IS NOT NULL FROM flashsale_campaigns WHERE campaign_id = $1`, uid,
+		func(rows pgx.Rows, out map[string]bool) error {
+			var id string
+			var d bool
+			err := rows.Scan(&id, &d)
+			out[id] = d
+			return err
+		})
+	if !deleted[uid] {
+		t.Error("the ledger campaign is not marked deleted")
+	}
 }
