@@ -217,7 +217,9 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 // ReserveDeployment runs the reservation API of a FlashSale.
 func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.Deployment {
 	s := resolve(fs)
-	env := append(campaignEnv(fs, s, true), corev1.EnvVar{Name: config.EnvMetricsListen, Value: config.ListenAddr(config.PortMetrics)})
+	env := append(campaignEnv(fs, s, true),
+		corev1.EnvVar{Name: config.EnvMetricsListen, Value: config.ListenAddr(config.PortMetrics)},
+		corev1.EnvVar{Name: config.EnvDrainDelay, Value: reserveDrainDelay.String()})
 	c := corev1.Container{Args: []string{"reserve"}, Env: env}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
@@ -233,7 +235,7 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	d := deployment(fs, ComponentReserve, image, s.replicas, c)
 	cs := &d.Spec.Template.Spec.Containers[0]
 	cs.Ports = append(cs.Ports, corev1.ContainerPort{Name: config.PortNameMetrics, ContainerPort: config.PortMetrics, Protocol: corev1.ProtocolTCP})
-	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](reservePreStopSeconds + 30)
+	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To(int64(reservePreStopSeconds + reserveDrainDelay/time.Second + 30))
 	return d
 }
 
@@ -280,9 +282,15 @@ func podFieldsHash(p *corev1.PodSpec) string {
 	return hex.EncodeToString(sum[:12])
 }
 
-// reservePreStopSeconds is the pause before a reserve pod gets SIGTERM; then
-// it drains for up to its 25 s shutdown timeout, inside the grace period.
-const reservePreStopSeconds = 5
+// reservePreStopSeconds is the pause before a reserve pod gets SIGTERM, while
+// the Service stops routing new connections to it. Then it serves
+// reserveDrainDelay more, each answer closing its kept-alive connection so
+// buyers reconnect to another replica, and last drains for up to its 25 s
+// shutdown timeout, inside the grace period.
+const (
+	reservePreStopSeconds = 5
+	reserveDrainDelay     = 2 * time.Second
+)
 
 // ReserveService fronts the reserve replicas.
 func ReserveService(fs *flashsalev1alpha1.FlashSale) *corev1.Service {

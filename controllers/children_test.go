@@ -57,7 +57,7 @@ func TestReserveDeployment(t *testing.T) {
 				config.EnvCampaignID: "6f1c1f4e-0000-4000-8000-000000000001", config.EnvSKU: "itm-ps5-pro",
 				config.EnvShards: "10", config.EnvMaxPerUser: "1", config.EnvStealProbes: "2", config.EnvTTL: "10m0s",
 				config.EnvGracePeriod: "30s", config.EnvRedisMode: "standalone", config.EnvNamespace: "shop", config.EnvName: "ps5-drop",
-				config.EnvListen: ":8080", config.EnvMetricsListen: ":9090",
+				config.EnvListen: ":8080", config.EnvMetricsListen: ":9090", config.EnvDrainDelay: "2s",
 			},
 			secrets: map[string][2]string{
 				config.EnvRedisAddresses: {"shop-redis", "addresses"}, config.EnvPostgresDSN: {"shop-ledger", "dsn"},
@@ -106,10 +106,11 @@ func TestReserveDeployment(t *testing.T) {
 				c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 || c.Ports[1].Name != "metrics" || c.Ports[1].ContainerPort != 9090 {
 				t.Fatalf("probes or ports %+v", c.Ports)
 			}
-			// Stopped pods wait for the Service to stop routing to them, then
-			// drain (25 s) inside the grace period.
+			// Stopped pods wait for the Service to stop routing to them, move
+			// their buyers' connections (2 s), then drain (25 s) inside the
+			// grace period.
 			if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil ||
-				c.Lifecycle.PreStop.Sleep.Seconds != 5 || *pod.TerminationGracePeriodSeconds != 35 {
+				c.Lifecycle.PreStop.Sleep.Seconds != 5 || *pod.TerminationGracePeriodSeconds != 37 {
 				t.Fatalf("preStop %+v, grace %v", c.Lifecycle, pod.TerminationGracePeriodSeconds)
 			}
 			env := envOf(c)

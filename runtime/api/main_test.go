@@ -83,6 +83,9 @@ func withMaterializer(m ledger.MaterializerConfig) option {
 func withWriteTimeout(d time.Duration) option {
 	return func(c *fixtureConfig) { c.api.WriteTimeout = d }
 }
+func withDrainDelay(d time.Duration) option {
+	return func(c *fixtureConfig) { c.api.DrainDelay = d }
+}
 func withCluster(addrs []string) option { return func(c *fixtureConfig) { c.cluster = addrs } }
 func withRedis(addr string) option      { return func(c *fixtureConfig) { c.redis = addr } }
 

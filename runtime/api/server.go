@@ -71,7 +71,9 @@ type Config struct {
 	IdleTimeout       time.Duration
 	ShutdownTimeout   time.Duration // how long in-flight requests may take to finish
 	// DrainDelay keeps serving with /readyz failing for a while after the stop
-	// signal, so load balancers stop routing here before the listener closes.
+	// signal, so load balancers stop routing here before the listener closes,
+	// and clients move their kept-alive connections (each answer then closes
+	// its own) before Shutdown closes the idle ones.
 	DrainDelay time.Duration
 
 	Now func() time.Time // for tests; nil: time.Now
@@ -202,8 +204,23 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle("/", s.instrument("other", func(w http.ResponseWriter, r *http.Request) string {
 		return notFound("no such route").write(w)
 	}))
-	s.handler = s.canonicalOnly(s.mux)
+	s.handler = s.closeWhenDraining(s.canonicalOnly(s.mux))
 	return s, nil
+}
+
+// closeWhenDraining answers with "Connection: close" once the server drains,
+// so each kept-alive connection is closed by its own next answer and the
+// client opens a new one (to another replica). Without it the connections
+// stay until Shutdown closes the idle ones, and a request a client sends on
+// one at that moment gets no answer: a reservation's POST is not retried by
+// HTTP clients.
+func (s *Server) closeWhenDraining(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func methodNotAllowed(allow string) func(http.ResponseWriter, *http.Request) string {
@@ -297,7 +314,8 @@ func (s *Server) Start(ctx context.Context) error {
 }
 
 // Serve serves on ln until ctx is cancelled, then shuts down gracefully: /readyz
-// fails at once, after DrainDelay the listener closes, in-flight requests finish
+// fails at once and every answer closes its connection, after DrainDelay the
+// listener closes, in-flight requests finish
 // (a reservation whose ledger row is written gets its answer) within
 // ShutdownTimeout, and last the engine is closed, which flushes the group-commit
 // writer. It returns nil after a clean shutdown.

@@ -1,9 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,5 +110,102 @@ func TestGracefulShutdown(t *testing.T) {
 	c := f.assertConserved()
 	if c.Pending != int64(acked) {
 		t.Fatalf("ledger has %d PENDING units, %d were acknowledged", c.Pending, acked)
+	}
+}
+
+// TestDrainingAnswersCloseTheirConnections: once the stop signal comes, every
+// answer closes its kept-alive connection, so buyers in a closed loop move to
+// new connections during the drain delay, and none has a request on a reused
+// connection cut without an answer when Shutdown closes the idle ones.
+func TestDrainingAnswersCloseTheirConnections(t *testing.T) {
+	f := newFixture(t, withAllocation(100000), withShards(4), withMaxPerUser(1), withDrainDelay(time.Second))
+	// The client takes "Connection: close" out of the header into Close.
+	closes := func(user string) (status int, closed bool) {
+		body, _ := json.Marshal(reserveBody(user, "k", 1))
+		req, err := http.NewRequest(http.MethodPost, f.base+reservePath, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+f.token(user))
+		resp, err := f.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, resp.Close
+	}
+	if status, closed := closes("warm"); status != http.StatusCreated || closed {
+		t.Fatalf("a reservation before the stop signal: %d, closes its connection %v; want 201 and kept alive", status, closed)
+	}
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop() }()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r, err := f.tryCall(http.MethodGet, "/readyz", "", nil)
+		if err == nil && r.status == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness not failing 30 s after the stop signal: %v %v", r.status, err)
+		}
+	}
+	if status, closed := closes("draining"); status != http.StatusCreated || !closed {
+		t.Fatalf("a reservation while draining: %d, closes its connection %v; want 201 and closed", status, closed)
+	}
+
+	// Buyers in a closed loop on kept-alive connections through the rest of
+	// the drain and the shutdown: a request on a connection it reused must be
+	// answered. Dials refused once the listener is closed are expected.
+	var (
+		seq          atomic.Int64
+		answered     atomic.Int64
+		cut, refused atomic.Int64
+		done         atomic.Bool
+		wg           sync.WaitGroup
+	)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !done.Load() {
+				u := fmt.Sprintf("loop-%d", seq.Add(1))
+				var reused bool
+				ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+					GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+				})
+				body, _ := json.Marshal(reserveBody(u, "k", 1))
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.base+reservePath, bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+f.token(u))
+				resp, err := f.client.Do(req)
+				switch {
+				case err == nil:
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					answered.Add(1)
+				case reused:
+					cut.Add(1)
+					t.Errorf("a request on a reused connection got no answer: %v", err)
+				default:
+					refused.Add(1)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Serve after a graceful shutdown: %v", err)
+	}
+	done.Store(true)
+	wg.Wait()
+	t.Logf("during the drain and shutdown: %d answered, %d refused dials, %d cut", answered.Load(), refused.Load(), cut.Load())
+	if answered.Load() == 0 {
+		t.Fatal("no request was answered during the drain: the test proves nothing")
 	}
 }
