@@ -60,12 +60,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		keepLogs := false
-		defer func() {
-			if !keepLogs {
-				os.RemoveAll(dir)
-			}
-		}()
+		defer os.RemoveAll(dir)
 		flag.Parse()
 		progress := func(step string, took time.Duration) {
 			if testing.Verbose() {
@@ -107,8 +102,11 @@ func TestMain(m *testing.M) {
 		defer ledger.Close()
 		code := m.Run()
 		if code != 0 {
-			keepLogs = true
-			fmt.Fprintf(os.Stderr, "logs of the operator, the pod runner and every replica are kept in %s (until a later test run sweeps it)\n", filepath.Join(dir, "env"))
+			if kept, err := testharness.KeepLogs("e2e", dir); err != nil {
+				fmt.Fprintln(os.Stderr, "keeping the logs:", err)
+			} else {
+				fmt.Fprintf(os.Stderr, "logs of the operator, the pod runner, every replica and the servers are kept in %s\n", kept)
+			}
 		}
 		return code
 	}()

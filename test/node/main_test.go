@@ -63,12 +63,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		keepLogs := false
-		defer func() {
-			if !keepLogs {
-				os.RemoveAll(dir)
-			}
-		}()
+		defer os.RemoveAll(dir)
 		progress := func(step string, took time.Duration) {
 			fmt.Fprintf(os.Stderr, "node: %s (%.1fs)\n", step, took.Seconds())
 		}
@@ -97,8 +92,11 @@ func TestMain(m *testing.M) {
 		defer ledger.Close()
 		code := m.Run()
 		if code != 0 {
-			keepLogs = true
-			fmt.Fprintf(os.Stderr, "logs kept in %s\n", dir)
+			if kept, err := testharness.KeepLogs("node", dir); err != nil {
+				fmt.Fprintln(os.Stderr, "keeping the logs:", err)
+			} else {
+				fmt.Fprintf(os.Stderr, "logs of the node, the operator, every pod and the servers are kept in %s\n", kept)
+			}
 		}
 		return code
 	}()
