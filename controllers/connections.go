@@ -143,14 +143,19 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 	}
 	c := &campaignConn{key: key, rdb: rdb, engine: e}
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if old, ok := cs.byKey[name]; ok {
-		old.close() // replaced: a Secret or the spec changed
-	}
+	old := cs.byKey[name]
 	if cs.byKey == nil {
 		cs.byKey = map[types.NamespacedName]*campaignConn{}
 	}
 	cs.byKey[name] = c
+	cs.mu.Unlock()
+	// Replaced (a Secret or the spec changed): closed outside the lock, as
+	// closing waits for the connection's rebuild to stop, and other sales'
+	// reconciles must not wait for it. This sale's reconcile does: no new
+	// rebuild starts before the old one has stopped.
+	if old != nil {
+		old.close()
+	}
 	return c, nil
 }
 
@@ -164,10 +169,11 @@ func (cs *connections) cached(name types.NamespacedName) *campaignConn {
 
 func (cs *connections) drop(name types.NamespacedName) {
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if c, ok := cs.byKey[name]; ok {
-		c.close()
-		delete(cs.byKey, name)
+	c, ok := cs.byKey[name]
+	delete(cs.byKey, name)
+	cs.mu.Unlock()
+	if ok {
+		c.close() // outside the lock, as in get
 	}
 }
 
