@@ -107,6 +107,7 @@ type campaign struct {
 	eng   *engine.Engine
 	l     *ledger.Ledger
 	seed  uint64 // the storm's and the reserve processes' (envSeed)
+	ttl   time.Duration
 }
 
 // testSeed is envSeed's value, or a random one; the test logs it.
@@ -142,6 +143,12 @@ func newCampaign(t *testing.T) *campaign {
 // newCampaignOn is newCampaign on the Redis at redisAddr.
 func newCampaignOn(t *testing.T, redisAddr string) *campaign {
 	t.Helper()
+	return newCampaignWith(t, redisAddr, ttl)
+}
+
+// newCampaignWith is newCampaignOn with reservations living for resTTL.
+func newCampaignWith(t *testing.T, redisAddr string, resTTL time.Duration) *campaign {
+	t.Helper()
 	dsn, err := sharedPG.NewDatabase()
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +156,7 @@ func newCampaignOn(t *testing.T, redisAddr string) *campaign {
 	// Each process keeps its pool small: four processes and the test share
 	// PostgreSQL's 100 connections.
 	dsn += "&pool_max_conns=16"
-	c := &campaign{t: t, id: "c-" + randomID(), dsn: dsn, redis: redisAddr, dir: t.TempDir(), seed: testSeed(t)}
+	c := &campaign{t: t, id: "c-" + randomID(), dsn: dsn, redis: redisAddr, dir: t.TempDir(), seed: testSeed(t), ttl: resTTL}
 	ctx := context.Background()
 	if c.l, err = ledger.Open(ctx, dsn); err != nil {
 		t.Fatal(err)
@@ -159,7 +166,7 @@ func newCampaignOn(t *testing.T, redisAddr string) *campaign {
 	t.Cleanup(func() { _ = rdb.Close() })
 	cfg := engine.Config{
 		CampaignID: c.id, Namespace: "shop", Name: "ps5-drop", SKU: sku, Allocation: allocation,
-		Shards: shards, MaxPerUser: 1, TTL: ttl, Grace: grace, StealProbes: 2,
+		Shards: shards, MaxPerUser: 1, TTL: resTTL, Grace: grace, StealProbes: 2,
 		IDSecret: config.DeriveIDSecret([]byte(adminKey)),
 	}
 	if c.eng, err = engine.New(cfg, rdb, c.l, ledger.MaterializerConfig{}); err != nil {
@@ -182,7 +189,7 @@ func (c *campaign) env(extra ...string) []string {
 		config.EnvShards + "=" + strconv.Itoa(shards),
 		config.EnvMaxPerUser + "=1",
 		config.EnvStealProbes + "=2",
-		config.EnvTTL + "=" + ttl.String(),
+		config.EnvTTL + "=" + c.ttl.String(),
 		config.EnvGracePeriod + "=" + grace.String(),
 		config.EnvRedisMode + "=standalone",
 		config.EnvRedisAddresses + "=" + c.redis,
