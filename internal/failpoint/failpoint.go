@@ -32,7 +32,14 @@ const (
 	ReserveBefore201 = "reserve-before-201"
 )
 
-// Steps lists every step, for tests that visit them all.
+// The steps of a checkout.
+const (
+	// CheckoutAfterLedger: the ledger committed the order (or found it
+	// committed); the Redis reservation is not marked committed yet.
+	CheckoutAfterLedger = "checkout-after-ledger"
+)
+
+// Steps lists every step of a reservation, for tests that visit them all.
 var Steps = []string{
 	ReserveAfterHomeReserve, ReserveAfterHomeClaim, ReserveAfterSteal,
 	ReserveAfterConfirm, ReserveAfterLedger, ReserveBefore201,

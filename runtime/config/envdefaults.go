@@ -21,6 +21,12 @@ func (e *EnvDefaults) Int(name string, def int) int {
 	return envValue(e, name, def, "an integer", strconv.Atoi)
 }
 
+// Uint64 is the variable name as an unsigned 64-bit integer, or def when it
+// is unset or empty.
+func (e *EnvDefaults) Uint64(name string, def uint64) uint64 {
+	return envValue(e, name, def, "an unsigned 64-bit integer", func(s string) (uint64, error) { return strconv.ParseUint(s, 10, 64) })
+}
+
 // Float is the variable name as a number, or def when it is unset or empty.
 func (e *EnvDefaults) Float(name string, def float64) float64 {
 	return envValue(e, name, def, "a number", func(s string) (float64, error) { return strconv.ParseFloat(s, 64) })

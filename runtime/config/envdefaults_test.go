@@ -16,6 +16,8 @@ func TestEnvDefaults(t *testing.T) {
 	t.Setenv("T_EMPTY", "")
 	t.Setenv("T_BAD_INT", "seven")
 	t.Setenv("T_BAD_DUR", "10")
+	t.Setenv("T_U64", "18446744073709551615")
+	t.Setenv("T_BAD_U64", "-1")
 	var e EnvDefaults
 	if got := e.Int("T_INT", 1); got != 7 {
 		t.Errorf("Int = %d, want 7", got)
@@ -25,6 +27,9 @@ func TestEnvDefaults(t *testing.T) {
 	}
 	if got := e.Float("T_FLOAT", 1); got != 2.5 {
 		t.Errorf("Float = %g, want 2.5", got)
+	}
+	if got := e.Uint64("T_U64", 1); got != 1<<64-1 {
+		t.Errorf("Uint64 = %d, want 2^64-1", got)
 	}
 	if got := e.Int("T_EMPTY", 3); got != 3 {
 		t.Errorf("Int of an empty variable = %d, want the default 3", got)
@@ -41,11 +46,14 @@ func TestEnvDefaults(t *testing.T) {
 	if got := e.Duration("T_BAD_DUR", time.Minute); got != time.Minute {
 		t.Errorf("Duration of a malformed variable = %s, want the default", got)
 	}
+	if got := e.Uint64("T_BAD_U64", 6); got != 6 {
+		t.Errorf("Uint64 of a malformed variable = %d, want the default 6", got)
+	}
 	err := e.Err()
 	if err == nil {
-		t.Fatal("two malformed values, no error")
+		t.Fatal("three malformed values, no error")
 	}
-	for _, want := range []string{`T_BAD_INT="seven" is not an integer`, `T_BAD_DUR="10" is not a duration`} {
+	for _, want := range []string{`T_BAD_INT="seven" is not an integer`, `T_BAD_DUR="10" is not a duration`, `T_BAD_U64="-1" is not an unsigned 64-bit integer`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

@@ -44,6 +44,10 @@ const (
 	// pipeline waits for more.
 	EnvReservePipeline = "FLASHSALE_RESERVE_PIPELINE"
 	EnvReserveLinger   = "FLASHSALE_RESERVE_LINGER"
+	// EnvStealSeed seeds the shards a reserve pod's steals probe
+	// (engine.Config.Rand), so that a storm replays by seed; unset or 0:
+	// drawn at random.
+	EnvStealSeed = "FLASHSALE_STEAL_SEED"
 )
 
 // Leader lock kinds of the sweeper (EnvLeaderLock, --leader-lock).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -26,9 +27,23 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 	if err != nil {
 		return CheckoutResult{Outcome: ledger.CheckoutNotFound}, nil
 	}
+	// Marked paying before the ledger commits: if this process dies (or loses
+	// Redis) between the commit and the Redis step, the next sweep finds the
+	// mark and settles the reservation from the ledger, instead of counting
+	// its unit both reserved and sold until its expiry and grace. A failed
+	// mark (Redis down) does not stop a payment: the ledger is the judge, and
+	// the sweep then settles the reservation after its expiry as before.
+	markedAt, _ := e.store.MarkPaying(ctx, shard, key, user)
 	out, o, err := e.ledger.Checkout(ctx, e.cfg.CampaignID, reservationID, user, paymentToken)
 	if err != nil {
+		// The commit's outcome may be unknown: the mark stays for the sweep.
 		return CheckoutResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	failpoint.Kill(failpoint.CheckoutAfterLedger)
+	if out != ledger.CheckoutCommitted && out != ledger.CheckoutAlreadyCommitted && markedAt > 0 {
+		cctx, cancel := detached(ctx)
+		_, _ = e.store.DropPaying(cctx, shard, key, markedAt) // else the sweep drops it
+		cancel()
 	}
 	if out == ledger.CheckoutCommitted || out == ledger.CheckoutAlreadyCommitted {
 		cctx, cancel := detached(ctx)

@@ -20,7 +20,7 @@ const sweepParallel = 4
 // SweepStats counts what one pass did.
 type SweepStats struct {
 	Released  int // units' reservations given back to stock
-	Committed int // committed in the ledger: only Redis was cleaned
+	Committed int // committed in the ledger: only Redis was cleaned (expired, or marked paying)
 	Abandoned int // no ledger row (the API died before writing it): recorded, released
 	Skipped   int // not yet expired by the database clock, or shard being rebuilt
 	// ReapedClaims counts quota given back on home shards: claims for stealing
@@ -42,7 +42,10 @@ func (s *SweepStats) add(o SweepStats) {
 // Two sweepers running at once release each unit once: the ledger update and the
 // release script are both conditional. Then it gives back the quota of claims
 // older than TTL + grace + ClaimSlack that were never confirmed: their placing
-// process died, and without this the user would stay at the limit.
+// process died, and without this the user would stay at the limit. A
+// reservation a checkout committed in the ledger but not in Redis (its process
+// died between the two) is settled on the first pass after it, whatever its
+// expiry (settlePaying).
 func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 	now, err := e.store.Now(ctx)
 	if err != nil {
@@ -63,6 +66,11 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			st, err := e.sweepShard(ctx, shard, cutoff)
+			if err == nil {
+				var paid int
+				paid, err = e.settlePaying(ctx, shard, now)
+				st.Committed += paid
+			}
 			if err == nil {
 				st.ReapedClaims, err = e.reapClaims(ctx, shard, claimCutoff)
 			}

@@ -27,7 +27,7 @@ func (s *Store) MarkCommittedFromLedger(ctx context.Context, shard int, key stri
 
 func (s *Store) markCommitted(ctx context.Context, shard int, key string, ledgerRow ...any) (int, error) {
 	k := s.shards[shard]
-	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key)}, append([]any{key}, ledgerRow...)...).Int()
+	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key), k.Paying()}, append([]any{key}, ledgerRow...)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("commit mark on shard %d: %w", shard, err)
 	}

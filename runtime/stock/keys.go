@@ -41,6 +41,7 @@ func (k Keys) Meta() string           { return k.tag + ":meta" }
 func (k Keys) Index() string          { return k.tag + ":index" }
 func (k Keys) Users() string          { return k.tag + ":users" }
 func (k Keys) Claims() string         { return k.tag + ":claims" }
+func (k Keys) Paying() string         { return k.tag + ":paying" }
 func (k Keys) ResPrefix() string      { return k.tag + ":res:" }
 func (k Keys) Res(key string) string  { return k.tag + ":res:" + key }
 func (k Keys) Pattern() string        { return k.tag + ":*" }

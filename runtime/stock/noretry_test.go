@@ -108,6 +108,9 @@ func then(steps ...func(ctx context.Context, s *stock.Store) error) func(ctx con
 	}
 }
 
+// payMarkedAt is the time of the paying mark a setup made: dropping it names it.
+var payMarkedAt int64
+
 // claimStamp is the stamp of the last claim a setup's reserve made: the
 // quota operations on a claim name it.
 var claimStamp string
@@ -202,6 +205,16 @@ var stallCases = []stallCase{
 		call: func(ctx context.Context, s *stock.Store) error { _, err := s.Cancel(ctx, 0, key, user); return err }},
 	{name: "commit", setup: then(seed(5), reserved(stock.Reserved, stock.ModeHome)),
 		call: func(ctx context.Context, s *stock.Store) error { _, err := s.MarkCommitted(ctx, 0, key); return err }},
+	{name: "pay-mark", setup: then(seed(5), reserved(stock.Reserved, stock.ModeHome)),
+		call: func(ctx context.Context, s *stock.Store) error { _, err := s.MarkPaying(ctx, 0, key, user); return err }},
+	{name: "pay-drop", setup: then(seed(5), reserved(stock.Reserved, stock.ModeHome), func(ctx context.Context, s *stock.Store) (err error) {
+		payMarkedAt, err = s.MarkPaying(ctx, 0, key, user)
+		return err
+	}),
+		call: func(ctx context.Context, s *stock.Store) error {
+			_, err := s.DropPaying(ctx, 0, key, payMarkedAt)
+			return err
+		}},
 	{name: "seed", setup: func(context.Context, *stock.Store) error { return nil },
 		call: func(ctx context.Context, s *stock.Store) error {
 			_, err := s.Seed(ctx, 0, 5, 1, stock.StateOpen, 0)

@@ -29,6 +29,7 @@ var (
 	releaseScript        = load("release")
 	cancelScript         = load("cancel")
 	commitScript         = load("commit")
+	payScript            = load("pay")
 	quotaScript          = load("quota")
 	resolveScript        = load("resolve")
 	seedScript           = load("seed")

@@ -7,6 +7,7 @@ package process_test
 import (
 	"context"
 	"crypto/rand"
+	bin "encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -42,6 +43,11 @@ var (
 // about five times slower, and the same server code already runs under
 // -race in its packages' tests.
 const envRace = "FLASHSALE_PROCESS_RACE"
+
+// envSeed replays a test's storms: the seed a test prints seeds the storm's
+// buyers (their choices and names, so their home shards) and every reserve
+// process's steal draws (--steal-seed). Unset, each test draws one.
+const envSeed = "FLASHSALE_PROCESS_SEED"
 
 // envLogs set prints every process's log tail, not only a failed test's.
 const envLogs = "FLASHSALE_PROCESS_LOGS"
@@ -100,6 +106,27 @@ type campaign struct {
 	dir   string // logs and files of this test
 	eng   *engine.Engine
 	l     *ledger.Ledger
+	seed  uint64 // the storm's and the reserve processes' (envSeed)
+	ttl   time.Duration
+}
+
+// testSeed is envSeed's value, or a random one; the test logs it.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	var seed uint64
+	if s := os.Getenv(envSeed); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || n == 0 {
+			t.Fatalf("%s=%q: want a positive integer", envSeed, s)
+		}
+		seed = n
+	} else {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		seed = bin.LittleEndian.Uint64(b[:]) | 1 // 0 would ask for a random one
+	}
+	t.Logf("seed %d (%s=%d replays the storm's buyers and the steal draws)", seed, envSeed, seed)
+	return seed
 }
 
 func randomID() string {
@@ -116,6 +143,12 @@ func newCampaign(t *testing.T) *campaign {
 // newCampaignOn is newCampaign on the Redis at redisAddr.
 func newCampaignOn(t *testing.T, redisAddr string) *campaign {
 	t.Helper()
+	return newCampaignWith(t, redisAddr, ttl)
+}
+
+// newCampaignWith is newCampaignOn with reservations living for resTTL.
+func newCampaignWith(t *testing.T, redisAddr string, resTTL time.Duration) *campaign {
+	t.Helper()
 	dsn, err := sharedPG.NewDatabase()
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +156,7 @@ func newCampaignOn(t *testing.T, redisAddr string) *campaign {
 	// Each process keeps its pool small: four processes and the test share
 	// PostgreSQL's 100 connections.
 	dsn += "&pool_max_conns=16"
-	c := &campaign{t: t, id: "c-" + randomID(), dsn: dsn, redis: redisAddr, dir: t.TempDir()}
+	c := &campaign{t: t, id: "c-" + randomID(), dsn: dsn, redis: redisAddr, dir: t.TempDir(), seed: testSeed(t), ttl: resTTL}
 	ctx := context.Background()
 	if c.l, err = ledger.Open(ctx, dsn); err != nil {
 		t.Fatal(err)
@@ -133,7 +166,7 @@ func newCampaignOn(t *testing.T, redisAddr string) *campaign {
 	t.Cleanup(func() { _ = rdb.Close() })
 	cfg := engine.Config{
 		CampaignID: c.id, Namespace: "shop", Name: "ps5-drop", SKU: sku, Allocation: allocation,
-		Shards: shards, MaxPerUser: 1, TTL: ttl, Grace: grace, StealProbes: 2,
+		Shards: shards, MaxPerUser: 1, TTL: resTTL, Grace: grace, StealProbes: 2,
 		IDSecret: config.DeriveIDSecret([]byte(adminKey)),
 	}
 	if c.eng, err = engine.New(cfg, rdb, c.l, ledger.MaterializerConfig{}); err != nil {
@@ -156,12 +189,13 @@ func (c *campaign) env(extra ...string) []string {
 		config.EnvShards + "=" + strconv.Itoa(shards),
 		config.EnvMaxPerUser + "=1",
 		config.EnvStealProbes + "=2",
-		config.EnvTTL + "=" + ttl.String(),
+		config.EnvTTL + "=" + c.ttl.String(),
 		config.EnvGracePeriod + "=" + grace.String(),
 		config.EnvRedisMode + "=standalone",
 		config.EnvRedisAddresses + "=" + c.redis,
 		config.EnvPostgresDSN + "=" + c.dsn,
 		config.EnvAdmissionKey + "=" + adminKey,
+		config.EnvStealSeed + "=" + strconv.FormatUint(c.seed, 10),
 	}
 	return append(append(cleanEnviron(), env...), extra...)
 }

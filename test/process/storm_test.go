@@ -75,7 +75,8 @@ func (c *campaign) startStorm(urls []string, extra ...string) *stormRun {
 		"--url", strings.Join(urls, ","),
 		"--buyers", strconv.Itoa(buyers), "--count", strconv.Itoa(buyers), "--concurrency", strconv.Itoa(concurrency), "--duration", stormLimit.String(),
 		"--retry-ratio", "0.1", "--checkout-ratio", "0.4", "--cancel-ratio", "0.1", "--abandon-ratio", "0.5",
-		"--settle", settle.String(), "--json", "--acked-file", s.acked, "--seed", "42",
+		"--settle", settle.String(), "--json", "--acked-file", s.acked,
+		"--seed", strconv.FormatUint(c.seed, 10), "--user-prefix", "storm-" + strconv.FormatUint(c.seed, 36),
 	}, extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), stormLimit+settle+time.Minute)
 	c.t.Cleanup(cancel)

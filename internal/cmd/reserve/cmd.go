@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -71,6 +72,9 @@ type Options struct {
 	// MetricsListen, when set, is where /metrics is served instead of the
 	// API's listener.
 	MetricsListen string
+	// StealSeed seeds the draws of the shards a steal probes (engine.Config.Rand),
+	// so that a storm replays by seed; 0: drawn at random.
+	StealSeed uint64
 
 	env config.EnvDefaults // malformed environment values, reported by Complete
 }
@@ -150,6 +154,8 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		"serve /metrics on this address instead of the API's, e.g. :9090, so buyers cannot reach it (env "+config.EnvMetricsListen+")")
 	f.StringVar(&o.DebugListen, "debug-listen", config.EnvString(config.EnvDebugListen, ""),
 		"serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty; never expose it (env "+config.EnvDebugListen+")")
+	f.Uint64Var(&o.StealSeed, "steal-seed", o.env.Uint64(config.EnvStealSeed, 0),
+		"seed of the shards a steal probes, so that a storm against this process replays by seed (tests); 0 draws it at random (env "+config.EnvStealSeed+")")
 	f.IntVar(&o.GCPercent, "gc-percent", o.env.Int(config.EnvGCPercent, DefaultGCPercent),
 		"Go GC target: the process holds little memory, so collecting less often saves CPU on the hot path; GOGC, when set, wins (env "+config.EnvGCPercent+")")
 }
@@ -213,7 +219,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		"maxPerUser", c.MaxPerUser, "stealProbes", c.StealProbes, "ttl", c.TTL.String(),
 		"redisMode", c.Redis.Mode, "redisAddresses", c.Redis.Addresses, "listen", opts.Listen, "metricsListen", opts.MetricsListen,
 		"rateLimit", opts.Server.RateLimit, "rateBurst", opts.Server.RateBurst,
-		"reservePipeline", opts.Pipeline.MaxBatch, "reserveLinger", opts.Pipeline.Linger.String())
+		"reservePipeline", opts.Pipeline.MaxBatch, "reserveLinger", opts.Pipeline.Linger.String(), "stealSeed", opts.StealSeed)
 
 	metrics := api.NewMetrics()
 	rdb := c.Redis.Client()
@@ -238,9 +244,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	}
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
-	ec := c.EngineConfig()
-	ec.Pipeline = opts.Pipeline
-	eng, err := engine.New(ec, rdb, l, mc)
+	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)
 	if err != nil {
 		return err
 	}
@@ -276,6 +280,18 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// engineConfig is the engine's configuration from the options: the
+// campaign's, the reserve pipeline, and the steal draws seeded by
+// --steal-seed when it is set.
+func (o *Options) engineConfig() engine.Config {
+	ec := o.Campaign.EngineConfig()
+	ec.Pipeline = o.Pipeline
+	if o.StealSeed != 0 {
+		ec.Rand = rand.NewPCG(o.StealSeed, 0)
+	}
+	return ec
 }
 
 // redactor scrubs secret values from text that is about to be logged or returned:

@@ -24,10 +24,12 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -441,5 +443,90 @@ func TestReservePipelineMustNotBeNegative(t *testing.T) {
 		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s=%s: %v, want an error naming %s", c.env, c.val, err, c.want)
 		}
+	}
+}
+
+// --steal-seed (or its variable) seeds the engine's steal draws: two
+// processes given one seed draw the same shards in the same order, so a
+// storm replays by seed; unset, each process draws its own. A value that is
+// not an unsigned integer, from the flag or the variable, is refused by
+// name before anything starts.
+func TestStealSeed(t *testing.T) {
+	parse := func(args ...string) (*Options, error) {
+		var o Options
+		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.AddFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		return &o, nil
+	}
+	draws := func(o *Options) []int {
+		src := o.engineConfig().Rand
+		if src == nil {
+			return nil
+		}
+		r := mrand.New(src)
+		var out []int
+		for range 4 {
+			out = append(out, r.Perm(10)...)
+		}
+		return out
+	}
+
+	clearEnv(t)
+	t.Setenv(config.EnvStealSeed, "42")
+	a, err := parse()
+	if err != nil || a.StealSeed != 42 {
+		t.Fatalf("%s=42: seed %v, %v", config.EnvStealSeed, a, err)
+	}
+	b, err := parse("--steal-seed=42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := parse("--steal-seed=43")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if da, db := draws(a), draws(b); da == nil || !slices.Equal(da, db) {
+		t.Fatalf("seed 42 twice: draws %v and %v", da, db)
+	}
+	if slices.Equal(draws(a), draws(c)) {
+		t.Fatal("seeds 42 and 43 draw the same shards")
+	}
+	clearEnv(t)
+	if o, err := parse(); err != nil || o.StealSeed != 0 || o.engineConfig().Rand != nil {
+		t.Fatalf("no seed: %+v %v, want the engine's own random source", o, err)
+	}
+
+	if _, err := parse("--steal-seed=-1"); err == nil || !strings.Contains(err.Error(), "steal-seed") {
+		t.Errorf("--steal-seed=-1: %v, want an error naming the flag", err)
+	}
+	for _, v := range []string{"-1", "seven", "18446744073709551616"} {
+		clearEnv(t)
+		t.Setenv(config.EnvStealSeed, v)
+		o, err := parse()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), config.EnvStealSeed) {
+			t.Errorf("%s=%s: %v, want an error naming it", config.EnvStealSeed, v, err)
+		}
+	}
+	// Through the command: the bad value fails it before it listens.
+	clearEnv(t)
+	t.Setenv(config.EnvStealSeed, "seven")
+	port, err := testharness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cmd := NewCmd()
+	cmd.SetArgs([]string{"--listen", addr, "--campaign-id", "c-1", "--sku", "itm-1", "--redis-addresses", "127.0.0.1:1"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	if err := cmd.ExecuteContext(context.Background()); err == nil || !strings.Contains(err.Error(), config.EnvStealSeed) {
+		t.Fatalf("the command with %s=seven: %v, want an error naming it", config.EnvStealSeed, err)
 	}
 }

@@ -2,7 +2,8 @@
 -- and take it out of the expiry index so the sweeper leaves it alone. Best effort:
 -- the sweeper repairs a missed mark when it finds the ledger row COMMITTED.
 --
--- KEYS[1] meta  KEYS[2] index  KEYS[3] res
+-- KEYS[1] meta  KEYS[2] index  KEYS[3] res  KEYS[4] paying (pay.lua; every outcome
+--         takes the reservation out of it: nothing is left for the sweeper to settle)
 -- ARGV[1] reservation key
 -- ARGV[2], ARGV[3] (optional) the ledger row's quantity and expiry ms, for a reservation
 --         whose hash is gone (past its backstop TTL) while its expiry-index entry says
@@ -14,6 +15,7 @@
 --
 -- Run twice: safe. The second run finds the hash committed and answers 2.
 local key = ARGV[1]
+redis.call('ZREM', KEYS[4], key)
 local r = redis.call('HMGET', KEYS[3], 's', 'q')
 if not r[1] then
   local score = redis.call('ZSCORE', KEYS[2], key)
