@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -197,8 +198,15 @@ func (e *benchEnv) reservationStorms(ctx context.Context) error {
 	// Interleaved, and repeated: the machine's speed drifts by more than the
 	// gap being measured, so the targets take turns and the ratios use medians.
 	for round := 1; round <= e.o.Rounds; round++ {
+		// Every other round in reverse order: a target that always ran first
+		// (on a smaller keyspace, a cooler machine) would carry that into
+		// every pair.
+		ts := e.o.targets()
+		if round%2 == 0 {
+			slices.Reverse(ts)
+		}
 		for _, conc := range e.o.Concurrency {
-			for _, t := range e.o.targets() {
+			for _, t := range ts {
 				row, err := e.storm(ctx, kindReservations, t, camps[t], conc, round, e.o.Duration, 0)
 				if err != nil {
 					return err
