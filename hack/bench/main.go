@@ -172,6 +172,11 @@ func (o *options) validate() error {
 	case slices.Contains(o.Targets, targetReserveB) != (o.FlashsaleB != ""):
 		return errors.New("the reserve-b target and --flashsale-b go together")
 	}
+	return o.validateLists()
+}
+
+// validateLists checks the values of the list flags one by one.
+func (o *options) validateLists() error {
 	for _, c := range append(append([]int{}, o.Concurrency...), o.HotRowClients...) {
 		// The harness's PostgreSQL allows 300 connections; the ledger pools and
 		// the audit need a few of them.

@@ -56,7 +56,6 @@ func (r *Report) referenceRatios() []Ratio {
 // throughput and CPU per reservation, medians and paired (the variant and
 // the product ran back to back in every round).
 func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
-	var out []Ratio
 	var names []string
 	for _, s := range r.Storms {
 		if s.Kind == kindReservations && s.Concurrency == conc && isReserve(s.Target) && s.Target != targetReserve && !contains(names, s.Target) {
@@ -73,6 +72,7 @@ func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
 		}
 		return vs
 	}
+	out := make([]Ratio, 0, len(names))
 	for _, t := range names {
 		v := r.reservationRows(t, conc)
 		out = append(out, Ratio{Name: fmt.Sprintf("%s / `flashsale reserve` throughput, %d buyers", targetName(t), conc),

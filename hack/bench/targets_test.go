@@ -62,3 +62,36 @@ func TestVariantRatiosArePaired(t *testing.T) {
 		t.Errorf("detail %q lacks %q or the server CPU's paired 0.900", got[0].Detail, want)
 	}
 }
+
+// The new flags refuse what they cannot run, with the flag named.
+func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
+	good := func() *options {
+		return &options{Duration: time.Second, SoldOutDuration: time.Second, HotRowDuration: time.Second,
+			Concurrency: []int{64}, HotRowClients: []int{64}, MaxRequests: 1, HotRowMaxTx: 1, Shards: 1, Rounds: 1,
+			ReservePipeline: 32, ReserveLingers: []time.Duration{0}, Targets: []string{targetReserve},
+			Commits: CommitOptions{Conns: 64, Duration: time.Second, MaxTx: 1}}
+	}
+	if err := good().validate(); err != nil {
+		t.Fatalf("good options refused: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		change func(*options)
+		want   string
+	}{
+		"negative linger":       {func(o *options) { o.ReserveLingers = []time.Duration{0, -time.Microsecond} }, "--reserve-linger"},
+		"no linger":             {func(o *options) { o.ReserveLingers = nil }, "--reserve-linger"},
+		"reserve-b, no binary":  {func(o *options) { o.Targets = append(o.Targets, targetReserveB) }, "--flashsale-b"},
+		"binary, no reserve-b":  {func(o *options) { o.FlashsaleB = "/bin/true" }, "--flashsale-b"},
+		"no commit connections": {func(o *options) { o.Commits.Conns = 0 }, "--limits-commit-conns"},
+		"too many connections":  {func(o *options) { o.Commits.Conns = 281 }, "--limits-commit-conns"},
+		"negative limit rounds": {func(o *options) { o.Limits.Rounds = -1 }, "--limits-rounds"},
+		"unknown skip":          {func(o *options) { o.Skip = []string{"commit"} }, `--skip "commit"`},
+	} {
+		o := good()
+		tc.change(o)
+		err := o.validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: validate() = %v, want an error naming %s", name, err, tc.want)
+		}
+	}
+}
