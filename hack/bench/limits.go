@@ -112,6 +112,13 @@ func (e *benchEnv) limits(ctx context.Context) error {
 		return err
 	}
 	e.rep.Limits = append(e.rep.Limits, row)
+	if e.o.skips("commits") {
+		return nil
+	}
+	if row, err = e.commitRows(ctx); err != nil {
+		return err
+	}
+	e.rep.Limits = append(e.rep.Limits, row)
 	return nil
 }
 

@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -72,9 +73,12 @@ type options struct {
 	Targets           []string
 	Buckets           []int
 	Limits            LimitOptions
+	Commits           CommitOptions
 	OpenLoop          []float64
 	ReservePipeline   int
-	ReserveLinger     time.Duration
+	ReserveLingers    []time.Duration
+	// FlashsaleB is the second reserve binary of the reserve-b target.
+	FlashsaleB string
 }
 
 func main() {
@@ -102,12 +106,14 @@ func main() {
 	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one; the run's databases are dropped at the end")
 	fs.BoolVar(&o.Durable, "durable", true, "run the started PostgreSQL with fsync on, as production does (the ledger's group commit and the hot-row baselines both pay for durability); --durable=false measures without it")
-	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow, limits, openloop (gobench has its own flag)")
-	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, reserve-pipe (reserve calls pipelined), bare, decr, pg-buckets")
+	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow, limits, commits (the one-row commit run of the limits), openloop (gobench has its own flag)")
+	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, reserve-b (--flashsale-b), reserve-pipe (reserve calls pipelined, one target per --reserve-linger), bare, decr, pg-buckets")
 	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")
 	fs.IntVar(&o.ReservePipeline, "reserve-pipeline", 32, "most reserve calls in one Redis pipeline of the reserve-pipe target (FLASHSALE_RESERVE_PIPELINE); the reserve target runs with 0")
-	fs.DurationVar(&o.ReserveLinger, "reserve-linger", 0, "how long a pipeline of the reserve-pipe target waits for more calls (FLASHSALE_RESERVE_LINGER)")
+	fs.DurationSliceVar(&o.ReserveLingers, "reserve-linger", []time.Duration{0}, "how long a pipeline of the reserve-pipe targets waits for more calls (FLASHSALE_RESERVE_LINGER); one reserve-pipe target per value, taking turns")
+	fs.StringVar(&o.FlashsaleB, "flashsale-b", "", "a second flashsale binary, run as the reserve-b target beside reserve (e.g. built with -pgo=off): the same storms, taking turns, paired ratios")
 	o.Limits.addFlags(fs)
+	o.Commits.addFlags(fs)
 	fs.Float64SliceVar(&o.OpenLoop, "open-loop", []float64{0.5, 0.8}, "fractions of each target's closed-loop maximum at 64 buyers run open-loop (on a schedule, 64 connections) after the reservation storms")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
@@ -159,9 +165,18 @@ func (o *options) validate() error {
 		return errors.New("--shards must be at least 1")
 	case o.Rounds < 1:
 		return errors.New("--rounds must be at least 1")
-	case o.ReservePipeline < 2 || o.ReserveLinger < 0:
-		return errors.New("--reserve-pipeline must be at least 2 and --reserve-linger not negative")
+	case o.Limits.Rounds < 0 || o.Commits.Conns < 1 || o.Commits.Conns > 280 || o.Commits.Duration <= 0 || o.Commits.MaxTx < 1:
+		return errors.New("--limits-rounds must not be negative, --limits-commit-conns within 1..280, --limits-commit-duration and --limits-commit-max-tx positive")
+	case o.ReservePipeline < 2 || len(o.ReserveLingers) == 0 || slices.Min(o.ReserveLingers) < 0:
+		return errors.New("--reserve-pipeline must be at least 2 and --reserve-linger one or more durations, none negative")
+	case slices.Contains(o.Targets, targetReserveB) != (o.FlashsaleB != ""):
+		return errors.New("the reserve-b target and --flashsale-b go together")
 	}
+	return o.validateLists()
+}
+
+// validateLists checks the values of the list flags one by one.
+func (o *options) validateLists() error {
 	for _, c := range append(append([]int{}, o.Concurrency...), o.HotRowClients...) {
 		// The harness's PostgreSQL allows 300 connections; the ledger pools and
 		// the audit need a few of them.
@@ -171,16 +186,16 @@ func (o *options) validate() error {
 	}
 	for _, s := range o.Skip {
 		switch s {
-		case "storm", "soldout", "hotrow", "limits", "openloop":
+		case "storm", "soldout", "hotrow", "limits", "commits", "openloop":
 		default:
-			return fmt.Errorf("--skip %q: want storm, soldout, hotrow, limits or openloop", s)
+			return fmt.Errorf("--skip %q: want storm, soldout, hotrow, limits, commits or openloop", s)
 		}
 	}
 	for _, t := range o.Targets {
 		switch t {
-		case targetReserve, targetReservePipe, targetBare, targetDecr, "pg-buckets":
+		case targetReserve, targetReserveB, targetReservePipe, targetBare, targetDecr, "pg-buckets":
 		default:
-			return fmt.Errorf("--targets %q: want reserve, reserve-pipe, bare, decr or pg-buckets", t)
+			return fmt.Errorf("--targets %q: want reserve, reserve-b, reserve-pipe, bare, decr or pg-buckets", t)
 		}
 	}
 	for _, f := range o.OpenLoop {

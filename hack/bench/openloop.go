@@ -15,11 +15,17 @@ const openLoopConns = 64
 
 // openLoop runs each target of the reservation storms at each --open-loop
 // fraction of its own closed-loop maximum at 64 buyers (the median of the
-// rounds), on 64 connections, the targets taking turns.
+// rounds), on 64 connections, the targets taking turns. Every variant of the
+// product (a second binary, a pipeline and its linger) runs on the schedule
+// of the product itself, so their tails are compared at the same load.
 func (e *benchEnv) openLoop(ctx context.Context, camps map[string]*campaign) error {
 	for _, frac := range e.o.OpenLoop {
 		for _, t := range e.o.openLoopTargets() {
-			closed := e.rep.reservationRows(t, openLoopConns)
+			base := t
+			if isReserve(t) && len(e.rep.reservationRows(targetReserve, openLoopConns)) > 0 {
+				base = targetReserve
+			}
+			closed := e.rep.reservationRows(base, openLoopConns)
 			if len(closed) == 0 {
 				continue
 			}
@@ -38,12 +44,12 @@ func (e *benchEnv) openLoop(ctx context.Context, camps map[string]*campaign) err
 	return nil
 }
 
-// openLoopTargets: the product and its bare handler (the references'
-// latency under a schedule is not what the targets ask).
+// openLoopTargets: the product, its variants and its bare handler (the
+// references' latency under a schedule is not what the targets ask).
 func (o *options) openLoopTargets() []string {
 	var out []string
 	for _, t := range o.targets() {
-		if t == targetReserve || t == targetBare {
+		if isReserve(t) || t == targetBare {
 			out = append(out, t)
 		}
 	}

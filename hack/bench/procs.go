@@ -79,7 +79,7 @@ func goBuildWith(ctx context.Context, root, out, pkg, ldflags string) error {
 }
 
 // newestSource is the newest file that goes into bin/flashsale (Go sources,
-// embedded scripts and migrations, the module files).
+// embedded scripts and migrations, the module files, the PGO profile).
 func newestSource(root string) (time.Time, string, error) {
 	var newest time.Time
 	var which string
@@ -101,7 +101,7 @@ func newestSource(root string) (time.Time, string, error) {
 			return nil
 		}
 		switch filepath.Ext(name) {
-		case ".go", ".lua", ".sql":
+		case ".go", ".lua", ".sql", ".pgo":
 		default:
 			if name != "go.mod" && name != "go.sum" {
 				return nil

@@ -298,8 +298,11 @@ func targetName(t string) string {
 	switch {
 	case t == targetReserve:
 		return "`flashsale reserve`"
-	case t == targetReservePipe:
-		return "`flashsale reserve`, reserve calls pipelined"
+	case t == targetReserveB:
+		return "`flashsale reserve`, second binary (--flashsale-b)"
+	case strings.HasPrefix(t, targetReservePipe+"-"):
+		d, _ := lingerOf(t)
+		return fmt.Sprintf("`flashsale reserve`, reserve calls pipelined, linger %s", d)
 	case t == targetDecr:
 		return "HTTP + one-command script (DECR)"
 	case bucketsOf(t) > 0:

@@ -17,6 +17,7 @@ func (r *Report) referenceRatios() []Ratio {
 			continue
 		}
 		resRate := median(res, rate)
+		out = append(out, r.variantRatios(conc, res)...)
 		if bare := r.reservationRows(targetBare, conc); len(bare) > 0 {
 			b := median(bare, rate)
 			med, paired := resRate/b, pairedRatio(rates(res), rates(bare))
@@ -48,6 +49,49 @@ func (r *Report) referenceRatios() []Ratio {
 		}
 	}
 	return out
+}
+
+// variantRatios hold each variant of the product (a second binary, a
+// pipeline with its linger) against the product as it ships, at conc:
+// throughput and CPU per reservation, medians and paired (the variant and
+// the product ran back to back in every round).
+func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
+	var names []string
+	for _, s := range r.Storms {
+		if s.Kind == kindReservations && s.Concurrency == conc && isReserve(s.Target) && s.Target != targetReserve && !contains(names, s.Target) {
+			names = append(names, s.Target)
+		}
+	}
+	server := func(s StormRow) float64 { return s.ServerCPUus }
+	redisCPU := func(s StormRow) float64 { return s.RedisCPUus }
+	p99 := func(s StormRow) float64 { return s.Latency.P99 }
+	of := func(rows []StormRow, f func(StormRow) float64) []float64 {
+		vs := make([]float64, len(rows))
+		for i, s := range rows {
+			vs[i] = f(s)
+		}
+		return vs
+	}
+	out := make([]Ratio, 0, len(names))
+	for _, t := range names {
+		v := r.reservationRows(t, conc)
+		out = append(out, Ratio{Name: fmt.Sprintf("%s / `flashsale reserve` throughput, %d buyers", targetName(t), conc),
+			Value: median(v, rate) / median(res, rate) * 100, Unit: "%",
+			Detail: fmt.Sprintf("rounds %s vs %s reservations/s; paired %.1f%%; server CPU µs per reservation %s vs %s (paired %.3f); Redis %s vs %s (paired %.3f); p99 ms %s vs %s",
+				joinFloats(rates(v)), joinFloats(rates(res)), pairedRatio(rates(v), rates(res))*100,
+				joinFloats(of(v, server)), joinFloats(of(res, server)), pairedRatio(of(v, server), of(res, server)),
+				joinFloats(of(v, redisCPU)), joinFloats(of(res, redisCPU)), pairedRatio(of(v, redisCPU), of(res, redisCPU)),
+				joinFloats1(of(v, p99)), joinFloats1(of(res, p99)))})
+	}
+	return out
+}
+
+func joinFloats1(vs []float64) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprintf("%.1f", v)
+	}
+	return strings.Join(s, ", ")
 }
 
 // concurrencies are the reservation storms' buyer counts, in run order.

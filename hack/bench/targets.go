@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,8 +20,12 @@ import (
 // behind the route differs.
 const (
 	targetReserve = "reserve" // `flashsale reserve`: the product
+	// targetReserveB is the product from a second binary (--flashsale-b):
+	// two builds of the same code side by side, such as with and without PGO.
+	targetReserveB = "reserve-b"
 	// targetReservePipe is the product with its reserve calls batched into
-	// Redis pipelines (--reserve-pipeline, --reserve-linger).
+	// Redis pipelines (--reserve-pipeline), one target per --reserve-linger:
+	// "reserve-pipe-<linger>".
 	targetReservePipe = "reserve-pipe"
 	targetBare        = "bare" // the same reserve script, nothing else
 	targetDecr        = "decr" // a one-command script (DECR)
@@ -28,8 +33,24 @@ const (
 	targetBuckets = "pg-buckets-"
 )
 
-// isReserve: the target is the product, pipelined or not.
-func isReserve(target string) bool { return target == targetReserve || target == targetReservePipe }
+// isReserve: the target is the product, pipelined or not, from either binary.
+func isReserve(target string) bool {
+	_, pipe := lingerOf(target)
+	return target == targetReserve || target == targetReserveB || pipe
+}
+
+// pipeTarget names the pipelined product with a linger.
+func pipeTarget(linger time.Duration) string { return targetReservePipe + "-" + linger.String() }
+
+// lingerOf is the linger of a reserve-pipe target (ok false: not one).
+func lingerOf(target string) (time.Duration, bool) {
+	s, ok := strings.CutPrefix(target, targetReservePipe+"-")
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil
+}
 
 // bucketTarget names the bucket design with n rows per SKU.
 func bucketTarget(n int) string { return targetBuckets + strconv.Itoa(n) }
@@ -47,9 +68,15 @@ func bucketsOf(target string) int {
 func (o *options) targets() []string {
 	var out []string
 	for _, t := range o.Targets {
-		if t == "pg-buckets" {
+		switch t {
+		case "pg-buckets":
 			for _, n := range o.Buckets {
 				out = append(out, bucketTarget(n))
+			}
+			continue
+		case targetReservePipe:
+			for _, d := range o.ReserveLingers {
+				out = append(out, pipeTarget(d))
 			}
 			continue
 		}
@@ -68,10 +95,14 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 	case isReserve(target):
 		env := e.env(c)
 		batch, linger := 0, time.Duration(0) // explicit: the default may change
-		if target == targetReservePipe {
-			batch, linger = e.o.ReservePipeline, e.o.ReserveLinger
+		if d, ok := lingerOf(target); ok {
+			batch, linger = e.o.ReservePipeline, d
 		}
 		env = append(env, config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReserveLinger+"="+linger.String())
+		bin := e.flashsale
+		if target == targetReserveB {
+			bin = e.o.FlashsaleB
+		}
 		if target == targetReserve && e.o.Profile != "" {
 			port, err := testharness.FreePort()
 			if err != nil {
@@ -80,7 +111,7 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 			e.debugAddr = fmt.Sprintf("127.0.0.1:%d", port)
 			env = append(env, config.EnvDebugListen+"="+e.debugAddr)
 		}
-		return startServer(ctx, label, e.work, e.flashsale, []string{"reserve"}, e.listenFlag, env)
+		return startServer(ctx, label, e.work, bin, []string{"reserve"}, e.listenFlag, env)
 	case target == targetDecr:
 		return startServer(ctx, label, e.work, e.bare, []string{"--backend=decr"}, "--listen", e.env(c))
 	case bucketsOf(target) > 0:
@@ -167,8 +198,15 @@ func (e *benchEnv) reservationStorms(ctx context.Context) error {
 	// Interleaved, and repeated: the machine's speed drifts by more than the
 	// gap being measured, so the targets take turns and the ratios use medians.
 	for round := 1; round <= e.o.Rounds; round++ {
+		// Every other round in reverse order: a target that always ran first
+		// (on a smaller keyspace, a cooler machine) would carry that into
+		// every pair.
+		ts := e.o.targets()
+		if round%2 == 0 {
+			slices.Reverse(ts)
+		}
 		for _, conc := range e.o.Concurrency {
-			for _, t := range e.o.targets() {
+			for _, t := range ts {
 				row, err := e.storm(ctx, kindReservations, t, camps[t], conc, round, e.o.Duration, 0)
 				if err != nil {
 					return err
