@@ -389,7 +389,13 @@ type AdmissionSecretKeySelector struct {
 // FlashSaleStatus is the observed state of a flash-sale campaign. Everything
 // an on-call engineer needs during an incident is here.
 type FlashSaleStatus struct {
-	// conditions are the latest observations of the sale's state.
+	// conditions are the latest observations of the sale's state: Ready,
+	// Seeded, Admitting, RedisHealthy, LedgerHealthy, AllocationApplied and
+	// Degraded. Degraded is True while a reserve or sweeper replica crashes
+	// (a container waiting in CrashLoopBackOff, or ended by an OOM kill or a
+	// non-zero exit in the last 10 minutes, as the pod's container states
+	// say), reason OOMKilled, CrashLoopBackOff or Error, its message naming
+	// the pod; Ready stays True meanwhile while another replica serves.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
