@@ -200,7 +200,9 @@ func TestDegradedFromThePods(t *testing.T) {
 			}
 			c := meta.FindStatusCondition(st.Conditions, flashsalev1alpha1.ConditionDegraded)
 			for _, s := range tc.says {
-				if c == nil || !strings.Contains(c.Message, s) {
+				if c == nil {
+					t.Errorf("no Degraded condition to say %q", s)
+				} else if !strings.Contains(c.Message, s) {
 					t.Errorf("Degraded's message %q does not say %q", c.Message, s)
 				}
 			}
@@ -225,19 +227,22 @@ func TestDegradedIsStableAndClearsOnTime(t *testing.T) {
 		return meta.FindStatusCondition(st.Conditions, flashsalev1alpha1.ConditionDegraded)
 	}
 	first := at(statusNow)
+	if first == nil {
+		t.Fatal("no Degraded condition")
+	}
 	fs.Status.Conditions = append(fs.Status.Conditions, *first)
 	later := at(statusNow.Add(time.Minute))
-	if later.Message != first.Message || !later.LastTransitionTime.Equal(&first.LastTransitionTime) || later.Status != metav1.ConditionTrue {
+	if later == nil || later.Message != first.Message || !later.LastTransitionTime.Equal(&first.LastTransitionTime) || later.Status != metav1.ConditionTrue {
 		t.Fatalf("a minute later: %+v, first %+v", later, first)
 	}
 	clears := crashesChange(findCrashes(pods, statusNow))
 	if want := statusNow.Add(-30 * time.Second).Add(crashWindow); !clears.Equal(want) {
 		t.Fatalf("crashesChange %v, want the restart's start + %s = %v", clears, crashWindow, want)
 	}
-	if c := at(clears.Add(-time.Second)); c.Status != metav1.ConditionTrue {
+	if c := at(clears.Add(-time.Second)); c == nil || c.Status != metav1.ConditionTrue {
 		t.Fatalf("a second before it clears: %+v", c)
 	}
-	if c := at(clears); c.Status != metav1.ConditionFalse || c.Reason != ReasonReplicasStable {
+	if c := at(clears); c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonReplicasStable {
 		t.Fatalf("when it clears: %+v", c)
 	}
 	// A back-off has no time of its own: the pod's next change ends it.
