@@ -111,7 +111,7 @@ func TestCrashingReplicaIsReportedWhileTheSaleStaysReady(t *testing.T) {
 	e.setContainer(bad, corev1.ContainerStatus{RestartCount: 2,
 		State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off 10s restarting failed container"}},
 		LastTerminationState: corev1.ContainerState{Terminated: again}})
-	fs = e.waitFor("crashy", settle, "Degraded naming the back-off", func(fs *flashsalev1alpha1.FlashSale) bool {
+	e.waitFor("crashy", settle, "Degraded naming the back-off", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionDegraded)
 		return c != nil && c.Reason == controllers.ReasonOOMKilled && strings.Contains(c.Message, "2 restarts, waiting in CrashLoopBackOff")
 	})
