@@ -213,7 +213,10 @@ func describeCrash(c crash) string {
 	} else {
 		b.WriteString("last termination not reported")
 	}
-	fmt.Fprintf(&b, ", %d restarts", c.restarts)
+	fmt.Fprintf(&b, ", %d restart", c.restarts)
+	if c.restarts != 1 {
+		b.WriteString("s")
+	}
 	if c.backOff {
 		b.WriteString(", waiting in CrashLoopBackOff")
 	}
