@@ -20,6 +20,8 @@ import (
 // given namespaces. The operator must not grow with the cluster:
 //   - Deployments, Services and PodDisruptionBudgets: only the sales' own
 //     (ours carry the managed-by label);
+//   - Pods: only the sales' own (their templates carry the label), and of
+//     each only its name, labels and containers' states (podStatusOnly);
 //   - Secrets: metadata only, for the watch that tells when a referenced one
 //     changes; their data is read from the API server (secretReader), so the
 //     cluster's other Secrets (Helm releases, certificates) are never held;
@@ -36,6 +38,7 @@ func CacheOptions(namespaces []string) cache.Options {
 			&appsv1.Deployment{}:            {Label: ours},
 			&corev1.Service{}:               {Label: ours},
 			&policyv1.PodDisruptionBudget{}: {Label: ours},
+			&corev1.Pod{}:                   {Label: ours, Transform: podStatusOnly},
 			&corev1.Secret{}:                {Transform: secretMetadataOnly},
 		},
 	}

@@ -61,6 +61,17 @@ const (
 	ReasonPhaseChanged      = "PhaseChanged"
 	ReasonCleanupSkipped    = "CleanupSkipped"
 	ReasonCleanupFailed     = "CleanupFailed"
+
+	// Degraded's reasons (see findCrashes): a replica OOM-killed, one
+	// waiting in CrashLoopBackOff after another end, one that exited
+	// non-zero; none of these in crashWindow.
+	ReasonOOMKilled        = "OOMKilled"
+	ReasonCrashLoopBackOff = "CrashLoopBackOff"
+	ReasonError            = "Error"
+	ReasonReplicasStable   = "ReplicasStable"
+	// Events: Degraded turned True, and False again.
+	ReasonReplicaCrashing   = "ReplicaCrashing"
+	ReasonReplicasRecovered = "ReplicasRecovered"
 )
 
 func gateReason(gate string) string {

@@ -132,6 +132,17 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	} else if serr == nil {
 		s.reservePods = &pods
 	}
+	if rp, perr := r.readReplicaPods(pctx, fs); perr != nil && s.err == nil {
+		s.err = perr
+	} else if perr == nil {
+		s.replicas = rp
+		// Degraded clears with time too: look again when a crash found
+		// stops counting, though nothing else changes (a sale Completed
+		// refreshes every 5 minutes only).
+		if at := crashesChange(findCrashes(rp.pods, rp.at)); !at.IsZero() {
+			s.requeueAfter(at.Sub(rp.at) + time.Second)
+		}
+	}
 	fs.Status = computeStatus(fs, &s.facts, r.countsStamp())
 	if s.conn != nil {
 		s.conn.noteLedger(fs, &s.facts)
@@ -245,8 +256,9 @@ func (r *FlashSaleReconciler) statusRefresh() time.Duration {
 	return DefaultStatusRefresh
 }
 
-// SetupWithManager registers the controller: FlashSales, their children, and the
-// Secrets they reference (a Secret created after its FlashSale unblocks it).
+// SetupWithManager registers the controller: FlashSales, their children, the
+// children's pods (their crashes), and the Secrets they reference (a Secret
+// created after its FlashSale unblocks it).
 // The manager should be made with CacheOptions and ClientOptions.
 func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.apiReader = mgr.GetAPIReader()
@@ -268,6 +280,8 @@ func (r *FlashSaleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(
 			predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.salesUsingSecret)).
+		// The reserve and sweeper pods, for Degraded: a restart, a back-off.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(salesOfPod), builder.WithPredicates(podCrashChanged)).
 		WatchesRawSource(source.Channel(r.rebuildEnded, &handler.EnqueueRequestForObject{})).
 		Named("flashsale").
 		WithOptions(controller.Options{RateLimiter: failureRateLimiter()}).

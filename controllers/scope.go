@@ -87,6 +87,8 @@ type facts struct {
 	err       error
 	// reservePods is the reserve Deployment's replicas, when it was read.
 	reservePods *int32
+	// replicas are the reserve and sweeper pods, when they were read.
+	replicas *replicaPods
 }
 
 // allocationVerdict is what became of spec.allocation: applied, or not

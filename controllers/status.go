@@ -76,6 +76,13 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 	if f.reservePods != nil {
 		st.ReservationReplicas = *f.reservePods
 	}
+	// The replicas' crashes, whatever else held: a replica OOM-killed again
+	// and again matters while Redis is down too, and Ready does not say it
+	// while another replica serves.
+	if f.replicas != nil {
+		status, reason, message := degradedVerdict(findCrashes(f.replicas.pods, f.replicas.at))
+		d.set(flashsalev1alpha1.ConditionDegraded, status, reason, message)
+	}
 	for _, c := range d.conditions {
 		meta.SetStatusCondition(&st.Conditions, c)
 	}

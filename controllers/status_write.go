@@ -28,6 +28,7 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 		s.statusEvent(corev1.EventTypeNormal, ReasonPhaseChanged, "Phase %s → %s", orNone(before.Status.Phase), s.fs.Status.Phase)
 	}
 	s.healthEvents(before.Status.Conditions)
+	s.replicaEvents(before.Status.Conditions)
 	if !equality.Semantic.DeepEqual(before.Status, s.fs.Status) {
 		var err error
 		if before.Status.ObservedGeneration == 0 && before.Status.Phase == "" {
@@ -87,6 +88,21 @@ func (s *scope) healthEvents(before []metav1.Condition) {
 		case now.Status == metav1.ConditionTrue && was != nil && was.Status == metav1.ConditionFalse:
 			s.statusEvent(corev1.EventTypeNormal, h.recovered, "%s again: %s", h.typ, now.Message)
 		}
+	}
+}
+
+// replicaEvents says when a replica starts crashing (Degraded turns True)
+// and when every replica is stable again: one Warning per episode, however
+// often the replica restarts within it.
+func (s *scope) replicaEvents(before []metav1.Condition) {
+	was := meta.FindStatusCondition(before, flashsalev1alpha1.ConditionDegraded)
+	now := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionDegraded)
+	switch {
+	case now == nil || (was != nil && was.Status == now.Status):
+	case now.Status == metav1.ConditionTrue:
+		s.statusEvent(corev1.EventTypeWarning, ReasonReplicaCrashing, "%s: %s", now.Reason, now.Message)
+	case was != nil && was.Status == metav1.ConditionTrue:
+		s.statusEvent(corev1.EventTypeNormal, ReasonReplicasRecovered, "%s", now.Message)
 	}
 }
 

@@ -108,6 +108,8 @@ func TestCRDPrinterColumns(t *testing.T) {
 		// Ready in the default view: pods crash-looping or a sweeper down
 		// leave the phase Open and Admitting True.
 		{"Ready", "string", `.status.conditions[?(@.type=="Ready")].status`, 0},
+		// A replica crash-looping while the others serve: Ready stays True.
+		{"Degraded", "string", `.status.conditions[?(@.type=="Degraded")].status`, 0},
 		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
 		// How old the counts are: more than a minute is stale.
 		{"Counted", "date", ".status.countsObservedAt", 1},

@@ -69,6 +69,20 @@ const (
 	ConditionRedisHealthy = "RedisHealthy"
 	// ConditionLedgerHealthy is True while PostgreSQL answers.
 	ConditionLedgerHealthy = "LedgerHealthy"
+	// ConditionDegraded is True while a reserve or sweeper replica crashes,
+	// whatever the other replicas do: one of its containers waits in
+	// CrashLoopBackOff, or ended with an OOM kill or a non-zero exit less
+	// than 10 minutes ago (the kubelet's own span: a container that runs
+	// that long has its restart back-off reset). Its reason is OOMKilled,
+	// CrashLoopBackOff or Error, in that order of precedence over the
+	// replicas; its message names each replica's Deployment, pod, the
+	// termination's reason and exit code, when it ended and the restart
+	// count. It is False (ReplicasStable) once every replica has run 10
+	// minutes without such an end, as the pods' container states tell (the
+	// times the kubelet reports). A pod being deleted, or Failed or
+	// Succeeded (evicted), does not count. Ready keeps its own meaning: a
+	// sale whose other replicas serve stays Ready.
+	ConditionDegraded = "Degraded"
 )
 
 // RedisMode says how the Redis addresses in the Secret are to be used.
@@ -375,7 +389,13 @@ type AdmissionSecretKeySelector struct {
 // FlashSaleStatus is the observed state of a flash-sale campaign. Everything
 // an on-call engineer needs during an incident is here.
 type FlashSaleStatus struct {
-	// conditions are the latest observations of the sale's state.
+	// conditions are the latest observations of the sale's state: Ready,
+	// Seeded, Admitting, RedisHealthy, LedgerHealthy, AllocationApplied and
+	// Degraded. Degraded is True while a reserve or sweeper replica crashes
+	// (a container waiting in CrashLoopBackOff, or ended by an OOM kill or a
+	// non-zero exit in the last 10 minutes, as the pod's container states
+	// say), reason OOMKilled, CrashLoopBackOff or Error, its message naming
+	// the pod; Ready stays True meanwhile while another replica serves.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -595,6 +615,7 @@ type RebuildProgress struct {
 // +kubebuilder:printcolumn:name="Reserved",type=integer,JSONPath=`.status.reserved`
 // +kubebuilder:printcolumn:name="Sold",type=integer,JSONPath=`.status.sold`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Counted",type=date,JSONPath=`.status.countsObservedAt`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -71,7 +71,8 @@ const oomLimit = "12Mi"
 // kernel at its memory limit (its cgroup's, set by the kubelet from the
 // pod's spec), again after each restart by the kubelet, until the kubelet
 // backs off; the operator reports the sale without a ready reservation API
-// meanwhile (Ready False, ReservationAPINotReady). Every acknowledged
+// meanwhile (Ready False, ReservationAPINotReady) and says why (Degraded
+// True, OOMKilled, naming the pod). Every acknowledged
 // reservation is in the ledger, the audit is exact, and once the limit is
 // raised the sale is Ready and sells on, exact.
 //
@@ -140,6 +141,11 @@ func TestReserveOOMKilledAtItsLimitRestartsAndLosesNothing(t *testing.T) {
 	})
 	t.Logf("pod %s OOM-killed, %d restarts; Ready: %s", name, kills,
 		kubectl(t, nil, "get", "flashsale", "oom", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`))
+	// Degraded says why: the pod, the kernel's kill.
+	eventuallyWithin(t, 30*time.Second, "Degraded True, OOMKilled, naming the pod", func() bool {
+		d, msg := condition(t, ns, "oom", "Degraded")
+		return len(d) == 3 && d[0] == "True" && d[1] == "OOMKilled" && strings.Contains(msg, "pod "+name+": OOMKilled (exit code 137)")
+	})
 	// The kernel did it: the pod's memory cgroup (it outlives the
 	// container's, where the kill itself is counted) refused charges at the
 	// limit; containerd saw the cgroup's OOM event (the OOMKilled above).
@@ -166,5 +172,7 @@ func TestReserveOOMKilledAtItsLimitRestartsAndLosesNothing(t *testing.T) {
 		`{"spec":{"reservation":{"resources":{"requests":{"memory":"64Mi"},"limits":{"memory":"256Mi"}}}}}`)
 	kubectl(t, nil, "rollout", "status", "deployment/oom-reserve", "-n", ns, "--timeout=170s")
 	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Ready", "flashsale/oom", "--timeout=170s")
+	// The killed pod is gone with the rollout: no replica crashes.
+	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Degraded=false", "flashsale/oom", "--timeout=60s")
 	salecheck.Audit(t, s.storm(t, "--buyers", "100000", "--count", "1000", "--concurrency", "16", "--checkout-ratio", "0.3", "--settle", "90s"))
 }
