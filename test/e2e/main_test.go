@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -308,19 +307,4 @@ func runnerState(t *testing.T) podrunner.State {
 // check is the sale as the checks both suites share reach it.
 func (s *sale) check() *salecheck.Sale {
 	return &salecheck.Sale{Env: env, NS: s.ns, Name: s.name, UID: s.uid, SKU: s.sku, URL: s.url, Key: s.keyFile}
-}
-
-// buyer is one person with an admission token from `flashsale token`.
-func (s *sale) buyer(t *testing.T, user string) *salecheck.Buyer {
-	t.Helper()
-	return s.check().Buyer(t, user)
-}
-
-func atoi(t *testing.T, s string) int64 {
-	t.Helper()
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil {
-		t.Fatalf("%q is not a number", s)
-	}
-	return n
 }
