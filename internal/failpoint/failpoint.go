@@ -39,6 +39,14 @@ const (
 	CheckoutAfterLedger = "checkout-after-ledger"
 )
 
+// The steps of a sweep pass.
+const (
+	// SweepAfterLedgerCancel: the ledger cancelled a batch of expired
+	// reservations (CANCELLED_BY_SWEEPER); none of their units is back in
+	// Redis yet. The next pass releases them (the row already says so).
+	SweepAfterLedgerCancel = "sweep-after-ledger-cancel"
+)
+
 // Steps lists every step of a reservation, for tests that visit them all.
 var Steps = []string{
 	ReserveAfterHomeReserve, ReserveAfterHomeClaim, ReserveAfterSteal,
@@ -54,5 +62,9 @@ func Kill(step string) {
 		return
 	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // the signal is on its way; nothing after the step may run
+	// Not reached, unless the process is the init of its PID namespace (a
+	// container's entrypoint, pid 1): the kernel drops a SIGKILL it sends
+	// itself. It then ends at once all the same, with the status of a
+	// SIGKILLed process (128+9), running nothing after the step.
+	syscall.Exit(128 + int(syscall.SIGKILL))
 }

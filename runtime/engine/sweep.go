@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -186,6 +187,7 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 	if err != nil {
 		return st, err
 	}
+	failpoint.Kill(failpoint.SweepAfterLedgerCancel)
 	// Tokens without a ledger row: the API died between Redis and SQL. Record the
 	// abandonment first, so a late materialization cannot also write a PENDING row.
 	var missing []ledger.Order

@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/podrunner"
-	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
@@ -68,22 +67,6 @@ func TestReserveReplicaKilledMidStormLosesNoAcknowledgement(t *testing.T) {
 	rep := st.report(t)
 	salecheck.Audit(t, rep)
 	salecheck.Acked(t, ledger, ackedFile, rep.Acked)
-}
-
-// redisStock sums the stock counters of a sale's shards, read from Redis.
-func redisStock(t *testing.T, addr, uid string, shards int) int64 {
-	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	var sum int64
-	for i := range shards {
-		n, err := rdb.Get(context.Background(), stock.ShardKeys(uid, i).Stock()).Int64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum += n
-	}
-	return sum
 }
 
 // Every reservation expires; the sweeper is SIGKILLed in the middle of the
@@ -180,7 +163,7 @@ func TestSweeperKilledMidPassNextPassCompletes(t *testing.T) {
 	var units map[string]int64
 	var inStock int64
 	eventually(t, 60*time.Second, 50*time.Millisecond, func() string {
-		units, inStock = salecheck.Units(t, ledger, s.uid), redisStock(t, s.redisAddr, s.uid, 1)
+		units, inStock = salecheck.Units(t, ledger, s.uid), salecheck.RedisStock(t, s.redisAddr, s.uid, 1)
 		if units["CANCELLED_BY_SWEEPER"] == 0 {
 			return fmt.Sprintf("no pass cancelled anything yet (ledger %v)", units)
 		}
@@ -199,24 +182,5 @@ func TestSweeperKilledMidPassNextPassCompletes(t *testing.T) {
 	// The leader's first pass releases the rest; the one buyer here cancels,
 	// so the audit's settled state is every unit back in stock.
 	rep := s.storm(t, "--buyers", "1", "--count", "1", "--checkout-ratio", "0", "--cancel-ratio", "1", "--settle", "90s")
-	a := rep.Audit
-	if a == nil || !a.OK || !a.Conserved || !a.Settled || a.Oversold != 0 {
-		t.Fatalf("audit after the next pass: %+v", a)
-	}
-	if a.Available != allocation || a.Sold != 0 || a.Reserved != 0 || a.Pending != 0 {
-		t.Fatalf("after the next pass: available %d, reserved %d, sold %d, pending %d; want all %d units back", a.Available, a.Reserved, a.Sold, a.Pending, allocation)
-	}
-	statuses := salecheck.Statuses(t, ledger, acked)
-	for _, id := range acked {
-		if statuses[id] != "CANCELLED_BY_SWEEPER" {
-			t.Errorf("acknowledged reservation %s is %q in the ledger, want CANCELLED_BY_SWEEPER", id, statuses[id])
-		}
-	}
-	units = salecheck.Units(t, ledger, s.uid)
-	if units["CANCELLED_BY_SWEEPER"] != int64(len(acked)) || units["ABANDONED"] != 0 || units["PENDING"] != 0 {
-		t.Errorf("ledger %v, want all %d acknowledged reservations CANCELLED_BY_SWEEPER", units, len(acked))
-	}
-	if got := redisStock(t, s.redisAddr, s.uid, 1); got != allocation {
-		t.Errorf("Redis stock %d, want %d: a unit was released twice or never", got, allocation)
-	}
+	salecheck.ReleasedOnce(t, ledger, rep, s.redisAddr, s.uid, 1, acked)
 }

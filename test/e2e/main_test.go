@@ -14,12 +14,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +32,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 var (
@@ -228,17 +226,7 @@ func getSale(t *testing.T, ns, name string) *flashsalev1alpha1.FlashSale {
 // eventually polls cond every interval until it returns "" or timeout passes.
 func eventually(t *testing.T, timeout, interval time.Duration, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, msg)
-		}
-		time.Sleep(interval)
-	}
+	salecheck.Eventually(t, timeout, interval, cond)
 }
 
 // stormCmd prepares `flashsale storm --json` against the sale, with its audit
@@ -314,74 +302,7 @@ func runnerState(t *testing.T) podrunner.State {
 	return st
 }
 
-// buyer is one person with an admission token from `flashsale token`.
-type buyer struct {
-	s     *sale
-	user  string
-	token string
-}
-
-func (s *sale) buyer(t *testing.T, user string) *buyer {
-	t.Helper()
-	out, err := exec.Command(env.Binary, "token", "--sku", s.sku, "--user", user, "--ttl", "10m", "--key-file", s.keyFile).Output()
-	if err != nil {
-		t.Fatalf("flashsale token: %v", err)
-	}
-	return &buyer{s: s, user: user, token: strings.TrimSpace(string(out))}
-}
-
-// answer is an HTTP answer of the reserve API.
-type answer struct {
-	Status        int
-	Code          string `json:"code"`
-	ReservationID string `json:"reservation_id"`
-	OrderStatus   string `json:"status"`
-}
-
-func (b *buyer) call(t *testing.T, method, path string, body any) answer {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		j, _ := json.Marshal(body)
-		rd = bytes.NewReader(j)
-	}
-	req, err := http.NewRequest(method, b.s.url+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+b.token)
-	req.Header.Set("Content-Type", "application/json")
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		return answer{Status: 0, Code: err.Error()}
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	a := answer{Status: resp.StatusCode}
-	_ = json.Unmarshal(raw, &a)
-	return a
-}
-
-// reserve asks for one unit with the given idempotency key.
-func (b *buyer) reserve(t *testing.T, key string) answer {
-	t.Helper()
-	return b.call(t, http.MethodPost, "/api/v1/flash-sale/reserve",
-		map[string]any{"item_id": b.s.sku, "user_id": b.user, "quantity": 1, "idempotency_key": key})
-}
-
-// checkout pays for a reservation.
-func (b *buyer) checkout(t *testing.T, reservationID string) answer {
-	t.Helper()
-	return b.call(t, http.MethodPost, "/api/v1/flash-sale/checkout",
-		map[string]any{"reservation_id": reservationID, "payment_token": "pay-" + b.user})
-}
-
-func atoi(t *testing.T, s string) int64 {
-	t.Helper()
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil {
-		t.Fatalf("%q is not a number", s)
-	}
-	return n
+// check is the sale as the checks both suites share reach it.
+func (s *sale) check() *salecheck.Sale {
+	return &salecheck.Sale{Env: env, NS: s.ns, Name: s.name, UID: s.uid, SKU: s.sku, URL: s.url, Key: s.keyFile}
 }

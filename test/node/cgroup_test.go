@@ -50,6 +50,25 @@ func podMemCgroups(t *testing.T, ns, pod string) memCgroups {
 	return cg
 }
 
+// cgroupPIDs lists the processes of a cgroup (as this machine's kernel
+// numbers them, not the container's namespace).
+func cgroupPIDs(t *testing.T, dir string) []int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
 // cgroupInt reads a cgroup file holding one number.
 func cgroupInt(t *testing.T, dir, file string) int64 {
 	t.Helper()

@@ -3,8 +3,6 @@ package node_test
 import (
 	"context"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -41,17 +39,7 @@ func TestDeletedSaleStopsItsPodsAndKeepsTheLedger(t *testing.T) {
 		for _, p := range pods(t, ns, component) {
 			cg := podMemCgroups(t, ns, p.Metadata.Name)
 			cgroups = append(cgroups, cg.pod)
-			b, err := os.ReadFile(filepath.Join(cg.container, "cgroup.procs"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range strings.Fields(string(b)) {
-				pid, err := strconv.Atoi(f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				pids = append(pids, pid)
-			}
+			pids = append(pids, cgroupPIDs(t, cg.container)...)
 		}
 	}
 	if len(cgroups) != 4 || len(pids) < 4 {

@@ -62,15 +62,7 @@ func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
 	needNode(t)
 	ns := "endpoints"
 	newShop(t, ns)
-	own, err := env.StartRedis()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podRedis, err := env.PodAddr(own.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubectl(t, nil, "create", "secret", "generic", "own-redis", "-n", ns, "--from-literal=addresses="+podRedis)
+	own, _ := ownRedis(t, ns)
 	s := applySale(t, ns, map[string]any{"Name": "eps", "Allocation": 100, "Replicas": 2, "Memory": "64Mi", "RedisSecret": "own-redis"})
 	svc := "eps-reserve"
 	kubectl(t, nil, "rollout", "status", "deployment/eps-reserve", "-n", ns, "--timeout=170s")

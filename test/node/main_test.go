@@ -31,6 +31,7 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 var (
@@ -124,6 +125,11 @@ func kubectl(t *testing.T, stdin []byte, args ...string) string {
 // sale is a FlashSale under test.
 type sale struct {
 	ns, name, uid, sku, url, redisAddr, keyFile string
+}
+
+// check is the sale as the checks test/e2e shares reach it.
+func (s *sale) check() *salecheck.Sale {
+	return &salecheck.Sale{Env: env, NS: s.ns, Name: s.name, UID: s.uid, SKU: s.sku, URL: s.url, Key: s.keyFile}
 }
 
 // waitReady waits for the FlashSale's Ready condition and its Service's

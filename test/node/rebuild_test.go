@@ -42,15 +42,7 @@ func TestManagerRebuildsALargeSaleInsideItsMemoryLimit(t *testing.T) {
 	}
 	ns := "bigsale"
 	newShop(t, ns)
-	own, err := env.StartRedis()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podRedis, err := env.PodAddr(own.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubectl(t, nil, "create", "secret", "generic", "own-redis", "-n", ns, "--from-literal=addresses="+podRedis)
+	own, podRedis := ownRedis(t, ns)
 	allocation := orders + orders/10
 	s := applySale(t, ns, map[string]any{"Name": "big", "Allocation": allocation, "Replicas": 1, "Memory": "64Mi", "RedisSecret": "own-redis"})
 	s.redisAddr = podRedis

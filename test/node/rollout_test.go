@@ -35,6 +35,24 @@ func newShop(t *testing.T, ns string) {
 	t.Cleanup(func() { kubectl(t, nil, "delete", "namespace", ns, "--timeout=120s") })
 }
 
+// ownRedis starts a Redis for one sale of namespace ns (one the test may
+// kill, flush or restart without touching another sale), forwards it into
+// the node, and creates the Secret own-redis that points the sale's pods at
+// it (testdata/sale.yaml's RedisSecret). It returns the Redis and where the
+// pods reach it.
+func ownRedis(t *testing.T, ns string) (own *testharness.Redis, podAddr string) {
+	t.Helper()
+	own, err := env.StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if podAddr, err = env.PodAddr(own.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, nil, "create", "secret", "generic", "own-redis", "-n", ns, "--from-literal=addresses="+podAddr)
+	return own, podAddr
+}
+
 // applySale renders testdata/sale.yaml and waits for the sale to be Ready.
 func applySale(t *testing.T, ns string, vars map[string]any) *sale {
 	t.Helper()

@@ -1,7 +1,9 @@
 // Package salecheck holds the checks the end-to-end suites (test/e2e on the
 // pod runner, test/node on a real node) make of a sale after a storm or a
 // fault: the storm's audit, the acknowledged reservations in the ledger, the
-// ledger's units, processes gone.
+// ledger's units, processes gone; and the sequences both run against a Sale
+// with its buyers (a Redis loss and the rebuild, a sweep across killed
+// sweepers, a scheduled drop, the status agreeing with the ledger).
 package salecheck
 
 import (
