@@ -11,6 +11,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // streamed hides a body's length, so it is sent chunked and only the server's
@@ -56,6 +57,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 	tampered := []byte(good)
 	tampered[10] ^= 1
 
+	// The checkouts whose paying mark Redis reads and refuses.
+	markReads := map[string]bool{
+		"checkout of another user's reservation":     true,
+		"second checkout with another payment token": true,
+	}
 	for _, tc := range []struct {
 		name   string
 		method string
@@ -145,8 +151,22 @@ func TestBadInputChangesNothing(t *testing.T) {
 			} else {
 				r = f.call(tc.method, tc.path, tc.token, tc.body)
 			}
-			if n := f.redisCmds.Load() - cmds; n != 0 {
-				t.Errorf("the request sent %d commands to Redis", n)
+			// A checkout reaches Redis once, for the paying mark: the script
+			// reads the reservation, finds it is not the buyer's RESERVED one
+			// and writes nothing. Every other refusal stops before Redis.
+			want := int64(0)
+			if markReads[tc.name] {
+				want = 1
+			}
+			if n := f.redisCmds.Load() - cmds; n != want {
+				t.Errorf("the request sent %d commands to Redis, want %d", n, want)
+			}
+			if markReads[tc.name] {
+				for i := 0; i < f.e.Config().Shards; i++ {
+					if n, err := f.rdb.ZCard(ctx, stock.ShardKeys(f.e.Config().CampaignID, i).Paying()).Result(); err != nil || n != 0 {
+						t.Errorf("shard %d's paying index holds %d marks (%v)", i, n, err)
+					}
+				}
 			}
 			e := r.errorBody(t)
 			if r.status != tc.status || e.Code != tc.code || e.Message == "" {
