@@ -144,9 +144,11 @@ tools: ## Build helm, promtool, crd-ref-docs and golangci-lint from their Go mod
 	hack/build-tool.sh crd-ref-docs
 	hack/build-tool.sh golangci-lint
 
+# -timeout: go test's default, 10 minutes a package, is shorter than test/node's
+# first run (its image build alone took 263 s on two busy cores, then ~10 cases).
 .PHONY: test
 test: deps envtest kube-node tools ## Install what is missing, build the envtest and test node binaries and the tools, run every test.
-	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" FLASHSALE_KUBE_NODE="$$(hack/build-kube-node.sh | tail -1)" go test -race -count=1 ./...
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh | tail -1)" FLASHSALE_KUBE_NODE="$$(hack/build-kube-node.sh | tail -1)" go test -race -count=1 -timeout 40m ./...
 	go vet ./...
 	$(MAKE) --no-print-directory verify-mod
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$unformatted" ]; then \
