@@ -104,6 +104,7 @@ type Env struct {
 
 	opts       Options
 	extras     []*testharness.Redis
+	extraPGs   []*testharness.Postgres
 	outsideTmp string // TMPDIR when Dir is below a private directory
 }
 
@@ -379,8 +380,10 @@ func (e *Env) Close() error {
 			errs = append(errs, r.Close())
 		}
 	}
-	if e.Postgres != nil {
-		errs = append(errs, e.Postgres.Close())
+	for _, pg := range append([]*testharness.Postgres{e.Postgres}, e.extraPGs...) {
+		if pg != nil {
+			errs = append(errs, pg.Close())
+		}
 	}
 	if e.outsideTmp != "" {
 		errs = append(errs, os.RemoveAll(e.outsideTmp))
@@ -410,6 +413,19 @@ func (e *Env) StartRedis() (*testharness.Redis, error) {
 	}
 	e.extras = append(e.extras, r)
 	return r, nil
+}
+
+// StartPostgres starts another PostgreSQL with the ledger's role and
+// database (e.g. one to stop without touching other sales) and returns it and
+// the database's DSN from this machine; Close stops it.
+func (e *Env) StartPostgres(ctx context.Context) (*testharness.Postgres, string, error) {
+	pg, err := testharness.StartPostgres()
+	if err != nil {
+		return nil, "", err
+	}
+	e.extraPGs = append(e.extraPGs, pg)
+	dsn, err := createDatabase(ctx, pg)
+	return pg, dsn, err
 }
 
 // KubectlEnv is the environment kubectl runs with: this environment's KUBECONFIG.

@@ -2,10 +2,17 @@ package node_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/test/internal/salecheck"
 )
 
 // readyEndpoints lists the Service's endpoints by readiness, from its
@@ -52,37 +59,14 @@ func podIPs(t *testing.T, ns string) map[string]string {
 	return m
 }
 
-// With the sale's Redis down, a reserve pod that starts (the replacement of
-// a deleted one) is never ready, so the Service's endpoints keep only the pod
-// that was (it stays ready by
-// design and answer 503 with Retry-After, a documented answer, rather than
-// leaving buyers with refused connections); once Redis is back the sale is
-// rebuilt and two ready pods serve again.
-func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
-	needNode(t)
-	ns := "endpoints"
-	newShop(t, ns)
-	own, _ := ownRedis(t, ns)
-	s := applySale(t, ns, map[string]any{"Name": "eps", "Allocation": 100, "Replicas": 2, "Memory": "64Mi", "RedisSecret": "own-redis"})
-	svc := "eps-reserve"
-	kubectl(t, nil, "rollout", "status", "deployment/eps-reserve", "-n", ns, "--timeout=170s")
-	eventually(t, "both reserve pods ready endpoints", func() bool {
-		ready, _ := readyEndpoints(t, ns, svc)
-		return len(ready) == 2
-	})
+// replaceOnePod deletes one of the Service's two ready reserve pods while a
+// server the pods need is down: its ReplicaSet's replacement must be listed
+// not ready, never ready, and the Service must end with only the pod that
+// stayed ready (by design: it answers 503 with Retry-After, a documented
+// answer, rather than leaving buyers with refused connections).
+func replaceOnePod(t *testing.T, ns, svc string) {
+	t.Helper()
 	before := podIPs(t, ns)
-
-	if err := own.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	restarted := false
-	// Cleanups run last first: Redis is back before the sale is deleted.
-	t.Cleanup(func() {
-		if !restarted {
-			_ = own.Start()
-		}
-	})
-	// One pod goes; its ReplicaSet starts a replacement while Redis is down.
 	var gone string
 	for name := range before {
 		gone = name
@@ -112,7 +96,7 @@ func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
 	ready, _ := readyEndpoints(t, ns, svc)
 	for _, ip := range ready {
 		if ip == newIP {
-			t.Fatalf("pod %s (%s) is a ready endpoint with its Redis down", newPod, newIP)
+			t.Fatalf("pod %s (%s) is a ready endpoint while its server is down", newPod, newIP)
 		}
 	}
 	eventually(t, "the deleted pod out of the endpoints", func() bool {
@@ -124,6 +108,42 @@ func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
 			t.Errorf("ready endpoints %v during the outage, want only the pod that was ready (%s)", ready, ip)
 		}
 	}
+}
+
+// twoReadyEndpoints waits for the sale's two reserve pods to be the Service's
+// only endpoints, both ready.
+func twoReadyEndpoints(t *testing.T, ns, svc string, timeout time.Duration) {
+	t.Helper()
+	eventuallyWithin(t, timeout, "two ready endpoints and none that is not", func() bool {
+		ready, notReady := readyEndpoints(t, ns, svc)
+		return len(ready) == 2 && len(notReady) == 0
+	})
+}
+
+// With the sale's Redis down, a reserve pod that starts is never ready (see
+// replaceOnePod); once Redis is back the sale is rebuilt and two ready pods
+// serve again.
+func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
+	needNode(t)
+	ns := "endpoints"
+	newShop(t, ns)
+	own, _ := ownRedis(t, ns)
+	s := applySale(t, ns, map[string]any{"Name": "eps", "Allocation": 100, "Replicas": 2, "Memory": "64Mi", "RedisSecret": "own-redis"})
+	svc := "eps-reserve"
+	kubectl(t, nil, "rollout", "status", "deployment/eps-reserve", "-n", ns, "--timeout=170s")
+	twoReadyEndpoints(t, ns, svc, 2*time.Minute)
+
+	if err := own.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	// Cleanups run last first: Redis is back before the sale is deleted.
+	t.Cleanup(func() {
+		if !restarted {
+			_ = own.Start()
+		}
+	})
+	replaceOnePod(t, ns, svc)
 	// Through kube-proxy, the Service answers a documented 503.
 	client := env.HTTPClient(10 * time.Second)
 	resp, err := client.Get(s.url + "/api/v1/flash-sale/items/" + s.sku + "/availability")
@@ -140,10 +160,84 @@ func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
 	}
 	restarted = true
 	// Redis came back empty: the operator rebuilds the stock from the
-	// ledger (a new epoch) and rolls the pods; the Service ends with two
-	// ready endpoints and none that is not.
-	eventuallyWithin(t, 4*time.Minute, "two ready endpoints once Redis is back", func() bool {
-		ready, notReady := readyEndpoints(t, ns, svc)
-		return len(ready) == 2 && len(notReady) == 0
+	// ledger (a new epoch) and rolls the pods.
+	twoReadyEndpoints(t, ns, svc, 4*time.Minute)
+}
+
+// ownLedger starts a PostgreSQL for one sale of namespace ns (one the test
+// may stop without touching another sale), forwards it into the node, and
+// creates the Secret own-ledger (key dsn) that points the sale's pods and
+// the manager at it (testdata/sale.yaml's LedgerSecret). It returns the
+// server and its DSN from this machine.
+func ownLedger(t *testing.T, ns string) (*testharness.Postgres, string) {
+	t.Helper()
+	pg, dsn, err := env.StartPostgres(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Host, err = env.PodAddr(u.Host); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, nil, "create", "secret", "generic", "own-ledger", "-n", ns, "--from-literal=dsn="+u.String())
+	return pg, dsn
+}
+
+// With the sale's ledger down, a reserve pod that starts is never ready (see
+// replaceOnePod) and the pod that stays ready answers every reservation
+// through kube-proxy with a 503, acknowledging none it could not record;
+// once the ledger is back, two ready pods serve again and a buyer's retry is
+// recorded.
+func TestEndpointsHoldOnlyReadyPodsWhileTheLedgerIsDown(t *testing.T) {
+	needNode(t)
+	ns := "endpoints-ledger"
+	newShop(t, ns)
+	pg, dsn := ownLedger(t, ns)
+	s := applySale(t, ns, map[string]any{"Name": "epl", "Allocation": 100, "Replicas": 2, "Memory": "64Mi", "LedgerSecret": "own-ledger"})
+	svc := "epl-reserve"
+	kubectl(t, nil, "rollout", "status", "deployment/epl-reserve", "-n", ns, "--timeout=170s")
+	twoReadyEndpoints(t, ns, svc, 2*time.Minute)
+
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	// Cleanups run last first: the ledger is back before the sale is deleted.
+	t.Cleanup(func() {
+		if !restarted {
+			_ = pg.Start()
+		}
 	})
+	replaceOnePod(t, ns, svc)
+	c := s.check()
+	for i := range 5 {
+		if a := c.Buyer(t, fmt.Sprintf("while-down-%d", i)).Reserve(t, "k1"); a.Status != http.StatusServiceUnavailable {
+			t.Errorf("reserve through the Service with the ledger down: %d %s, want 503", a.Status, a.Code)
+		}
+	}
+
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	twoReadyEndpoints(t, ns, svc, 3*time.Minute)
+	// A buyer retrying the same key, as the 503's Retry-After says, is
+	// served once the pods see the ledger again, and recorded there.
+	buyer := c.Buyer(t, "after")
+	var got salecheck.Answer
+	eventually(t, "a reservation once the ledger is back", func() bool {
+		got = buyer.Reserve(t, "k1")
+		return got.Status == http.StatusCreated
+	})
+	q, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if st := salecheck.Statuses(t, q, []string{got.ReservationID}); st[got.ReservationID] != "PENDING" {
+		t.Fatalf("the reservation made after the outage is %q in the sale's ledger, want PENDING", st[got.ReservationID])
+	}
 }
