@@ -70,7 +70,7 @@ var podCommands = map[string]podCommand{
 		},
 		listen: "listen",
 		probeMux: func() http.Handler {
-			return runtimesweeper.Handler(prometheus.NewRegistry(), func(context.Context) error { return nil })
+			return runtimesweeper.Handler(prometheus.NewRegistry(), func() error { return nil }, func(context.Context) error { return nil })
 		},
 	},
 }

@@ -19,11 +19,16 @@ import (
 // kubelet gives up on it (1s by default).
 const probeTimeout = 800 * time.Millisecond
 
-// Handler serves /healthz (the process runs), /readyz (ready: the sweeper's
-// own check, ReadyOnce over Redis and the ledger) and /metrics.
-func Handler(g prometheus.Gatherer, ready func(context.Context) error) http.Handler {
+// Handler serves /healthz (live: the sweep loop comes back, Runner.Live),
+// /readyz (ready: the sweeper's own check, ReadyOnce over Redis and the
+// ledger) and /metrics.
+func Handler(g prometheus.Gatherer, live func() error, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+config.PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
+		if err := live(); err != nil {
+			http.Error(w, "not live: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET "+config.PathReadyz, func(w http.ResponseWriter, r *http.Request) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func TestServeProbesAndMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, ln, Handler(reg, ReadyOnce(func(context.Context) error { return readyErr })))
+		done <- Serve(ctx, ln, Handler(reg, func() error { return nil }, ReadyOnce(func(context.Context) error { return readyErr })))
 	}()
 	base := "http://" + ln.Addr().String()
 	get := func(path string) (int, string) {
@@ -63,5 +64,23 @@ func TestServeProbesAndMetrics(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return")
+	}
+}
+
+func TestHealthzFailsWhileTheLoopIsStuck(t *testing.T) {
+	stuck := errors.New("a sweep has run for 51s: the loop is stuck")
+	var live error
+	h := Handler(prometheus.NewRegistry(), func() error { return live }, func(context.Context) error { return nil })
+	get := func() (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, _ := get(); code != 200 {
+		t.Fatalf("/healthz %d while live", code)
+	}
+	live = stuck
+	if code, body := get(); code != 503 || !strings.Contains(body, "stuck") {
+		t.Fatalf("/healthz %d %q while stuck", code, body)
 	}
 }

@@ -241,3 +241,35 @@ func TestRunnerGoesOnAfterACutPass(t *testing.T) {
 		t.Fatalf("cut %v, error %v", cut, failed)
 	}
 }
+
+// A pass that ignores its deadline (a call that never returns) turns the
+// liveness check into an error, so the kubelet restarts the process instead
+// of a stuck sweeper looking healthy while no unit comes back. One that
+// returns makes it live again.
+func TestRunnerStuckInAPassIsNotLive(t *testing.T) {
+	entered, unblock := make(chan struct{}, 1), make(chan struct{})
+	var passes atomic.Int64
+	r := &Runner{
+		Pass: func(context.Context) (engine.SweepStats, error) {
+			if passes.Add(1) == 1 {
+				entered <- struct{}{}
+				<-unblock // ignores its context
+			}
+			return engine.SweepStats{}, nil
+		},
+		Elector:     newFakeElector(true),
+		Interval:    time.Hour,
+		PassTimeout: 20 * time.Millisecond,
+	}
+	if err := r.Live(); err != nil {
+		t.Fatalf("live before the first pass: %v", err)
+	}
+	run(t, r)
+	<-entered
+	waitFor(t, "the stuck pass reported", func() bool { return r.Live() != nil })
+	if err := r.Live(); !strings.Contains(err.Error(), "stuck") {
+		t.Fatalf("Live: %v", err)
+	}
+	close(unblock)
+	waitFor(t, "live again once the pass returned", func() bool { return r.Live() == nil })
+}

@@ -6,7 +6,9 @@ package sweeper
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -47,6 +49,31 @@ type Runner struct {
 	PassTimeout time.Duration // 0 means DefaultPassTimeout
 	Metrics     *Metrics      // may be nil
 	Log         *slog.Logger  // may be nil
+
+	busySince atomic.Int64 // when the current election and pass began (unix ns); 0 between passes
+}
+
+// Live is the liveness check (/healthz): an error once one turn of the loop
+// (the election, then a pass) has run for more than twice the pass's limit.
+// Every call a turn makes is bounded, so only a call that ignores its
+// deadline gets there; the kubelet then restarts the process, where a
+// sweeper stuck for ever would look healthy while no unit came back.
+func (r *Runner) Live() error {
+	since := r.busySince.Load()
+	if since == 0 {
+		return nil
+	}
+	if d, limit := time.Since(time.Unix(0, since)), 2*r.passTimeout(); d > limit {
+		return fmt.Errorf("a sweep has run for %s, more than twice its limit (%s): the loop is stuck", d.Round(time.Second), r.passTimeout())
+	}
+	return nil
+}
+
+func (r *Runner) passTimeout() time.Duration {
+	if r.PassTimeout <= 0 {
+		return DefaultPassTimeout
+	}
+	return r.PassTimeout
 }
 
 // Run sweeps until ctx is cancelled. A pass in progress when ctx is cancelled
@@ -75,6 +102,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if ctx.Err() != nil { // both were ready: stopping wins
 			return r.release(log, leading)
 		}
+		r.busySince.Store(time.Now().UnixNano())
 		// Not cut by a SIGTERM arriving now: a cancelled ping would read as a
 		// lost lock. The elector bounds its own calls.
 		now, err := r.Elector.Acquire(context.WithoutCancel(ctx))
@@ -94,6 +122,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if leading && r.pass(ctx, log) {
 			next = 0 // a backlog: go on at once
 		}
+		r.busySince.Store(0)
 		timer.Reset(next)
 	}
 }
@@ -101,10 +130,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // pass runs one pass; cut reports that it stopped at its time limit with
 // work done, a backlog the next pass goes on with.
 func (r *Runner) pass(ctx context.Context, log *slog.Logger) (cut bool) {
-	timeout := r.PassTimeout
-	if timeout <= 0 {
-		timeout = DefaultPassTimeout
-	}
+	timeout := r.passTimeout()
 	// Detached from ctx: SIGTERM lets the pass finish instead of cutting it
 	// between a ledger cancel and its Redis release (the next pass would repair
 	// that, but there is no reason to leave work for it).

@@ -153,11 +153,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	// terminating pod still reports while it finishes.
 	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
 	srvDone := make(chan error, 1)
-	go func() { srvDone <- sweeper.Serve(srvCtx, ln, sweeper.Handler(reg, ready)) }()
+	r := &sweeper.Runner{Pass: eng.Sweep, Elector: elector, Interval: opts.Interval, Metrics: metrics, Log: log}
+	go func() { srvDone <- sweeper.Serve(srvCtx, ln, sweeper.Handler(reg, r.Live, ready)) }()
 
 	log.Info("starting", "version", version.Version, "interval", opts.Interval, "election", elector.Kind(),
 		"listen", ln.Addr().String(), "shards", camp.Shards, "grace", camp.GracePeriod)
-	r := &sweeper.Runner{Pass: eng.Sweep, Elector: elector, Interval: opts.Interval, Metrics: metrics, Log: log}
 	runErr := r.Run(ctx)
 	stopSrv()
 	srvErr := <-srvDone
