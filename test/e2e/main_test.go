@@ -98,7 +98,11 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer ledger.Close()
+		// Processes left running by go test's timeout would wait for the
+		// next run's sweep.
+		cancelStop := testharness.StopBeforeTimeout("e2e", dir, env.Close)
 		code := m.Run()
+		cancelStop()
 		if code != 0 {
 			if kept, err := testharness.KeepLogs("e2e", dir); err != nil {
 				fmt.Fprintln(os.Stderr, "keeping the logs:", err)

@@ -91,7 +91,11 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer ledger.Close()
+		// A node left running by go test's timeout would hold its pods,
+		// mounts and namespace until the next run.
+		cancelStop := testharness.StopBeforeTimeout("node", dir, env.Close)
 		code := m.Run()
+		cancelStop()
 		if code != 0 {
 			if kept, err := testharness.KeepLogs("node", dir); err != nil {
 				fmt.Fprintln(os.Stderr, "keeping the logs:", err)
