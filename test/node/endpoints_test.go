@@ -3,6 +3,7 @@ package node_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -120,6 +121,42 @@ func twoReadyEndpoints(t *testing.T, ns, svc string, timeout time.Duration) {
 	})
 }
 
+// twoReplicaSale applies a sale of two reserve replicas (vars add its Secrets)
+// and waits for both to be the Service's ready endpoints.
+func twoReplicaSale(t *testing.T, ns, name string, vars map[string]any) (s *sale, svc string) {
+	t.Helper()
+	all := map[string]any{"Name": name, "Allocation": 100, "Replicas": 2, "Memory": "64Mi"}
+	maps.Copy(all, vars)
+	s = applySale(t, ns, all)
+	svc = name + "-reserve"
+	kubectl(t, nil, "rollout", "status", "deployment/"+svc, "-n", ns, "--timeout=170s")
+	twoReadyEndpoints(t, ns, svc, 2*time.Minute)
+	return s, svc
+}
+
+// serverDown stops a server the sale's pods need and returns what starts it
+// again. A test that ends before then gets it back in a cleanup, which runs
+// before the sale's own (last first), so the sale is deleted with it up.
+func serverDown(t *testing.T, stop, start func() error) (restore func()) {
+	t.Helper()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			_ = start()
+		}
+	})
+	return func() {
+		t.Helper()
+		if err := start(); err != nil {
+			t.Fatal(err)
+		}
+		restored = true
+	}
+}
+
 // With the sale's Redis down, a reserve pod that starts is never ready (see
 // replaceOnePod); once Redis is back the sale is rebuilt and two ready pods
 // serve again.
@@ -128,21 +165,9 @@ func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
 	ns := "endpoints"
 	newShop(t, ns)
 	own, _ := ownRedis(t, ns)
-	s := applySale(t, ns, map[string]any{"Name": "eps", "Allocation": 100, "Replicas": 2, "Memory": "64Mi", "RedisSecret": "own-redis"})
-	svc := "eps-reserve"
-	kubectl(t, nil, "rollout", "status", "deployment/eps-reserve", "-n", ns, "--timeout=170s")
-	twoReadyEndpoints(t, ns, svc, 2*time.Minute)
+	s, svc := twoReplicaSale(t, ns, "eps", map[string]any{"RedisSecret": "own-redis"})
 
-	if err := own.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	restarted := false
-	// Cleanups run last first: Redis is back before the sale is deleted.
-	t.Cleanup(func() {
-		if !restarted {
-			_ = own.Start()
-		}
-	})
+	restore := serverDown(t, own.Kill, own.Start)
 	replaceOnePod(t, ns, svc)
 	// Through kube-proxy, the Service answers a documented 503.
 	client := env.HTTPClient(10 * time.Second)
@@ -155,10 +180,7 @@ func TestEndpointsHoldOnlyReadyPodsWhileRedisIsDown(t *testing.T) {
 		t.Errorf("availability during the outage: %d, want 503 (or 200 from a cached read)", resp.StatusCode)
 	}
 
-	if err := own.Start(); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
+	restore()
 	// Redis came back empty: the operator rebuilds the stock from the
 	// ledger (a new epoch) and rolls the pods.
 	twoReadyEndpoints(t, ns, svc, 4*time.Minute)
@@ -196,21 +218,9 @@ func TestEndpointsHoldOnlyReadyPodsWhileTheLedgerIsDown(t *testing.T) {
 	ns := "endpoints-ledger"
 	newShop(t, ns)
 	pg, dsn := ownLedger(t, ns)
-	s := applySale(t, ns, map[string]any{"Name": "epl", "Allocation": 100, "Replicas": 2, "Memory": "64Mi", "LedgerSecret": "own-ledger"})
-	svc := "epl-reserve"
-	kubectl(t, nil, "rollout", "status", "deployment/epl-reserve", "-n", ns, "--timeout=170s")
-	twoReadyEndpoints(t, ns, svc, 2*time.Minute)
+	s, svc := twoReplicaSale(t, ns, "epl", map[string]any{"LedgerSecret": "own-ledger"})
 
-	if err := pg.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	restarted := false
-	// Cleanups run last first: the ledger is back before the sale is deleted.
-	t.Cleanup(func() {
-		if !restarted {
-			_ = pg.Start()
-		}
-	})
+	restore := serverDown(t, pg.Stop, pg.Start)
 	replaceOnePod(t, ns, svc)
 	c := s.check()
 	for i := range 5 {
@@ -219,10 +229,7 @@ func TestEndpointsHoldOnlyReadyPodsWhileTheLedgerIsDown(t *testing.T) {
 		}
 	}
 
-	if err := pg.Start(); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
+	restore()
 	twoReadyEndpoints(t, ns, svc, 3*time.Minute)
 	// A buyer retrying the same key, as the 503's Retry-After says, is
 	// served once the pods see the ledger again, and recorded there.
