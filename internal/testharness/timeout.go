@@ -13,8 +13,10 @@ import (
 // whole node: containerd, its shims and pods, mounts, a network namespace)
 // would be left running until the next run sweeps them. The margin is a
 // third of the limit, at most two minutes. The returned func cancels it; call
-// it once the tests are over. Without a limit (-test.timeout 0) it does
-// nothing.
+// it once the tests are over. Once the stop has begun, it waits for the stop
+// to end the process instead, so the tests' own ending (logs kept again,
+// servers closed twice) does not race it. Without a limit (-test.timeout 0)
+// it does nothing.
 func BeforeTimeout(stop func()) (cancel func()) {
 	f := flag.Lookup("test.timeout")
 	if f == nil {
@@ -33,7 +35,11 @@ func beforeTimeout(limit, margin time.Duration, stop func(), exit func(int)) (ca
 		stop()
 		exit(1)
 	})
-	return func() { t.Stop() }
+	return func() {
+		if !t.Stop() {
+			select {} // the stop runs and exits the process
+		}
+	}
 }
 
 // StopBeforeTimeout is BeforeTimeout for a TestMain's environment: it keeps

@@ -39,3 +39,22 @@ func TestBeforeTimeoutCancelledOrWithoutALimitDoesNothing(t *testing.T) {
 	default:
 	}
 }
+
+// The tests ending while the stop runs wait for it to exit the process.
+func TestBeforeTimeoutCancelDuringTheStopWaitsForIt(t *testing.T) {
+	stopping, release, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	cancel := beforeTimeout(20*time.Millisecond, 10*time.Millisecond, func() {
+		close(stopping)
+		<-release
+	}, func(int) { close(exited) })
+	<-stopping
+	returned := make(chan struct{})
+	go func() { cancel(); close(returned) }() // blocks for ever: left behind
+	close(release)
+	<-exited
+	select {
+	case <-returned:
+		t.Fatal("cancel returned while the stop was exiting the process")
+	case <-time.After(100 * time.Millisecond):
+	}
+}
