@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -142,5 +143,56 @@ func TestLostHomeReservationReplyIsReplayed(t *testing.T) {
 				f.assertConserved()
 			})
 		}
+	}
+}
+
+// Break (the fence gap): a retry's call is held back by a stalled server while
+// the request already has its reservation, so resolving the lost reply finds
+// that reservation and answers the replay. The reservation is then cancelled.
+// The held call, arriving after that, placed a new reservation nobody waited
+// for: a unit and the buyer's quota held until the sweeper's turn. Resolving
+// now fences the attempt in the reservation's hash, and a release keeps the
+// fence, so the late call takes nothing.
+func TestLateCallOfAReplayedRetryTakesNothing(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, lost := withLostReplies(t, b)
+			f := newFixture(t, rdb, withAllocation(3), withShards(3), withMaxPerUser(1))
+			ctx := context.Background()
+			before := f.perBuyerState()
+			buyer := userHomedOn("buyer", 0, 3)
+
+			first := f.reserve(buyer, "r", 1)
+			if first.Outcome != engine.OutcomeReserved {
+				t.Fatalf("reserve: %+v", first)
+			}
+			lost.armHold(1, isReserveMode(stock.ModeClaim))
+			again, err := f.e.Reserve(ctx, buyer, "r", 1)
+			if err != nil || lost.count() != 1 || again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != first.Reservation.ID {
+				t.Fatalf("retry with its call held back: %+v %v (%d held), want REPLAYED %s", again, err, lost.count(), first.Reservation.ID)
+			}
+			if c, err := f.e.Cancel(ctx, buyer, first.Reservation.ID); err != nil || c.Outcome != ledger.CancelCancelled {
+				t.Fatalf("cancel: %+v %v", c, err)
+			}
+			for _, cmd := range lost.sendHeld(ctx, rdb) {
+				if err := cmd.Err(); err != nil {
+					t.Fatalf("the late call: %v", err)
+				}
+			}
+			if c := f.counts(); c.Reserved != 0 || c.Available != 3 {
+				t.Fatalf("after the late call: %+v, want every unit available", c)
+			}
+			if after := f.perBuyerState(); after != before {
+				t.Fatalf("after the late call:\n%s\nwant\n%s", after, before)
+			}
+			if r := f.reserve(buyer, "r", 1); r.Outcome != engine.OutcomeExpired {
+				t.Fatalf("the cancelled request again: %+v, want EXPIRED", r)
+			}
+			if other := f.reserve(buyer, "other", 1); other.Outcome != engine.OutcomeReserved {
+				t.Fatalf("another request: %+v, want RESERVED", other)
+			}
+			f.assertQuotaCovers()
+			f.assertConserved()
+		})
 	}
 }

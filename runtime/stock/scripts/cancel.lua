@@ -35,7 +35,13 @@ local qty = tonumber(r[3])
 redis.call('INCRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'rsv', -qty)
 redis.call('ZREM', KEYS[3], key)
-redis.call('DEL', KEYS[4])
+-- Fences of attempts whose reply was lost (resolve.lua) outlive the
+-- reservation: a late call of such an attempt must still take nothing.
+if redis.call('HLEN', KEYS[4]) > 6 then
+  redis.call('HDEL', KEYS[4], 'u', 'q', 's', 'e', 'p', 'h')
+else
+  redis.call('DEL', KEYS[4])
+end
 if tonumber(r[4]) == tonumber(ARGV[2]) and redis.call('HINCRBY', KEYS[5], r[2], -qty) <= 0 then
   redis.call('HDEL', KEYS[5], r[2]) -- per-buyer state goes at zero
 end

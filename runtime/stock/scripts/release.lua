@@ -50,7 +50,13 @@ else
     redis.call('ZREM', KEYS[3], key)
     return {2, r[2], tonumber(r[3]), tonumber(r[4]), tonumber(r[5])}
   end
-  redis.call('DEL', KEYS[4])
+  -- Fences of attempts whose reply was lost (resolve.lua) outlive the
+  -- reservation: a late call of such an attempt must still take nothing.
+  if redis.call('HLEN', KEYS[4]) > 6 then
+    redis.call('HDEL', KEYS[4], 'u', 'q', 's', 'e', 'p', 'h')
+  else
+    redis.call('DEL', KEYS[4])
+  end
 end
 local qty = tonumber(r[3])
 redis.call('INCRBY', KEYS[1], qty)

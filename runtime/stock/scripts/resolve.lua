@@ -15,13 +15,19 @@
 --             expiry, epoch, status, user, qty and home from its hash
 --   2 CLAIMED the request's quota is claimed on this (home) shard by this attempt:
 --             stamp is the claim's, held what the user held before it
---   0 NONE    the call changed nothing here, or has not run: it is fenced
+--   0 NONE    the call changed nothing here, or has not run
+-- In both PLACED and NONE the attempt is fenced: a call of it that has not run
+-- yet takes nothing when it does.
 --
 -- Run twice: safe. It only reads, and the fence it writes is the same field again.
 -- Still never re-sent by a client library (stock.script: NoRetry).
 local key, tag = ARGV[1], ARGV[2]
 local r = redis.call('HMGET', KEYS[1], 'e', 'p', 's', 'u', 'q', 'h')
 if r[1] then
+  -- Fenced here too: if the call has not run, it may run after this
+  -- reservation ended (release.lua and cancel.lua keep fences), and must not
+  -- place another. The hash keeps its own expiry.
+  redis.call('HSET', KEYS[1], 'f:' .. tag, 1)
   return {1, tonumber(r[1]), tonumber(r[2]) or 0, r[3] or '', r[4] or '', tonumber(r[5]) or 0,
     tonumber(r[6]) or -1, '', 0}
 end
