@@ -1,0 +1,287 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package reserve
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// buildBinary builds cmd/flashsale into a temporary directory.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "flashsale")
+	out, err := exec.Command(goBin, "build", "-o", bin, "github.com/flashsale-dev/flashsale-operator/cmd/flashsale").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// childEnv is this process's environment without FLASHSALE_* variables, plus extra.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FLASHSALE_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// TestBinaryServesAndExitsOnSIGTERM runs the built `flashsale reserve` the way a
+// pod does (configuration in the environment, secrets in files), with a token from
+// the built `flashsale token`: it gets ready once the campaign exists, serves a
+// reservation whose row is in the ledger, logs JSON without secrets, and exits 0
+// on SIGTERM.
+func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
+	startShared(t)
+	bin := buildBinary(t)
+	ctx := context.Background()
+
+	id := make([]byte, 8)
+	_, _ = rand.Read(id)
+	campaignID := "c-" + hex.EncodeToString(id)
+	const (
+		sku      = "itm-binary"
+		key      = "binary-admission-key-0123456789"
+		password = "pg-password-never-logged"
+	)
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Loopback connections are trusted, so the password is never checked: it is
+	// there to show that it is not logged.
+	dsnWithPassword := strings.Replace(dsn, "postgres://postgres@", "postgres://postgres:"+password+"@", 1)
+	if dsnWithPassword == dsn {
+		t.Fatalf("unexpected DSN shape %q", dsn)
+	}
+	dir := t.TempDir()
+	keyFile, dsnFile := filepath.Join(dir, "hmac-key"), filepath.Join(dir, "dsn")
+	for f, v := range map[string]string{keyFile: key + "\n", dsnFile: dsnWithPassword + "\n"} {
+		if err := os.WriteFile(f, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port, err := testharness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	metricsPort, err := testharness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(metricsPort)
+	env := childEnv(
+		config.EnvCampaignID+"="+campaignID, config.EnvNamespace+"=shop", config.EnvName+"=binary",
+		config.EnvSKU+"="+sku, config.EnvShards+"=3", config.EnvMaxPerUser+"=1", config.EnvTTL+"=1m",
+		config.EnvRedisAddresses+"="+sharedRedis.Addr(),
+		config.EnvPostgresDSN+config.FileSuffix+"="+dsnFile,
+		config.EnvAdmissionKey+config.FileSuffix+"="+keyFile,
+		config.EnvListen+"="+addr, config.EnvMetricsListen+"="+metricsAddr,
+	)
+
+	var logs testharness.SyncBuffer
+	proc := exec.Command(bin, "reserve")
+	proc.Env, proc.Stdout, proc.Stderr = env, &logs, &logs
+	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- proc.Wait() }()
+	t.Cleanup(func() {
+		_ = proc.Process.Kill()
+		if t.Failed() {
+			t.Logf("reserve logs:\n%s", logs.String())
+		}
+	})
+
+	base := "http://" + addr
+	get := func(path string) int {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			select {
+			case err := <-exited:
+				t.Fatalf("reserve exited (%v) while waiting for %s", err, what)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	// Serving, but not ready: the campaign is not in the ledger yet.
+	waitFor("/healthz", func() bool { return get("/healthz") == http.StatusOK })
+	if code := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before the campaign exists: %d", code)
+	}
+
+	// The controller's part: create and seed the campaign.
+	l, err := ledger.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
+	defer rdb.Close()
+	e, err := engine.New(engine.Config{
+		CampaignID: campaignID, Namespace: "shop", Name: "binary", SKU: sku, Allocation: 30, Shards: 3,
+		MaxPerUser: 1, TTL: time.Minute, StealProbes: 2, IDSecret: config.DeriveIDSecret([]byte(key)),
+	}, rdb, l, ledger.MaterializerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := e.Seed(ctx, stock.StateOpen); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("/readyz", func() bool { return get("/readyz") == http.StatusOK })
+
+	// A token from `flashsale token`, the key from its file.
+	tokCmd := exec.Command(bin, "token", "--sku", sku, "--user", "u-bin", "--ttl", "5m", "--key-file", keyFile)
+	tokCmd.Env = childEnv()
+	out, err := tokCmd.Output()
+	if err != nil {
+		t.Fatalf("flashsale token: %v", err)
+	}
+	token := strings.TrimSpace(string(out))
+
+	body := `{"item_id":"` + sku + `","user_id":"u-bin","quantity":1,"idempotency_key":"k-1"}`
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/flash-sale/reserve", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		ReservationID string `json:"reservation_id"`
+		Status        string `json:"status"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&res)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || err != nil || res.Status != "reserved" {
+		t.Fatalf("reserve: %d %+v %v", resp.StatusCode, res, err)
+	}
+	if o, err := l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "u-bin" {
+		t.Fatalf("ledger row %+v, %v", o, err)
+	}
+
+	// The metrics on their own address, not on the buyers'.
+	if code := get("/metrics"); code != http.StatusNotFound {
+		t.Fatalf("/metrics on the API address: %d, want 404", code)
+	}
+	mresp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mbody, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if mresp.StatusCode != http.StatusOK || !strings.Contains(string(mbody), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
+		t.Fatalf("/metrics on %s: %d %.300s", metricsAddr, mresp.StatusCode, mbody)
+	}
+
+	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("reserve exited with %v after SIGTERM, want 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("reserve did not exit within 30s of SIGTERM")
+	}
+
+	// Logs: JSON lines, no secret values.
+	out = []byte(logs.String())
+	for _, secret := range []string{key, password} {
+		if bytes.Contains(out, []byte(secret)) {
+			t.Fatalf("the logs hold a secret:\n%s", out)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for _, line := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+	}
+	if !strings.Contains(lines[len(lines)-1], `"msg":"stopped"`) {
+		t.Fatalf("last log line %q", lines[len(lines)-1])
+	}
+}
+
+func TestDebugListenerServesProfiles(t *testing.T) {
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	addr, stop, err := serveDebug("127.0.0.1:0", discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "goroutine profile") {
+		t.Fatalf("%d %.200s", resp.StatusCode, body)
+	}
+	if _, _, err := serveDebug("256.0.0.1:1", discard); err == nil {
+		t.Fatal("a bad --debug-listen address must be refused")
+	}
+}
