@@ -1,0 +1,234 @@
+/*
+Copyright 2026 The flashsale-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FlashSaleStatus is the observed state of a flash-sale campaign. Everything
+// an on-call engineer needs during an incident is here.
+type FlashSaleStatus struct {
+	// conditions are the latest observations of the sale's state: Ready,
+	// Seeded, Admitting, RedisHealthy, LedgerHealthy, AllocationApplied and
+	// Degraded. Degraded is True while a reserve or sweeper replica crashes
+	// (a container waiting in CrashLoopBackOff, or ended by an OOM kill or a
+	// non-zero exit in the last 10 minutes, as the pod's container states
+	// say), reason OOMKilled, CrashLoopBackOff or Error, its message naming
+	// the pod; Ready stays True meanwhile while another replica serves.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// phase is the one-word summary of where the sale is.
+	// +optional
+	Phase FlashSalePhase `json:"phase,omitempty"`
+
+	// epoch is the generation of the Redis state. It is bumped by every
+	// rebuild from the ledger; reservations made under an older epoch are
+	// refused by the ledger.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// allocation is the allocation the counts below were taken against.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Allocation int64 `json:"allocation"`
+
+	// available is the number of units still in stock, summed over shards.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int64 `json:"available"`
+
+	// reserved is the number of units held by open reservations.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Reserved int64 `json:"reserved"`
+
+	// sold is the number of units committed in the ledger.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sold int64 `json:"sold"`
+
+	// countsObservedAt is when available, reserved, sold and shards were
+	// last read from Redis and the ledger: at least once a minute while the
+	// operator can reach them (every 5 minutes once the sale is Completed),
+	// so counts older than that are stale (Redis or the ledger unreachable,
+	// the sale failed closed, the operator down).
+	// +optional
+	CountsObservedAt *metav1.Time `json:"countsObservedAt,omitempty"`
+
+	// shards are the counts of each stock shard.
+	// +optional
+	// +listType=map
+	// +listMapKey=index
+	// +kubebuilder:validation:MaxItems=1024
+	Shards []ShardStatus `json:"shards,omitempty"`
+
+	// lastRebuild records the last time the stock was rebuilt from the
+	// ledger.
+	// +optional
+	LastRebuild *RebuildStatus `json:"lastRebuild,omitempty"`
+
+	// rebuildProgress is how far the rebuild of the stock from the ledger
+	// got, while one runs (phase Rebuilding); it is gone once the rebuild
+	// is over, and lastRebuild records it. Read from the ledger and the
+	// shards at the last reconcile, at least every few seconds meanwhile.
+	// +optional
+	RebuildProgress *RebuildProgress `json:"rebuildProgress,omitempty"`
+
+	// redisServers are the Redis servers holding the sale's shards, each with
+	// the run id it had when the stock was last verified. A server found with
+	// another run id restarted, and one not listed took shards over (a
+	// failover): either may hold data older than the ledger, so the sale fails
+	// closed and is rebuilt. A report: the operator keeps them in the
+	// ledger's campaign row, so that a restarted one notices too.
+	// +optional
+	// +listType=map
+	// +listMapKey=address
+	// +kubebuilder:validation:MaxItems=1024
+	RedisServers []RedisServerStatus `json:"redisServers,omitempty"`
+
+	// reservationReplicas is the number of reservation API pods (the reserve
+	// Deployment's status.replicas): the current count of the scale
+	// subresource, which kubectl scale and a HorizontalPodAutoscaler use to
+	// set spec.reservation.replicas.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ReservationReplicas int32 `json:"reservationReplicas,omitempty"`
+
+	// reservationSelector selects the reservation API pods (a label
+	// selector in its string form), for the scale subresource.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ReservationSelector string `json:"reservationSelector,omitempty"`
+
+	// observedGeneration is the metadata.generation the status was last
+	// computed from.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// ShardStatus holds the counts of one stock shard.
+type ShardStatus struct {
+	// index is the shard's number, from 0 to shards-1.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1023
+	Index int32 `json:"index"`
+
+	// available is the number of units in the shard's stock.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int64 `json:"available"`
+
+	// reserved is the number of units held by open reservations on the
+	// shard.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Reserved int64 `json:"reserved"`
+}
+
+// RedisServerStatus is one Redis server that holds shards of the sale.
+type RedisServerStatus struct {
+	// address is the server's host:port.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Address string `json:"address,omitempty"`
+
+	// runID is the server's run_id (INFO server); it changes on every restart.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	RunID string `json:"runID,omitempty"`
+}
+
+// RebuildStatus records a rebuild of the Redis stock from the ledger.
+type RebuildStatus struct {
+	// time is when the rebuild finished.
+	// +required
+	Time metav1.Time `json:"time"`
+
+	// reason says why the stock was rebuilt, e.g. "redis lost campaign state:
+	// rebuild from the ledger required: 2 of 10 shards missing ..." or
+	// "resumed after the sale failed closed".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason,omitempty"`
+
+	// available is the number of units put back in stock.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int64 `json:"available"`
+
+	// reserved is the number of units of still-valid reservations restored.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Reserved int64 `json:"reserved"`
+
+	// sold is the number of committed units counted.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sold int64 `json:"sold"`
+
+	// restoredOrders is the number of pending orders recreated as
+	// reservations in Redis.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	RestoredOrders int64 `json:"restoredOrders,omitempty"`
+
+	// durationSeconds is how long the rebuild took, in decimal seconds
+	// (e.g. "0.042").
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
+	DurationSeconds string `json:"durationSeconds,omitempty"`
+}
+
+// RebuildProgress is how far a running rebuild of the stock got.
+type RebuildProgress struct {
+	// startedAt is when the rebuild started; unset until the ledger
+	// recorded its start.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+
+	// epoch is the epoch the shards are rebuilt at; 0 until the ledger
+	// bumped it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// shards is the number of shards being rebuilt.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	Shards int32 `json:"shards,omitempty"`
+
+	// shardsDone is the number of shards the rebuild has finished: their
+	// stock and reservations written, still closed. They open together once
+	// every shard is done.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1024
+	ShardsDone int32 `json:"shardsDone"`
+}
