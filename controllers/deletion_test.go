@@ -69,7 +69,7 @@ func TestDeleteCleansRedisKeepsLedger(t *testing.T) {
 	}
 	defer l.Close()
 	for _, id := range ids {
-		if o, err := l.GetOrder(ctx, id); err != nil || o.Status != ledger.StatusPending {
+		if o, err := l.GetOrder(ctx, string(fs.UID), id); err != nil || o.Status != ledger.StatusPending {
 			t.Fatalf("ledger row %s: %+v %v", id, o, err)
 		}
 	}

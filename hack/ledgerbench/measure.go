@@ -122,7 +122,7 @@ func (t *target) round(ctx context.Context, round int, c roundCfg) (sample, erro
 		}
 		byKey = append(byKey, time.Since(t0))
 		t0 = time.Now()
-		if _, err := t.l.GetOrder(ctx, o.ReservationID); err != nil {
+		if _, err := t.l.GetOrder(ctx, t.campaign, o.ReservationID); err != nil {
 			return s, err
 		}
 		byID = append(byID, time.Since(t0))

@@ -26,7 +26,7 @@ type variant struct {
 func variants() []variant {
 	bare := []string{
 		`CREATE TABLE %s (LIKE flashsale_orders INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
-		`ALTER TABLE %s ADD PRIMARY KEY (reservation_id)`,
+		`ALTER TABLE %s ADD PRIMARY KEY (campaign_id, reservation_id)`,
 		`CREATE UNIQUE INDEX ON %s (campaign_id, request_key)`,
 	}
 	idx := append(clone(bare),

@@ -192,10 +192,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 
 	// The rows themselves are untouched.
-	if o, _ := f.l.GetOrder(ctx, alice.ReservationID); o.Status != ledger.StatusPending {
+	if o, _ := f.l.GetOrder(ctx, f.e.Config().CampaignID, alice.ReservationID); o.Status != ledger.StatusPending {
 		t.Fatalf("alice's reservation is %s", o.Status)
 	}
-	if o, _ := f.l.GetOrder(ctx, bob.ReservationID); o.Status != ledger.StatusCommitted || o.PaymentToken != "pay-bob" {
+	if o, _ := f.l.GetOrder(ctx, f.e.Config().CampaignID, bob.ReservationID); o.Status != ledger.StatusCommitted || o.PaymentToken != "pay-bob" {
 		t.Fatalf("bob's order is %s paid with %q", o.Status, o.PaymentToken)
 	}
 	c := f.assertConserved()

@@ -33,7 +33,7 @@ func TestReserveCheckoutCancel(t *testing.T) {
 	if err != nil || time.Until(exp) < 50*time.Second || time.Until(exp) > 61*time.Second {
 		t.Fatalf("expires_at %q is not about a TTL away (%v)", res.ExpiresAt, err)
 	}
-	if o, err := f.l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "alice" {
+	if o, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "alice" {
 		t.Fatalf("ledger row %+v, %v", o, err)
 	}
 
@@ -67,7 +67,7 @@ func TestReserveCheckoutCancel(t *testing.T) {
 			t.Fatalf("cancel: %d %s", c.status, c.body)
 		}
 	}
-	if o, _ := f.l.GetOrder(ctx, bob.ReservationID); o.Status != ledger.StatusCancelledByUser {
+	if o, _ := f.l.GetOrder(ctx, f.e.Config().CampaignID, bob.ReservationID); o.Status != ledger.StatusCancelledByUser {
 		t.Fatalf("cancelled row says %s", o.Status)
 	}
 	c := f.assertConserved()
@@ -151,7 +151,7 @@ func TestCheckoutAfterExpiry(t *testing.T) {
 	if r.status != http.StatusGone || e.Code != CodeExpired || !strings.Contains(e.Message, "voided") {
 		t.Fatalf("late checkout: %d %s", r.status, r.body)
 	}
-	if o, _ := f.l.GetOrder(context.Background(), res.ReservationID); o.Status == ledger.StatusCommitted {
+	if o, _ := f.l.GetOrder(context.Background(), f.e.Config().CampaignID, res.ReservationID); o.Status == ledger.StatusCommitted {
 		t.Fatal("a late payment committed (I7)")
 	}
 }
@@ -346,7 +346,7 @@ func TestConcurrentBuyers(t *testing.T) {
 		t.Fatalf("only %d of %d units reserved by %d buyers", created, allocation, buyers)
 	}
 	for u, id := range ids {
-		if o, err := f.l.GetOrder(context.Background(), id); err != nil || o.UserID != u {
+		if o, err := f.l.GetOrder(context.Background(), f.e.Config().CampaignID, id); err != nil || o.UserID != u {
 			t.Fatalf("%s: row %+v %v", id, o, err)
 		}
 	}
@@ -384,7 +384,7 @@ func TestSlowLedgerAnswerNotCutOff(t *testing.T) {
 	}
 	var res ReservationBody
 	r.decode(t, &res)
-	if o, err := f.l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending {
+	if o, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, res.ReservationID); err != nil || o.Status != ledger.StatusPending {
 		t.Fatalf("ledger row %+v %v", o, err)
 	}
 }

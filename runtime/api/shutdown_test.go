@@ -91,7 +91,7 @@ func TestGracefulShutdown(t *testing.T) {
 			if r.at.After(time.Unix(0, stopAt.Load())) {
 				afterStop++
 			}
-			if o, err := f.l.GetOrder(ctx, r.id); err != nil || o.Status != ledger.StatusPending {
+			if o, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, r.id); err != nil || o.Status != ledger.StatusPending {
 				t.Errorf("acknowledged %s has no PENDING row: %+v %v", r.id, o, err)
 			}
 		default:

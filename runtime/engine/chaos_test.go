@@ -164,7 +164,7 @@ func chaosRound(t *testing.T, rng *rand.Rand, campaign string, fault chaosFault,
 	// I7: a checkout after expiry never commits.
 	var late string
 	for user, id := range holding {
-		if o, err := f.l.GetOrder(ctx, id); err == nil && o.Status == ledger.StatusPending {
+		if o, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, id); err == nil && o.Status == ledger.StatusPending {
 			late = id
 			testharness.Eventually(t, time.Minute, "the reservation to expire", func() bool {
 				now, err := f.e.Store().Now(ctx)
@@ -196,7 +196,7 @@ func chaosRound(t *testing.T, rng *rand.Rand, campaign string, fault chaosFault,
 	chaosPerUser(t, f)
 	// I3: every acknowledgement has its ledger row.
 	for id := range acked {
-		if _, err := f.l.GetOrder(ctx, id); err != nil {
+		if _, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, id); err != nil {
 			t.Errorf("I3 violated: acknowledged %s has no ledger row: %v", id, err)
 		}
 	}
@@ -207,7 +207,7 @@ func chaosRound(t *testing.T, rng *rand.Rand, campaign string, fault chaosFault,
 		}
 	}
 	for _, p := range paid {
-		if o, err := f.l.GetOrder(ctx, p.id); err != nil || o.Status != ledger.StatusCommitted {
+		if o, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, p.id); err != nil || o.Status != ledger.StatusCommitted {
 			t.Errorf("paid %s: %+v %v", p.id, o, err)
 		}
 	}

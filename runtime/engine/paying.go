@@ -31,7 +31,7 @@ func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (in
 			return settled, err
 		}
 		for _, p := range entries {
-			o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, p.Key))
+			o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, p.Key))
 			missing := errors.Is(err, ledger.ErrNotFound)
 			if err != nil && !missing {
 				return settled, err

@@ -165,7 +165,7 @@ func (f *fixture) assertLedgerHolds(pending, committed []engine.Reservation) {
 
 func userOf(t *testing.T, f *fixture, id string) string {
 	t.Helper()
-	o, err := f.l.GetOrder(context.Background(), id)
+	o, err := f.l.GetOrder(context.Background(), f.e.Config().CampaignID, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestReserveCheckoutCancel(t *testing.T) {
 		if time.Until(r.Reservation.ExpiresAt) < 50*time.Second || time.Until(r.Reservation.ExpiresAt) > 61*time.Second {
 			t.Fatalf("expiry %s is not about a TTL away", r.Reservation.ExpiresAt)
 		}
-		o, err := f.l.GetOrder(ctx, r.Reservation.ID)
+		o, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, r.Reservation.ID)
 		if err != nil || o.Status != ledger.StatusPending || o.UserID != "alice" {
 			t.Fatalf("ledger row %+v, %v", o, err)
 		}

@@ -147,7 +147,7 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 // on shard target with expiryMs (its pointer), past its expiry. It reports
 // whether it gave quota back and whether the claims index let go of the entry.
 func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, expiryMs int64, key string) (gaveBack, settled bool, err error) {
-	o, err := e.ledger.GetOrder(ctx, stock.FormatID(target, key))
+	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(target, key))
 	missing := errors.Is(err, ledger.ErrNotFound)
 	if err != nil && !missing {
 		return false, false, err
@@ -257,7 +257,7 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 // outlived its backstop TTL: the sweeper was down that long) from its ledger
 // row, which has all the release needs.
 func (e *Engine) releaseFromLedger(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {
-	o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, key))
+	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, key))
 	if errors.Is(err, ledger.ErrNotFound) {
 		// No row and no hash: nothing says what it held; the index entry goes.
 		return e.store.ReleaseFromLedger(ctx, shard, key, 0, 0, "")
@@ -275,7 +275,7 @@ func (e *Engine) releaseFromLedger(ctx context.Context, shard int, key string) (
 // markCommittedFromLedger is the sold counterpart of releaseFromLedger: the
 // units of a sold reservation whose hash is gone leave the reserved count.
 func (e *Engine) markCommittedFromLedger(ctx context.Context, shard int, key string) error {
-	o, err := e.ledger.GetOrder(ctx, stock.FormatID(shard, key))
+	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, key))
 	if err != nil {
 		return err
 	}

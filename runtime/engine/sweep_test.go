@@ -48,7 +48,7 @@ func (f *fixture) sellOutShard(shard int) int {
 
 func orderStatus(t *testing.T, f *fixture, id string) ledger.Status {
 	t.Helper()
-	o, err := f.l.GetOrder(context.Background(), id)
+	o, err := f.l.GetOrder(context.Background(), f.e.Config().CampaignID, id)
 	if err != nil {
 		t.Fatalf("order %s: %v", id, err)
 	}
@@ -216,7 +216,7 @@ func TestReplayOfAStuckReservationSettlesIt(t *testing.T) {
 			}
 		}
 		time.Sleep(after)
-		if _, err := f.l.GetOrder(ctx, young); !errors.Is(err, ledger.ErrNotFound) {
+		if _, err := f.l.GetOrder(ctx, f.e.Config().CampaignID, young); !errors.Is(err, ledger.ErrNotFound) {
 			t.Fatalf("the young one was settled: %v", err)
 		}
 		// Yuri's reservation is given back without a replay seeing it (its

@@ -110,7 +110,7 @@ func TestMarkCampaignDeleted(t *testing.T) {
 	if !second.DeletedAt.Equal(*first.DeletedAt) {
 		t.Errorf("deleted_at moved from %v to %v", first.DeletedAt, second.DeletedAt)
 	}
-	if _, err := l.GetOrder(ctx, o.ReservationID); err != nil {
+	if _, err := l.GetOrder(ctx, o.CampaignID, o.ReservationID); err != nil {
 		t.Errorf("order lost with its campaign: %v", err)
 	}
 	if err := m.Submit(ctx, pendingOrder(c, "u2", 1, time.Hour)); !errors.Is(err, ErrFenced) {

@@ -206,7 +206,7 @@ func TestCountsReadNoOrderRow(t *testing.T) {
 	}
 	defer blind.Close()
 	var pgErr *pgconn.PgError
-	if _, err := blind.GetOrder(ctx, o.ReservationID); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+	if _, err := blind.GetOrder(ctx, o.CampaignID, o.ReservationID); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 		t.Fatalf("the role can read orders (%v): the test proves nothing", err)
 	}
 	got, err := blind.CountsByShard(ctx, c.ID, c.Shards)

@@ -133,7 +133,7 @@ func insertOrder(t testing.TB, l *Ledger, o Order, expiresIn time.Duration) Orde
 		o.Shard, o.Quantity, string(o.Status), o.Epoch, expiresIn.Microseconds(), token); err != nil {
 		t.Fatal(err)
 	}
-	stored, err := l.GetOrder(testCtx(t), o.ReservationID)
+	stored, err := l.GetOrder(testCtx(t), o.CampaignID, o.ReservationID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,11 @@ func orderExists(t testing.TB, l *Ledger, id string) bool {
 
 func mustStatus(t testing.TB, l *Ledger, id string, want Status) {
 	t.Helper()
-	o, err := l.GetOrder(testCtx(t), id)
+	var campaign string
+	if err := l.Pool().QueryRow(testCtx(t), `SELECT campaign_id FROM flashsale_orders WHERE reservation_id = $1`, id).Scan(&campaign); err != nil {
+		t.Fatalf("order %s: %v", id, err)
+	}
+	o, err := l.GetOrder(testCtx(t), campaign, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func TestMaterializerConcurrentSubmits(t *testing.T) {
 	}
 	t.Logf("%d rows in %d batches, largest %d", n, batches, largest)
 
-	got, err := l.GetOrder(ctx, orders[7].ReservationID)
+	got, err := l.GetOrder(ctx, orders[7].CampaignID, orders[7].ReservationID)
 	if err != nil {
 		t.Fatal(err)
 	}

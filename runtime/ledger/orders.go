@@ -43,11 +43,11 @@ const (
 	orderColumns = `reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at,
     payment_token, created_at, updated_at`
 
-	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE reservation_id = $1`
+	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2`
 
 	// The follow-up read after a conditional update matched nothing; expired
 	// is judged by the database clock, like the update.
-	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE reservation_id = $1`
+	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2`
 
 	// I7: commits only while the lease is valid by the database clock, so a
 	// payment racing the sweeper either commits first or finds the row gone.
@@ -79,12 +79,15 @@ RETURNING ` + orderColumns
 UPDATE flashsale_orders o
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
 FROM doomed
-WHERE o.reservation_id = doomed.reservation_id`
+WHERE o.campaign_id = $1 AND o.reservation_id = doomed.reservation_id`
 
 	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
 WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
 
-	sqlStatusesAnyCampaign = `SELECT reservation_id, status FROM flashsale_orders WHERE reservation_id = ANY($1::text[])`
+	// Pairs of (campaign, reservation id): the primary key's order.
+	sqlStatusesAnyCampaign = `SELECT o.reservation_id, o.status
+FROM unnest($1::text[], $2::text[]) AS t(c, r)
+JOIN flashsale_orders o ON o.campaign_id = t.c AND o.reservation_id = t.r`
 
 	// A row of the same request on another shard (request_key) also wins:
 	// the reservation abandoned then has no row, and is released.
@@ -112,9 +115,9 @@ func scanOrder(row pgx.Row, extra ...any) (Order, error) {
 	return o, nil
 }
 
-// GetOrder returns the order or ErrNotFound.
-func (l *Ledger) GetOrder(ctx context.Context, reservationID string) (Order, error) {
-	o, err := scanOrder(l.pool.QueryRow(ctx, sqlGetOrder, reservationID))
+// GetOrder returns the campaign's order or ErrNotFound.
+func (l *Ledger) GetOrder(ctx context.Context, campaignID, reservationID string) (Order, error) {
+	o, err := scanOrder(l.pool.QueryRow(ctx, sqlGetOrder, campaignID, reservationID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Order{}, fmt.Errorf("%w: reservation %s", ErrNotFound, reservationID)
 	}
@@ -128,7 +131,7 @@ func (l *Ledger) GetOrder(ctx context.Context, reservationID string) (Order, err
 // row is missing or belongs to another campaign or user, which callers must
 // not be able to tell apart.
 func (l *Ledger) getOwnOrder(ctx context.Context, campaignID, reservationID, userID string) (o Order, expired, found bool, err error) {
-	o, err = scanOrder(l.pool.QueryRow(ctx, sqlGetOrderWithExpiry, reservationID), &expired)
+	o, err = scanOrder(l.pool.QueryRow(ctx, sqlGetOrderWithExpiry, campaignID, reservationID), &expired)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Order{}, false, false, nil
 	}
@@ -338,7 +341,7 @@ func (l *Ledger) RecordAbandoned(ctx context.Context, orders []Order) (map[strin
 	if _, err := l.pool.Exec(ctx, sqlInsertAbandoned, ids, campaigns, skus, users, shards, qtys, epochs, expires); err != nil {
 		return nil, fmt.Errorf("ledger: record abandoned: %w", err)
 	}
-	out, err := collectStatuses(l.pool.Query(ctx, sqlStatusesAnyCampaign, ids))
+	out, err := collectStatuses(l.pool.Query(ctx, sqlStatusesAnyCampaign, campaigns, ids))
 	if err != nil {
 		return nil, fmt.Errorf("ledger: record abandoned: %w", err)
 	}

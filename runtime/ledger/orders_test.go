@@ -32,7 +32,7 @@ func latePayments(t *testing.T, l *Ledger, id string) []string {
 func TestGetOrderNotFound(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
-	if _, err := l.GetOrder(testCtx(t), "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := l.GetOrder(testCtx(t), "c", "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetOrder(unknown): %v", err)
 	}
 }
@@ -85,7 +85,7 @@ func TestCheckout(t *testing.T) {
 		t.Errorf("late payments after a second payment: %v", lp)
 	}
 	check(c.ID, o.ReservationID, "mallory", "pay-1", CheckoutNotFound)
-	stored, _ := l.GetOrder(ctx, o.ReservationID)
+	stored, _ := l.GetOrder(ctx, o.CampaignID, o.ReservationID)
 	if stored.PaymentToken != "pay-1" {
 		t.Errorf("stored token %q", stored.PaymentToken)
 	}
@@ -189,7 +189,7 @@ func TestCheckoutRacingSweeper(t *testing.T) {
 
 	var committed, cancelled int
 	for i, id := range ids {
-		o, err := l.GetOrder(ctx, id)
+		o, err := l.GetOrder(ctx, c.ID, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,7 +366,7 @@ func TestRecordAbandoned(t *testing.T) {
 			t.Errorf("sweeper %d saw %v, want %v", i, got[i], want)
 		}
 	}
-	stored, err := l.GetOrder(ctx, lost[1].ReservationID)
+	stored, err := l.GetOrder(ctx, lost[1].CampaignID, lost[1].ReservationID)
 	if err != nil || stored.UserID != "v" || stored.Shard != 1 || stored.PaymentToken != "" {
 		t.Errorf("abandoned row %+v %v", stored, err)
 	}

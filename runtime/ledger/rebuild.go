@@ -36,7 +36,7 @@ RETURNING epoch - 1`
 UPDATE flashsale_orders o
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
 FROM doomed
-WHERE o.reservation_id = doomed.reservation_id`
+WHERE o.campaign_id = $1 AND o.reservation_id = doomed.reservation_id`
 
 	// The shard allocations include every planned change up to
 	// last_change_id, so the rebuilt stock already holds those units.

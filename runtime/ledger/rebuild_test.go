@@ -188,7 +188,7 @@ func TestRebuildAndSweeperCancelInOneLockOrder(t *testing.T) {
 		t.Fatalf("rebuild: %v", err)
 	}
 	for _, o := range []Order{a, b} {
-		if got, err := l.GetOrder(ctx, o.ReservationID); err != nil || got.Status != StatusCancelledBySweeper {
+		if got, err := l.GetOrder(ctx, o.CampaignID, o.ReservationID); err != nil || got.Status != StatusCancelledBySweeper {
 			t.Fatalf("%s: %+v %v", o.ReservationID, got.Status, err)
 		}
 	}

@@ -216,7 +216,7 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || err != nil || res.Status != "reserved" {
 		t.Fatalf("reserve: %d %+v %v", resp.StatusCode, res, err)
 	}
-	if o, err := l.GetOrder(ctx, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "u-bin" {
+	if o, err := l.GetOrder(ctx, campaignID, res.ReservationID); err != nil || o.Status != ledger.StatusPending || o.UserID != "u-bin" {
 		t.Fatalf("ledger row %+v, %v", o, err)
 	}
 

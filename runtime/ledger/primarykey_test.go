@@ -1,0 +1,154 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// migrateUpTo applies the migrations before version `until` as Migrate would.
+func migrateUpTo(t *testing.T, pool *pgxpool.Pool, until int) {
+	t.Helper()
+	ctx := testCtx(t)
+	migs, err := loadMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, sqlCreateMigrationsTable); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range migs {
+		if m.version >= until {
+			break
+		}
+		if _, err := pool.Exec(ctx, m.sql); err != nil {
+			t.Fatalf("migration %04d: %v", m.version, err)
+		}
+		if _, err := pool.Exec(ctx, sqlRecordMigration, m.version, m.name, m.checksum); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func primaryKeyColumns(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var cols string
+	err := pool.QueryRow(testCtx(t), `SELECT string_agg(a.attname, ',' ORDER BY k.n)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = 'flashsale_orders'::regclass AND i.indisprimary`).Scan(&cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cols
+}
+
+// A ledger written before 0006 keeps its orders, and its primary key then
+// leads with the campaign: a new sale writes only into its own part of it.
+func TestMigrationKeysOrdersByCampaign(t *testing.T) {
+	ctx := testCtx(t)
+	pool, err := pgxpool.New(ctx, newDSN(t, testPG))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	migrateUpTo(t, pool, 6)
+	if cols := primaryKeyColumns(t, pool); cols != "reservation_id" {
+		t.Fatalf("before 0006 the primary key is %q", cols)
+	}
+	for i, c := range []string{"old-sale", "new-sale"} {
+		if _, err := pool.Exec(ctx, `INSERT INTO flashsale_orders
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, request_key)
+VALUES ($1, $2, 'sku', 'u', 0, 1, 'PENDING', 1, now() + interval '1 hour', $3)`,
+			fmt.Sprintf("0.key%d", i), c, fmt.Sprintf("key%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if cols := primaryKeyColumns(t, pool); cols != "campaign_id,reservation_id" {
+		t.Fatalf("after 0006 the primary key is %q, want campaign_id,reservation_id", cols)
+	}
+	l := &Ledger{pool: pool}
+	for i, c := range []string{"old-sale", "new-sale"} {
+		if o, err := l.GetOrder(ctx, c, fmt.Sprintf("0.key%d", i)); err != nil || o.Status != StatusPending {
+			t.Fatalf("order of %s after the migration: %+v %v", c, o, err)
+		}
+	}
+	if _, err := l.GetOrder(ctx, "old-sale", "0.key1"); err == nil {
+		t.Fatal("an order found under another campaign")
+	}
+}
+
+// Every statement that finds orders by id names the campaign, so an index led
+// by the campaign serves it from the sale's own part (the primary key, or the
+// buyer's index); a lookup by id alone would have no index at all.
+func TestOrderLookupsByIDUseThePrimaryKey(t *testing.T) {
+	l := newLedger(t)
+	ctx := testCtx(t)
+	ids, campaigns := []string{"0.a"}, []string{"c"}
+	lookups := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"GetOrder", sqlGetOrder, []any{"c", "0.a"}},
+		{"the follow-up read", sqlGetOrderWithExpiry, []any{"c", "0.a"}},
+		{"checkout", sqlCheckout, []any{"0.a", "c", "u", "pay"}},
+		{"cancel by the buyer", sqlCancelByUser, []any{"0.a", "c", "u"}},
+		{"the sweeper's cancel", sqlCancelExpired, []any{"c", ids, int64(0)}},
+		{"the rebuild's cancel", sqlCancelExpiredAll, []any{"c", int64(0)}},
+		{"statuses", sqlStatuses, []any{"c", ids}},
+		{"statuses of abandoned rows", sqlStatusesAnyCampaign, []any{campaigns, ids}},
+		{"the writer's duplicates", sqlExistingOrders, []any{ids, "c"}},
+	}
+	for _, q := range lookups {
+		t.Run(q.name, func(t *testing.T) {
+			plan := explainWithoutSeqScans(t, ctx, l, q.sql, q.args...)
+			conds := 0
+			for _, line := range strings.Split(plan, "\n") {
+				if cond, ok := strings.CutPrefix(strings.TrimSpace(line), "Index Cond: "); ok {
+					conds++
+					if !strings.HasPrefix(strings.TrimLeft(cond, "("), "campaign_id = ") {
+						t.Fatalf("an index lookup not led by the campaign:\n%s", plan)
+					}
+				}
+			}
+			if conds == 0 || strings.Contains(plan, "Seq Scan on flashsale_orders") {
+				t.Fatalf("no index serves it:\n%s", plan)
+			}
+		})
+	}
+}
+
+// explainWithoutSeqScans is the plan PostgreSQL picks when it must use an
+// index wherever one serves: on a test's tiny table it would scan instead.
+// Writes are explained inside a transaction that is rolled back.
+func explainWithoutSeqScans(t *testing.T, ctx context.Context, l *Ledger, sql string, args ...any) string {
+	t.Helper()
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, set := range []string{"SET LOCAL enable_seqscan = off", "SET LOCAL enable_bitmapscan = off"} {
+		if _, err := tx.Exec(ctx, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
