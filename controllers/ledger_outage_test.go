@@ -328,6 +328,65 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 	}
 }
 
+// The ledger Secret re-pointed at another database after Redis lost the sale
+// too, and a status that says the sale never ran (restored without it, or
+// written wrong): neither store says the sale ran, but its children do (they
+// are written only after its first seed, and nothing is sold without them),
+// so nothing is seeded afresh to sell the allocation again. Before, the
+// status's epoch was the only witness, and a status at 0 seeded the sale anew.
+func TestLedgerSwitchedAfterRedisLostTheSaleTooDoesNotSellAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	stop := e.startController()
+	fs := e.openSale("forgotten", 20)
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	ctx := context.Background()
+	for i := range 3 {
+		res := e.reserve(eng, fmt.Sprintf("g-%d", i))
+		if _, err := eng.Checkout(ctx, fmt.Sprintf("g-%d", i), res.ID, "pay"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitFor("forgotten", settle, "sold 3", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Sold == 3 })
+	stop()
+
+	otherDSN, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setSecret("shop-ledger", "dsn", otherDSN)
+	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := stock.New(rdb, string(fs.UID), int(*fs.Spec.Shards))
+	if _, err := store.DeleteAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fs = e.get("forgotten")
+	fs.Status = flashsalev1alpha1.FlashSaleStatus{}
+	if err := k8s.Status().Update(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+
+	fs = e.waitFor("forgotten", settle, "LedgerMismatch", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerMismatch))
+	time.Sleep(2 * time.Second) // a few reconciles more
+	other, err := ledger.Open(ctx, otherDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.GetCampaign(ctx, string(fs.UID)); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("the other database got the campaign: %v", err)
+	}
+	states, err := store.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(states, func(st stock.ShardState) bool { return st.Present }); i >= 0 {
+		t.Fatalf("shard %d seeded again: %+v", i, states[i])
+	}
+}
+
 // A sale whose PostgreSQL hangs (connections accepted, never answered) does
 // not hold up the other sales: they are reconciled, seeded and opened while
 // its connection attempt is still waiting.

@@ -7,9 +7,12 @@ import (
 	"maps"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -42,18 +45,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	}
 	s.rebuildChecked = true
 	lost, why := false, ""
-	// seededBefore is the one decision the status still takes part in, and
-	// only to refuse. Redis shards of the sale already make a ledger without
-	// its campaign a mismatch; status.epoch matters only when Redis holds
-	// none of them either (a DSN switched to another database after Redis
-	// lost its data too). Then no store the operator writes is left to say
-	// the sale ran: the ledger record is in the database the DSN no longer
-	// names, and an annotation would be one more field every writer of the
-	// sale can change, with nothing more to vouch for it. A status that lies
-	// can refuse a new sale its seed (nothing is written, Ready says why),
-	// or, saying epoch 0 after both stores lost the sale, let it seed afresh
-	// as a restored object without status would.
-	res, err := eng.SeedSale(ctx, s.window.Gate, s.fs.Status.Epoch > 0)
+	res, err := eng.SeedSale(ctx, s.window.Gate, r.setUpBefore(s))
 	switch {
 	case errors.Is(err, engine.ErrNeedsRebuild):
 		lost, why = true, err.Error()
@@ -66,6 +58,8 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		s.mismatch = err
 		s.requeueAfter(retryUnhealthy)
 		return true, nil
+	case errors.Is(err, errReadingChildren):
+		return false, err // the API server's, not Redis's or the ledger's: retried with backoff
 	case err != nil:
 		r.unhealthy(s, classify(err))
 		return true, nil
@@ -215,4 +209,34 @@ func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map
 	}
 	s.seeded = true
 	return false, nil
+}
+
+// errReadingChildren: setUpBefore could not read the sale's children.
+var errReadingChildren = errors.New("cannot tell whether the sale ran")
+
+// setUpBefore tells, when neither Redis nor the ledger holds the sale (a DSN
+// switched to another database after Redis lost its data too), whether it
+// ran: its reservation id Secret or its reserve Deployment exists. Both are
+// written only after the first seed, and no unit can be sold without them:
+// the reserve pods read the Secret. They are read past the cache: this is
+// asked only then. The status is a report, not a record: a status lost or
+// written wrong changes nothing here.
+func (r *FlashSaleReconciler) setUpBefore(s *scope) engine.SetUpBefore {
+	return func(ctx context.Context) (bool, error) {
+		for _, obj := range []client.Object{
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentIDs)}},
+			&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: s.fs.Namespace, Name: ChildName(s.fs, ComponentReserve)}},
+		} {
+			err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+			switch {
+			case apierrors.IsNotFound(err):
+				continue
+			case err != nil:
+				return false, fmt.Errorf("%w: reading %s: %w", errReadingChildren, obj.GetName(), err)
+			case metav1.IsControlledBy(obj, s.fs):
+				return true, nil
+			}
+		}
+		return false, nil
+	}
 }

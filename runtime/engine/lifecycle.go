@@ -36,13 +36,19 @@ type SeedResult struct {
 // ledger a row still on its way would commit at the unchanged epoch: the rebuild
 // bumps the epoch, so that row is counted or fenced.
 func (e *Engine) Seed(ctx context.Context, gate string) (SeedResult, error) {
-	return e.SeedSale(ctx, gate, false)
+	return e.SeedSale(ctx, gate, nil)
 }
 
-// SeedSale is Seed for a caller that knows whether the sale was seeded
-// before: then a ledger without its campaign is ErrLedgerMismatch, as it is
-// whenever Redis holds shards of a campaign the ledger does not know.
-func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (SeedResult, error) {
+// SetUpBefore answers whether the sale was set up before, from what the
+// caller can see of it outside Redis and the ledger. SeedSale asks it only
+// when neither store holds the campaign.
+type SetUpBefore func(context.Context) (bool, error)
+
+// SeedSale is Seed for a caller that can tell whether the sale was set up
+// before (nil: it cannot): then a ledger without its campaign is
+// ErrLedgerMismatch, as it is whenever Redis holds shards of a campaign the
+// ledger does not know.
+func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBefore) (SeedResult, error) {
 	states, err := e.store.State(ctx)
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("redis: %w", err)
@@ -57,7 +63,13 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, seededBefore bool) (
 	created := false
 	switch {
 	case errors.Is(err, ledger.ErrCampaignNotFound):
-		if present > 0 || seededBefore {
+		before := present > 0
+		if !before && setUpBefore != nil {
+			if before, err = setUpBefore(ctx); err != nil {
+				return SeedResult{}, err
+			}
+		}
+		if before {
 			return SeedResult{}, fmt.Errorf("%w, though it was seeded before (Redis holds %d of its %d shards): the ledger DSN points at another database, or the ledger lost data; nothing is seeded or rebuilt",
 				ErrLedgerMismatch, present, len(states))
 		}

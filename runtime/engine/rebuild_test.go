@@ -260,7 +260,7 @@ func TestRebuildCutShortIsFinished(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := f.e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
+	if _, err := f.e.SeedSale(ctx, stock.StateOpen, answer(true)); !errors.Is(err, engine.ErrNeedsRebuild) {
 		t.Fatalf("seeding over shards left being rebuilt: %v, want ErrNeedsRebuild", err)
 	}
 	if _, err := f.e.Rebuild(ctx, openGate); err != nil {

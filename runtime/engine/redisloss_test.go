@@ -199,7 +199,7 @@ func TestNoScriptAfterRestartWithDataAndFlush(t *testing.T) {
 		t.Fatalf("after NOSCRIPT on a restarted server: %+v", res)
 	}
 	// As the controller reports it: the first shards named, the rest counted.
-	if _, err := f.e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) ||
+	if _, err := f.e.SeedSale(ctx, stock.StateOpen, answer(true)); !errors.Is(err, engine.ErrNeedsRebuild) ||
 		!strings.Contains(err.Error(), "shards [0 1 2 3 4 5 6 7] and 4 more hold data") {
 		t.Fatalf("seeding after the restart: %v", err)
 	}

@@ -42,12 +42,33 @@ func TestSeedRefusesALedgerThatDoesNotKnowTheSale(t *testing.T) {
 	f.cfg.CampaignID = "c-" + randomID()
 	e, _ = other()
 	e2 := openEngine(t, f.cfg, standaloneClient(t, empty.Addr()), l)
-	if _, err := e2.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrLedgerMismatch) {
+	if _, err := e2.SeedSale(ctx, stock.StateOpen, answer(true)); !errors.Is(err, engine.ErrLedgerMismatch) {
 		t.Fatalf("seed of a sale seeded before, on an empty Redis and ledger: %v", err)
 	}
-	if res, err := e.SeedSale(ctx, stock.StateOpen, false); err != nil || res.Seeded != 2 {
+	unsure := errors.New("cannot tell")
+	ask := func(context.Context) (bool, error) { return false, unsure }
+	if res, err := e.SeedSale(ctx, stock.StateOpen, ask); !errors.Is(err, unsure) || res.Seeded != 0 {
+		t.Fatalf("seed when the caller cannot tell whether the sale ran: %+v %v", res, err)
+	}
+	if _, err := l.GetCampaign(ctx, f.cfg.CampaignID); !errors.Is(err, ledger.ErrCampaignNotFound) {
+		t.Fatalf("the ledger got the campaign while the caller could not tell: %v", err)
+	}
+	if res, err := e.SeedSale(ctx, stock.StateOpen, answer(false)); err != nil || res.Seeded != 2 {
 		t.Fatalf("a new sale: %+v %v", res, err)
 	}
+	// Asked only when neither store holds the campaign.
+	asked := func(context.Context) (bool, error) {
+		t.Fatal("asked with the campaign in the ledger")
+		return false, nil
+	}
+	if res, err := e.SeedSale(ctx, stock.StateOpen, asked); err != nil || !res.Live {
+		t.Fatalf("the seeded sale again: %+v %v", res, err)
+	}
+}
+
+// answer is a caller's fixed answer to whether the sale was set up before.
+func answer(yes bool) engine.SetUpBefore {
+	return func(context.Context) (bool, error) { return yes, nil }
 }
 
 // TestSeedAfterLossIsARebuild: Redis lost a campaign's keys without restarting
@@ -124,7 +145,7 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 		IDSecret: []byte("0123456789abcdef0123456789abcdef"),
 	}
 	e := openEngine(t, cfg, rdb, l)
-	_, err = e.SeedSale(ctx, stock.StateOpen, false)
+	_, err = e.SeedSale(ctx, stock.StateOpen, answer(false))
 	if !errors.Is(err, stock.ErrEvictionPolicy) || !strings.Contains(err.Error(), "allkeys-lru") || !strings.Contains(err.Error(), srv.Addr()) {
 		t.Fatalf("seed on an evicting Redis: %v", err)
 	}
@@ -142,7 +163,7 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 		}
 	}
 	config("maxmemory-policy", "noeviction")
-	if _, err := e.SeedSale(ctx, stock.StateOpen, false); err != nil {
+	if _, err := e.SeedSale(ctx, stock.StateOpen, answer(false)); err != nil {
 		t.Fatalf("seed with noeviction: %v", err)
 	}
 	config("maxmemory-policy", "volatile-lru")
@@ -154,7 +175,7 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 	if err := rdb.Del(ctx, e.Store().Keys(2).Meta()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.SeedSale(ctx, stock.StateOpen, true); !errors.Is(err, engine.ErrNeedsRebuild) {
+	if _, err := e.SeedSale(ctx, stock.StateOpen, answer(true)); !errors.Is(err, engine.ErrNeedsRebuild) {
 		t.Fatalf("a live sale with a shard lost on an evicting Redis: %v, want ErrNeedsRebuild", err)
 	}
 	if _, err := e.Rebuild(ctx, openGate); !errors.Is(err, stock.ErrEvictionPolicy) {
