@@ -290,23 +290,9 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
-	fs := e.openSale("forked", 20)
-	eng := e.engineFor(fs, sharedRedis.Addr())
-	ctx := context.Background()
-	for i := range 3 {
-		res := e.reserve(eng, fmt.Sprintf("f-%d", i))
-		if _, err := eng.Checkout(ctx, fmt.Sprintf("f-%d", i), res.ID, "pay"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.waitFor("forked", settle, "sold 3", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Sold == 3 })
-
-	otherDSN, err := sharedPG.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.setSecret("shop-ledger", "dsn", otherDSN)
-	fs = e.waitFor("forked", settle, "LedgerMismatch", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerMismatch))
+	e.sellThree(t, "forked")
+	otherDSN := e.switchLedger(t)
+	fs := e.waitFor("forked", settle, "LedgerMismatch", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerMismatch))
 	if fs.Status.Sold != 3 {
 		t.Fatalf("status forgot what was sold: %+v", fs.Status)
 	}
@@ -318,12 +304,46 @@ func TestLedgerSwitchedToAnotherDatabase(t *testing.T) {
 	if n := countEvents(t, e.ns, "forked", controllers.ReasonLedgerMismatch); n != 1 {
 		t.Fatalf("%d %s events, want 1", n, controllers.ReasonLedgerMismatch)
 	}
-	other, err := ledger.Open(ctx, otherDSN)
+	assertNoCampaign(t, otherDSN, fs)
+}
+
+// sellThree opens a sale of 20 units and sells 3 of them.
+func (e *env) sellThree(t *testing.T, name string) *flashsalev1alpha1.FlashSale {
+	t.Helper()
+	fs := e.openSale(name, 20)
+	eng := e.engineFor(fs, sharedRedis.Addr())
+	for i := range 3 {
+		user := fmt.Sprintf("%s-%d", name, i)
+		res := e.reserve(eng, user)
+		if _, err := eng.Checkout(context.Background(), user, res.ID, "pay"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitFor(name, settle, "sold 3", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Sold == 3 })
+	return fs
+}
+
+// switchLedger points the sales' ledger Secret at a new, empty database.
+func (e *env) switchLedger(t *testing.T) (dsn string) {
+	t.Helper()
+	dsn, err := sharedPG.NewDatabase()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
-	if _, err := other.GetCampaign(ctx, string(fs.UID)); !errors.Is(err, ledger.ErrCampaignNotFound) {
+	e.setSecret("shop-ledger", "dsn", dsn)
+	return dsn
+}
+
+// assertNoCampaign fails unless the ledger at dsn has no campaign for fs.
+func assertNoCampaign(t *testing.T, dsn string, fs *flashsalev1alpha1.FlashSale) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.GetCampaign(ctx, string(fs.UID)); !errors.Is(err, ledger.ErrCampaignNotFound) {
 		t.Fatalf("the other database got the campaign: %v", err)
 	}
 }
@@ -338,23 +358,10 @@ func TestLedgerSwitchedAfterRedisLostTheSaleTooDoesNotSellAgain(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	stop := e.startController()
-	fs := e.openSale("forgotten", 20)
-	eng := e.engineFor(fs, sharedRedis.Addr())
-	ctx := context.Background()
-	for i := range 3 {
-		res := e.reserve(eng, fmt.Sprintf("g-%d", i))
-		if _, err := eng.Checkout(ctx, fmt.Sprintf("g-%d", i), res.ID, "pay"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.waitFor("forgotten", settle, "sold 3", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Sold == 3 })
+	fs := e.sellThree(t, "forgotten")
 	stop()
-
-	otherDSN, err := sharedPG.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.setSecret("shop-ledger", "dsn", otherDSN)
+	ctx := context.Background()
+	otherDSN := e.switchLedger(t)
 	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	store := stock.New(rdb, string(fs.UID), int(*fs.Spec.Shards))
@@ -370,14 +377,7 @@ func TestLedgerSwitchedAfterRedisLostTheSaleTooDoesNotSellAgain(t *testing.T) {
 
 	fs = e.waitFor("forgotten", settle, "LedgerMismatch", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonLedgerMismatch))
 	time.Sleep(2 * time.Second) // a few reconciles more
-	other, err := ledger.Open(ctx, otherDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	if _, err := other.GetCampaign(ctx, string(fs.UID)); !errors.Is(err, ledger.ErrCampaignNotFound) {
-		t.Fatalf("the other database got the campaign: %v", err)
-	}
+	assertNoCampaign(t, otherDSN, fs)
 	states, err := store.State(ctx)
 	if err != nil {
 		t.Fatal(err)
