@@ -322,8 +322,8 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"spec.shards in body should be less than or equal to 1024"},
 		{"negative allocation", nil, with(int64(-1), "allocation"),
 			"spec.allocation in body should be greater than or equal to 0"},
-		{"allocation above a billion", nil, with(int64(1_000_000_001), "allocation"),
-			"spec.allocation in body should be less than or equal to 1000000000"},
+		{"allocation above ten million", nil, with(int64(10_000_001), "allocation"),
+			"allocation is at most 10000000"},
 		{"sku changed", minimal(), with("itm-xbox", "sku"),
 			"sku is immutable"},
 		{"shards changed", minimal(), with(int64(12), "shards"),
@@ -399,6 +399,7 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 	}
 	for name, obj := range map[string]map[string]any{
 		"restock":          with(int64(2000), "allocation"),
+		"ten million":      with(int64(10_000_000), "allocation"),
 		"pause":            with(true, "paused"),
 		"longer ttl":       with("15m", "reservation", "ttl"),
 		"zero grace":       with("0s", "reservation", "gracePeriod"),
