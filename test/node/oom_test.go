@@ -79,9 +79,10 @@ const oomLimit = "12Mi"
 // The audits wait for quiescence (reservations expire in 10 s, the sweeper
 // runs every second): a checkout killed between its ledger commit and its
 // Redis step leaves the unit RESERVED in Redis and COMMITTED in the ledger,
-// counted twice by the status and the audit until the sweeper cleans the
-// Redis record up (seen on the first runs: available + reserved + sold 6
-// above the allocation right after the storm).
+// counted twice by the audit until the sweeper's next pass settles it from
+// the paying mark the checkout left (before that mark, until the
+// reservation's expiry: available + reserved + sold 6 above the allocation
+// right after the storm, on the first runs).
 func TestReserveOOMKilledAtItsLimitRestartsAndLosesNothing(t *testing.T) {
 	needNode(t)
 	storms.Lock()
