@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 // reconcileChildren creates or updates the reserve Deployment and Service and the
@@ -139,7 +142,8 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels) &&
-			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields]
+			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields] &&
+			sameContractEnv(d.Spec.Template.Spec.Containers, l.Spec.Template.Spec.Containers)
 		// Keep the pod annotations others set (kubectl rollout restart's);
 		// ours (the secrets fingerprint) win.
 		ann := maps.Clone(l.Spec.Template.Annotations)
@@ -174,4 +178,27 @@ func mergeStrings(live, ours map[string]string) map[string]string {
 	}
 	maps.Copy(out, ours)
 	return out
+}
+
+// sameContractEnv reports whether every container has exactly the pod
+// contract's variables (config.EnvPrefix) desired holds, in order. The spec
+// check above takes a live list longer than desired's as defaulted, so a
+// FLASHSALE_ variable appended by hand (which overrides the operator's: the
+// last of a name wins) would stay; others' variables may stay.
+func sameContractEnv(desired, live []corev1.Container) bool {
+	if len(desired) != len(live) {
+		return false
+	}
+	contract := func(env []corev1.EnvVar) []corev1.EnvVar {
+		return slices.DeleteFunc(slices.Clone(env), func(e corev1.EnvVar) bool { return !strings.HasPrefix(e.Name, config.EnvPrefix) })
+	}
+	for i := range desired {
+		// Derivative: the API server defaults parts of a variable (a
+		// fieldRef's apiVersion); the lengths must match.
+		d, l := contract(desired[i].Env), contract(live[i].Env)
+		if len(d) != len(l) || !equality.Semantic.DeepDerivative(d, l) {
+			return false
+		}
+	}
+	return true
 }

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -112,6 +114,45 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	d := get("quiet-reserve")
 	if d.Annotations["deployment.kubernetes.io/revision"] != "7" || d.Labels["team"] != "checkout" {
 		t.Fatalf("others' metadata lost: annotations %v, labels %v", d.Annotations, d.Labels)
+	}
+}
+
+// The pod contract's variables (FLASHSALE_*) are the operator's: one added to
+// a Deployment by hand, which would override the operator's value (the last
+// of a name wins), is removed; one changed is put back. Before, the change
+// check took a longer env list as the API server's defaults and left both.
+// A variable of someone else's is left alone.
+func TestPodContractVariablesAddedByHandArePutBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("owned", 10)
+	get := e.deployment
+	contract := func(d *appsv1.Deployment) []string {
+		var out []string
+		for _, v := range d.Spec.Template.Spec.Containers[0].Env {
+			if strings.HasPrefix(v.Name, config.EnvPrefix) {
+				out = append(out, v.Name+"="+v.Value)
+			}
+		}
+		return out
+	}
+	want := contract(get("owned-reserve"))
+	update(t, get("owned-reserve"), func(d *appsv1.Deployment) {
+		c := &d.Spec.Template.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: config.EnvRateLimit, Value: "1"}, corev1.EnvVar{Name: "HTTP_PROXY", Value: "http://proxy:3128"})
+	})
+	testharness.Eventually(t, settle, "the hand-added FLASHSALE_ variable removed", func() bool {
+		return slices.Equal(contract(get("owned-reserve")), want)
+	})
+	update(t, get("owned-reserve"), func(d *appsv1.Deployment) {
+		c := &d.Spec.Template.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: "HTTP_PROXY", Value: "http://proxy:3128"})
+	})
+	rv := get("owned-reserve").ResourceVersion
+	time.Sleep(2500 * time.Millisecond) // a status refresh or more
+	if got := get("owned-reserve").ResourceVersion; got != rv {
+		t.Fatalf("rewritten for someone else's variable: resourceVersion %s → %s", rv, got)
 	}
 }
 

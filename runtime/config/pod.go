@@ -11,6 +11,10 @@ import (
 // rename is one edit (controllers' pod contract test parses the rendered
 // Deployments with the commands' own flags).
 const (
+	// EnvPrefix starts every variable of the pod contract: the operator owns
+	// those of its Deployments, and puts back any others add or change.
+	EnvPrefix = "FLASHSALE_"
+
 	// EnvListen is where the pod serves HTTP: the reservation API (reserve),
 	// the probes and /metrics (sweeper).
 	EnvListen = "FLASHSALE_LISTEN"
