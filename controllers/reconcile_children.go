@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
@@ -184,13 +185,17 @@ func mergeStrings(live, ours map[string]string) map[string]string {
 // contract's variables (config.EnvPrefix) desired holds, in order. The spec
 // check above takes a live list longer than desired's as defaulted, so a
 // FLASHSALE_ variable appended by hand (which overrides the operator's: the
-// last of a name wins) would stay; others' variables may stay.
+// last of a name wins) would stay; others' variables may stay, and so may
+// failpoint.Env, the test hook that is set on a Deployment by hand on
+// purpose (docs/node.md).
 func sameContractEnv(desired, live []corev1.Container) bool {
 	if len(desired) != len(live) {
 		return false
 	}
 	contract := func(env []corev1.EnvVar) []corev1.EnvVar {
-		return slices.DeleteFunc(slices.Clone(env), func(e corev1.EnvVar) bool { return !strings.HasPrefix(e.Name, config.EnvPrefix) })
+		return slices.DeleteFunc(slices.Clone(env), func(e corev1.EnvVar) bool {
+			return !strings.HasPrefix(e.Name, config.EnvPrefix) || e.Name == failpoint.Env
+		})
 	}
 	for i := range desired {
 		// Derivative: the API server defaults parts of a variable (a

@@ -20,6 +20,7 @@ import (
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
+	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -121,7 +122,8 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 // a Deployment by hand, which would override the operator's value (the last
 // of a name wins), is removed; one changed is put back. Before, the change
 // check took a longer env list as the API server's defaults and left both.
-// A variable of someone else's is left alone.
+// A variable of someone else's is left alone, and so is the failpoint test
+// hook, which the node tests set on a sweeper Deployment by hand.
 func TestPodContractVariablesAddedByHandArePutBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
@@ -147,7 +149,8 @@ func TestPodContractVariablesAddedByHandArePutBack(t *testing.T) {
 	})
 	update(t, get("owned-reserve"), func(d *appsv1.Deployment) {
 		c := &d.Spec.Template.Spec.Containers[0]
-		c.Env = append(c.Env, corev1.EnvVar{Name: "HTTP_PROXY", Value: "http://proxy:3128"})
+		c.Env = append(c.Env, corev1.EnvVar{Name: "HTTP_PROXY", Value: "http://proxy:3128"},
+			corev1.EnvVar{Name: failpoint.Env, Value: failpoint.SweepAfterLedgerCancel})
 	})
 	rv := get("owned-reserve").ResourceVersion
 	time.Sleep(2500 * time.Millisecond) // a status refresh or more
