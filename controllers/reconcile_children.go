@@ -185,11 +185,12 @@ func mergeStrings(live, ours map[string]string) map[string]string {
 // contract's variables (config.EnvPrefix) desired holds, in order. The spec
 // check above takes a live list longer than desired's as defaulted, so a
 // FLASHSALE_ variable appended by hand (which overrides the operator's: the
-// last of a name wins) would stay; others' variables may stay, and so may
-// failpoint.Env, the test hook that is set on a Deployment by hand on
-// purpose (docs/node.md).
+// last of a name wins) would stay. Others' variables may stay, and so may
+// containers others add after the operator's (a rewrite would fight the
+// webhook that adds them), and failpoint.Env, the test hook that is set on
+// a Deployment by hand on purpose (docs/node.md).
 func sameContractEnv(desired, live []corev1.Container) bool {
-	if len(desired) != len(live) {
+	if len(live) < len(desired) {
 		return false
 	}
 	contract := func(env []corev1.EnvVar) []corev1.EnvVar {

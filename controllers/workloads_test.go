@@ -122,8 +122,9 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 // a Deployment by hand, which would override the operator's value (the last
 // of a name wins), is removed; one changed is put back. Before, the change
 // check took a longer env list as the API server's defaults and left both.
-// A variable of someone else's is left alone, and so is the failpoint test
-// hook, which the node tests set on a sweeper Deployment by hand.
+// A variable of someone else's is left alone, and so are a container someone
+// else adds and the failpoint test hook, which the node tests set on a
+// sweeper Deployment by hand.
 func TestPodContractVariablesAddedByHandArePutBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
@@ -151,11 +152,12 @@ func TestPodContractVariablesAddedByHandArePutBack(t *testing.T) {
 		c := &d.Spec.Template.Spec.Containers[0]
 		c.Env = append(c.Env, corev1.EnvVar{Name: "HTTP_PROXY", Value: "http://proxy:3128"},
 			corev1.EnvVar{Name: failpoint.Env, Value: failpoint.SweepAfterLedgerCancel})
+		d.Spec.Template.Spec.Containers = append(d.Spec.Template.Spec.Containers, corev1.Container{Name: "log-shipper", Image: "log-shipper:1"})
 	})
 	rv := get("owned-reserve").ResourceVersion
 	time.Sleep(2500 * time.Millisecond) // a status refresh or more
 	if got := get("owned-reserve").ResourceVersion; got != rv {
-		t.Fatalf("rewritten for someone else's variable: resourceVersion %s → %s", rv, got)
+		t.Fatalf("rewritten for someone else's variable or container: resourceVersion %s → %s", rv, got)
 	}
 }
 
