@@ -15,7 +15,9 @@
 // order; the pending ones expire over the last TTL (10 minutes) of the
 // hour to come, in the order they were written, as a sale's reservations do.
 // It starts its own PostgreSQL (fsync on) and redis-server on 127.0.0.1
-// and stops them.
+// and stops them. --redis-cluster puts the shards on a Redis Cluster of
+// three masters instead of one standalone server, so that Redis's share of
+// the rebuild is spread over several processes (and cores).
 //
 //	go run ./hack/rebuildbench --orders 100000,1000000,10000000
 //
@@ -38,7 +40,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
@@ -63,6 +64,9 @@ type result struct {
 	PeakRSSMiB    float64 `json:"peak_rss_mib"`
 	PostgresCPU   float64 `json:"postgres_cpu_s"`
 	RedisCPU      float64 `json:"redis_cpu_s"`
+	// RedisCPUByServer is each server's share of RedisCPU (one entry unless
+	// the shards are on a Cluster).
+	RedisCPUByServer []float64 `json:"redis_cpu_by_server_s,omitempty"`
 	RebuilderCPU  float64 `json:"rebuilder_cpu_s"`
 	CountsMillis  float64 `json:"counts_ms"`
 	BytesPerOrder float64 `json:"bytes_per_order,omitempty"`
@@ -74,10 +78,12 @@ func main() {
 	var orders []int
 	var shards int
 	var child, cpuProfile string
+	var cluster bool
 	fs := pflag.NewFlagSet("rebuildbench", pflag.ExitOnError)
 	fs.IntSliceVar(&orders, "orders", []int{100_000, 1_000_000, 10_000_000}, "sale sizes (acknowledged reservations) to rebuild")
 	fs.IntVar(&shards, "shards", 10, "stock shards of each sale")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write the rebuilding child's CPU profile to this file, suffixed .<orders>")
+	fs.BoolVar(&cluster, "redis-cluster", false, "a Redis Cluster of three masters instead of one standalone redis-server")
 	fs.StringVar(&child, "child", "", "internal: rebuild the sale described by this JSON and report")
 	_ = fs.Parse(os.Args[1:])
 	if child != "" {
@@ -87,24 +93,24 @@ func main() {
 		}
 		return
 	}
-	if err := run(orders, shards, cpuProfile); err != nil {
+	if err := run(orders, shards, cluster, cpuProfile); err != nil {
 		fmt.Fprintln(os.Stderr, "rebuildbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(sizes []int, shards int, cpuProfile string) error {
+func run(sizes []int, shards int, cluster bool, cpuProfile string) error {
 	ctx := context.Background()
 	pg, err := testharness.StartPostgresArgs("fsync=on", "synchronous_commit=on", "shared_buffers=512MB", "max_wal_size=4GB")
 	if err != nil {
 		return err
 	}
 	defer pg.Close()
-	rs, err := testharness.StartRedis()
+	rs, err := startRedis(cluster)
 	if err != nil {
 		return err
 	}
-	defer rs.Close()
+	defer rs.close()
 	var results []result
 	slices.Sort(sizes)
 	var last sale
@@ -113,7 +119,7 @@ func run(sizes []int, shards int, cpuProfile string) error {
 		if err != nil {
 			return err
 		}
-		s, err := newSale(ctx, dsn, rs.Addr(), shards, int64(n))
+		s, err := newSale(ctx, dsn, rs, shards, int64(n))
 		if err != nil {
 			return err
 		}
@@ -123,14 +129,14 @@ func run(sizes []int, shards int, cpuProfile string) error {
 		}
 		r.BytesPerOrder = s.bytesPerOrder(ctx)
 		results = append(results, r)
-		fmt.Fprintf(os.Stderr, "rebuildbench: %d orders: %.2fs, peak RSS %.0f MiB; Redis seconds by command %v\n", n, r.Seconds, r.PeakRSSMiB, r.RedisCommands)
+		fmt.Fprintf(os.Stderr, "rebuildbench: %d orders: %.2fs, peak RSS %.0f MiB; Redis CPU seconds by server %.2f; Redis seconds by command %v\n", n, r.Seconds, r.PeakRSSMiB, r.RedisCPUByServer, r.RedisCommands)
 		if i == len(sizes)-1 && i > 0 {
 			last = s
 		}
 	}
 	// The smallest sale again, in the ledger of the largest.
 	if last.dsn != "" {
-		s, err := newSale(ctx, last.dsn, rs.Addr(), shards, int64(sizes[0]))
+		s, err := newSale(ctx, last.dsn, rs, shards, int64(sizes[0]))
 		if err != nil {
 			return err
 		}
@@ -147,24 +153,25 @@ func run(sizes []int, shards int, cpuProfile string) error {
 
 // sale is one campaign filled with orders.
 type sale struct {
-	dsn, redis string
-	cfg        engine.Config
-	orders     int64
+	dsn    string
+	redis  redisServers
+	cfg    engine.Config
+	orders int64
 }
 
-func newSale(ctx context.Context, dsn, redisAddr string, shards int, n int64) (sale, error) {
+func newSale(ctx context.Context, dsn string, rs redisServers, shards int, n int64) (sale, error) {
 	id := fmt.Sprintf("bench-%d-%d", n, time.Now().UnixNano())
 	cfg := engine.Config{
 		CampaignID: id, Namespace: "bench", Name: id, SKU: "sku-" + id, Allocation: n + n/10,
 		Shards: shards, MaxPerUser: 1, TTL: 10 * time.Minute, Grace: 30 * time.Second, IDSecret: idSecret,
 	}
-	s := sale{dsn: dsn, redis: redisAddr, cfg: cfg, orders: n}
+	s := sale{dsn: dsn, redis: rs, cfg: cfg, orders: n}
 	l, err := ledger.Open(ctx, dsn)
 	if err != nil {
 		return s, err
 	}
 	defer l.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := rs.client()
 	defer rdb.Close()
 	e, err := engine.New(cfg, rdb, l, ledger.MaterializerConfig{})
 	if err != nil {
@@ -232,20 +239,17 @@ func (s sale) bytesPerOrder(ctx context.Context) float64 {
 }
 
 // measure loses the sale's Redis data and has a child process rebuild it.
-func measure(ctx context.Context, pg *testharness.Postgres, rs *testharness.Redis, s sale, cpuProfile string) (result, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
-	err := rdb.FlushAll(ctx).Err()
-	_ = rdb.Close()
-	if err != nil {
+func measure(ctx context.Context, pg *testharness.Postgres, rs redisServers, s sale, cpuProfile string) (result, error) {
+	if err := rs.flush(ctx); err != nil {
 		return result{}, err
 	}
-	arg, _ := json.Marshal(childArgs{DSN: s.dsn, Redis: s.redis, Config: s.cfg})
+	arg, _ := json.Marshal(childArgs{DSN: s.dsn, Redis: rs.Addrs, Cluster: rs.Cluster, Config: s.cfg})
 	self, err := os.Executable()
 	if err != nil {
 		return result{}, err
 	}
-	statsBefore := commandStats(ctx, rs.Addr())
-	pgCPU, redisCPU := cpustat.TreeWithExited(pg.PID()), cpustat.Process(rs.PID())
+	statsBefore := rs.commandStats(ctx)
+	pgCPU, redisCPU := cpustat.TreeWithExited(pg.PID()), rs.cpuByServer()
 	var out, errb bytes.Buffer
 	args := []string{"--child", string(arg)}
 	if cpuProfile != "" {
@@ -262,33 +266,12 @@ func measure(ctx context.Context, pg *testharness.Postgres, rs *testharness.Redi
 	}
 	r.Orders = s.orders
 	r.PostgresCPU = (cpustat.TreeWithExited(pg.PID()) - pgCPU).Seconds()
-	r.RedisCPU = (cpustat.Process(rs.PID()) - redisCPU).Seconds()
-	r.RedisCommands = diffStats(statsBefore, commandStats(ctx, rs.Addr()))
+	for i, d := range rs.cpuByServer() {
+		r.RedisCPUByServer = append(r.RedisCPUByServer, (d - redisCPU[i]).Seconds())
+		r.RedisCPU += r.RedisCPUByServer[i]
+	}
+	r.RedisCommands = diffStats(statsBefore, rs.commandStats(ctx))
 	return r, nil
-}
-
-// commandStats reads Redis's per-command microseconds (INFO commandstats;
-// commands a script calls are counted under their own names too).
-func commandStats(ctx context.Context, addr string) map[string]float64 {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	out := map[string]float64{}
-	if err != nil {
-		return out
-	}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
-			if k, v, _ := strings.Cut(kv, "="); k == "usec" {
-				out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseFloat(v, 64)
-			}
-		}
-	}
-	return out
 }
 
 // diffStats is after − before in seconds, for the commands that took any.
@@ -303,8 +286,10 @@ func diffStats(before, after map[string]float64) map[string]float64 {
 }
 
 type childArgs struct {
-	DSN, Redis string
-	Config     engine.Config
+	DSN     string
+	Redis   []string
+	Cluster bool
+	Config  engine.Config
 }
 
 // runChild rebuilds as the manager does, then times status refreshes, and
@@ -320,7 +305,7 @@ func runChild(arg, cpuProfile string) error {
 		return err
 	}
 	defer l.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: a.Redis})
+	rdb := redisServers{Addrs: a.Redis, Cluster: a.Cluster}.client()
 	defer rdb.Close()
 	e, err := engine.New(a.Config, rdb, l, ledger.MaterializerConfig{})
 	if err != nil {
