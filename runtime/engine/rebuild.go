@@ -33,6 +33,11 @@ const (
 	rebuildReadBatch = 1000
 	rebuildQueue     = 8
 	rebuildWriters   = sweepParallel
+	// rebuildReaders is how many ledger connections read at once, each
+	// shard's pending orders on one of them: with the shards on a Redis
+	// Cluster, their masters are written to at once. The manager's pool per
+	// sale has 4; the ledger leaves one of any pool to others.
+	rebuildReaders = 3
 )
 
 // Rebuild reconstructs every shard from the ledger after Redis lost its data.
@@ -40,11 +45,12 @@ const (
 //  1. The ledger bumps the epoch and cancels the expired pending orders
 //     (ledger.BeginRebuild); writes racing it were either counted or fenced.
 //  2. Every shard is closed (REBUILDING, the new epoch) and wiped.
-//  3. One ledger snapshot is streamed (ledger.ReadRebuild): the pending
-//     orders become reservations again, so checkout and the sweeper keep
-//     working on them, and every buyer's held units (pending and committed) go
-//     back to the per-user limit. Writers send them to Redis while the next
-//     rows are read; memory stays at a few batches whatever the sale's size.
+//  3. One ledger snapshot is streamed (ledger.ReadRebuild), shard by shard
+//     on up to rebuildReaders connections at once: the pending orders become
+//     reservations again, so checkout and the sweeper keep working on them,
+//     and every buyer's held units (pending and committed) go back to the
+//     per-user limit. Writers send them to Redis while the next rows are
+//     read; memory stays at a few batches whatever the sale's size.
 //  4. Each shard gets its stock (allocation − committed − pending, the
 //     committed units from the ledger's counters) and its meta, still closed.
 //  5. Once every shard is whole they are opened together in the state gate
@@ -111,7 +117,7 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 
 	w := e.newRebuildWriter(ctx, c.Epoch)
 	counts, rerr := e.ledger.ReadRebuild(w.ctx, e.cfg.CampaignID, c.Shards, ledger.RebuildReader{
-		Batch: rebuildReadBatch, Pending: w.pending, Holders: w.holders,
+		Batch: rebuildReadBatch, Readers: rebuildReaders, Pending: w.pending, Holders: w.holders,
 	})
 	if werr := w.wait(); werr != nil {
 		return rep, fmt.Errorf("rebuild: %w", werr)
@@ -274,7 +280,8 @@ func (w *rebuildWriter) wait() error {
 }
 
 // pending turns a batch of pending orders into reservations on their shards,
-// and into pointers on their buyers' home shards when they were stolen.
+// and into pointers on their buyers' home shards when they were stolen. It is
+// called by several ledger readers at once.
 func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error {
 	shards := w.e.cfg.Shards
 	byShard := map[int][]stock.Reservation{}

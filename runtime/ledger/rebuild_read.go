@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 )
 
 // Holder is one buyer's units in PENDING and COMMITTED orders of a campaign:
@@ -20,10 +21,19 @@ type Holder struct {
 // items copies them. An error stops the read and is returned.
 type RebuildReader struct {
 	Batch int // default 1000
-	// Pending gets every PENDING order of the campaign, in shard order,
-	// with what a rebuild restores: the reservation id, user, shard,
-	// quantity, epoch, expiry and creation time (its campaign and status are
-	// known; its SKU, payment token and update time are left empty).
+	// Readers is the most connections that read at once (default 1, at most
+	// the pool's size less one). Each shard's pending orders, and the
+	// buyers, are read by one of them, all from one snapshot: on a Redis
+	// Cluster the shards' masters are then written to at once, instead of
+	// one after the other as the orders come in shard order. With more than
+	// one reader, Pending and Holders are called from several goroutines at
+	// once.
+	Readers int
+	// Pending gets every PENDING order of the campaign, one shard's at a
+	// time per call, with what a rebuild restores: the reservation id, user,
+	// shard, quantity, epoch, expiry and creation time (its campaign and
+	// status are known; its SKU, payment token and update time are left
+	// empty).
 	Pending func(ctx context.Context, orders []Order) error
 	// Holders gets every buyer holding units, in no particular order.
 	Holders func(ctx context.Context, holders []Holder) error
@@ -34,9 +44,8 @@ const defaultRebuildBatch = 1000
 const (
 	// Only the columns a rebuild restores: every column scanned costs the
 	// rebuild's CPU once per pending order.
-	sqlPendingOrders = `SELECT reservation_id, user_id, shard, quantity, epoch, expires_at, created_at FROM flashsale_orders
-WHERE campaign_id = $1 AND status = 'PENDING'
-ORDER BY shard`
+	sqlPendingOrders = `SELECT reservation_id, user_id, quantity, epoch, expires_at, created_at FROM flashsale_orders
+WHERE campaign_id = $1 AND status = 'PENDING' AND shard = $2`
 
 	sqlHolders = `SELECT user_id, sum(quantity)::bigint FROM flashsale_orders
 WHERE campaign_id = $1 AND status IN ('PENDING', 'COMMITTED')
@@ -51,17 +60,16 @@ var ErrCountsDrift = errors.New("ledger: shard counters disagree with the orders
 // has bumped the epoch: the pending orders and the buyers' holdings, streamed
 // in batches, and per shard the committed units (from the counters) and the
 // pending units (summed from the streamed orders, and checked against the
-// counters). Everything comes from one REPEATABLE READ snapshot, so a
-// checkout or a cancel running meanwhile is seen either entirely or not at
-// all: the counts and the orders agree. Memory stays at one batch whatever
-// the number of orders.
+// counters). Everything comes from one REPEATABLE READ snapshot, shared by
+// every reader (pg_export_snapshot), so a checkout or a cancel running
+// meanwhile is seen either entirely or not at all: the counts and the orders
+// agree. Memory stays at one batch per reader whatever the number of orders.
 func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int, r RebuildReader) ([]ShardCounts, error) {
 	if shards < 1 {
 		return nil, fmt.Errorf("ledger: read rebuild %s: shards %d < 1", campaignID, shards)
 	}
-	batch := r.Batch
-	if batch <= 0 {
-		batch = defaultRebuildBatch
+	if r.Batch <= 0 {
+		r.Batch = defaultRebuildBatch
 	}
 	var out []ShardCounts
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -73,7 +81,19 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 		for i := range out {
 			out[i].Committed = counted[i].Committed
 		}
-		if err := streamPending(ctx, tx, campaignID, shards, batch, out, r.Pending); err != nil {
+		// The buyers first: theirs is the longest read, and it writes to
+		// every shard.
+		tasks := make(chan readTask, shards+1)
+		tasks <- func(ctx context.Context, q querier) error {
+			return streamHolders(ctx, q, campaignID, r.Batch, r.Holders)
+		}
+		for i := range shards {
+			tasks <- func(ctx context.Context, q querier) error {
+				return streamPending(ctx, q, campaignID, i, r.Batch, &out[i].Pending, r.Pending)
+			}
+		}
+		close(tasks)
+		if err := l.readShared(ctx, tx, r.Readers, tasks); err != nil {
 			return err
 		}
 		for i := range out {
@@ -81,7 +101,7 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 				return fmt.Errorf("%w: shard %d counts %d pending units, its orders hold %d", ErrCountsDrift, i, counted[i].Pending, out[i].Pending)
 			}
 		}
-		return streamHolders(ctx, tx, campaignID, batch, r.Holders)
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: read rebuild %s: %w", campaignID, err)
@@ -89,8 +109,76 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 	return out, nil
 }
 
-func streamPending(ctx context.Context, tx pgx.Tx, campaignID string, shards, batch int, sums []ShardCounts, fn func(context.Context, []Order) error) error {
-	rows, err := tx.Query(ctx, sqlPendingOrders, campaignID)
+// readTask is one stream of ReadRebuild, read with q.
+type readTask func(ctx context.Context, q querier) error
+
+// readShared runs tasks on tx and on up to readers−1 more connections that
+// import tx's snapshot, each task once; the first error stops them all. A
+// reader still waiting for a connection when tx has run out of tasks gives up
+// waiting: tx alone always finishes the read, so a pool that others hold
+// cannot stall it.
+func (l *Ledger) readShared(ctx context.Context, tx pgx.Tx, readers int, tasks <-chan readTask) error {
+	readers = min(readers, int(l.pool.Config().MaxConns)-1, cap(tasks))
+	if readers <= 1 {
+		for task := range tasks {
+			if err := task(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var snapshot string
+	if err := tx.QueryRow(ctx, `SELECT pg_export_snapshot()`).Scan(&snapshot); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	acquire, drained := context.WithCancel(gctx)
+	defer drained()
+	g.Go(func() error {
+		defer drained()
+		for task := range tasks {
+			if gctx.Err() != nil {
+				return nil // another reader failed: its error is returned
+			}
+			if err := task(gctx, tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for range readers - 1 {
+		g.Go(func() error {
+			conn, err := l.pool.Acquire(acquire)
+			if err != nil {
+				if acquire.Err() != nil && gctx.Err() == nil {
+					return nil // drained: nothing left to read
+				}
+				return err
+			}
+			defer conn.Release()
+			return pgx.BeginTxFunc(gctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(rtx pgx.Tx) error {
+				if _, err := rtx.Exec(gctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`); err != nil {
+					return fmt.Errorf("importing the rebuild's snapshot: %w", err)
+				}
+				for task := range tasks {
+					if gctx.Err() != nil {
+						return nil
+					}
+					if err := task(gctx, rtx); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	}
+	return g.Wait()
+}
+
+// streamPending streams shard's pending orders to fn and adds their units
+// to *units.
+func streamPending(ctx context.Context, q querier, campaignID string, shard, batch int, units *int64, fn func(context.Context, []Order) error) error {
+	rows, err := q.Query(ctx, sqlPendingOrders, campaignID, shard)
 	if err != nil {
 		return err
 	}
@@ -106,14 +194,11 @@ func streamPending(ctx context.Context, tx pgx.Tx, campaignID string, shards, ba
 		return err
 	}
 	for rows.Next() {
-		o := Order{CampaignID: campaignID, Status: StatusPending}
-		if err := rows.Scan(&o.ReservationID, &o.UserID, &o.Shard, &o.Quantity, &o.Epoch, &o.ExpiresAt, &o.CreatedAt); err != nil {
+		o := Order{CampaignID: campaignID, Status: StatusPending, Shard: shard}
+		if err := rows.Scan(&o.ReservationID, &o.UserID, &o.Quantity, &o.Epoch, &o.ExpiresAt, &o.CreatedAt); err != nil {
 			return err
 		}
-		if o.Shard < 0 || o.Shard >= shards {
-			return fmt.Errorf("order %s in shard %d, campaign has %d shards", o.ReservationID, o.Shard, shards)
-		}
-		sums[o.Shard].Pending += int64(o.Quantity)
+		*units += int64(o.Quantity)
 		if buf = append(buf, o); len(buf) == batch {
 			if err := flush(); err != nil {
 				return err
@@ -126,8 +211,8 @@ func streamPending(ctx context.Context, tx pgx.Tx, campaignID string, shards, ba
 	return flush()
 }
 
-func streamHolders(ctx context.Context, tx pgx.Tx, campaignID string, batch int, fn func(context.Context, []Holder) error) error {
-	rows, err := tx.Query(ctx, sqlHolders, campaignID)
+func streamHolders(ctx context.Context, q querier, campaignID string, batch int, fn func(context.Context, []Holder) error) error {
+	rows, err := q.Query(ctx, sqlHolders, campaignID)
 	if err != nil {
 		return err
 	}
