@@ -20,7 +20,7 @@ func explained(campaign string, shards int) []struct{ name, sql string } {
 	c := pgx.Identifier{campaign}.Sanitize()
 	c = "'" + strings.Trim(c, `"`) + "'"
 	return []struct{ name, sql string }{
-		{"rebuild: pending orders", `SELECT * FROM flashsale_orders WHERE campaign_id = ` + c + ` AND status = 'PENDING' ORDER BY shard`},
+		{"rebuild: one shard's pending orders", `SELECT * FROM flashsale_orders WHERE campaign_id = ` + c + ` AND status = 'PENDING' AND shard = 0`},
 		{"rebuild: holders", `SELECT user_id, sum(quantity)::bigint FROM flashsale_orders WHERE campaign_id = ` + c + ` AND status IN ('PENDING', 'COMMITTED') GROUP BY user_id`},
 		{"request lookup", `SELECT * FROM flashsale_orders WHERE campaign_id = ` + c + ` AND request_key = '` + key + `'`},
 		{"sweeper: expired of a batch", `SELECT reservation_id FROM flashsale_orders WHERE campaign_id = ` + c + ` AND reservation_id = ANY(ARRAY['` + id + `']) AND status = 'PENDING' AND expires_at < now() ORDER BY reservation_id`},
