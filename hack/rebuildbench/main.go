@@ -55,21 +55,21 @@ const managerLedgerConns = 4
 var idSecret = []byte("rebuild-benchmark-id-secret-32by")
 
 type result struct {
-	Orders        int64   `json:"orders"`
-	Beside        int64   `json:"beside,omitempty"` // orders of another sale in the same ledger
-	Seconds       float64 `json:"seconds"`
-	Restored      int64   `json:"restored"`
-	Holders       int64   `json:"holders"`
-	StartRSSMiB   float64 `json:"start_rss_mib"` // connected, before the rebuild
-	PeakRSSMiB    float64 `json:"peak_rss_mib"`
-	PostgresCPU   float64 `json:"postgres_cpu_s"`
-	RedisCPU      float64 `json:"redis_cpu_s"`
+	Orders      int64   `json:"orders"`
+	Beside      int64   `json:"beside,omitempty"` // orders of another sale in the same ledger
+	Seconds     float64 `json:"seconds"`
+	Restored    int64   `json:"restored"`
+	Holders     int64   `json:"holders"`
+	StartRSSMiB float64 `json:"start_rss_mib"` // connected, before the rebuild
+	PeakRSSMiB  float64 `json:"peak_rss_mib"`
+	PostgresCPU float64 `json:"postgres_cpu_s"`
+	RedisCPU    float64 `json:"redis_cpu_s"`
 	// RedisCPUByServer is each server's share of RedisCPU (one entry unless
 	// the shards are on a Cluster).
 	RedisCPUByServer []float64 `json:"redis_cpu_by_server_s,omitempty"`
-	RebuilderCPU  float64 `json:"rebuilder_cpu_s"`
-	CountsMillis  float64 `json:"counts_ms"`
-	BytesPerOrder float64 `json:"bytes_per_order,omitempty"`
+	RebuilderCPU     float64   `json:"rebuilder_cpu_s"`
+	CountsMillis     float64   `json:"counts_ms"`
+	BytesPerOrder    float64   `json:"bytes_per_order,omitempty"`
 	// RedisCommands is Redis's time per command during the rebuild, seconds.
 	RedisCommands map[string]float64 `json:"redis_commands,omitempty"`
 }
