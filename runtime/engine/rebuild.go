@@ -292,7 +292,12 @@ func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error 
 			return fmt.Errorf("order %s: %w", o.ReservationID, err)
 		}
 		home := stock.HomeShard(o.UserID, shards)
-		byShard[o.Shard] = append(byShard[o.Shard], stock.Reservation{
+		rs, ok := byShard[o.Shard]
+		if !ok {
+			// A call holds one shard's orders (ledger.RebuildReader): sized once.
+			rs = make([]stock.Reservation, 0, len(orders))
+		}
+		byShard[o.Shard] = append(rs, stock.Reservation{
 			Key: key, Shard: o.Shard, User: o.UserID, Quantity: o.Quantity, Status: stock.ResReserved,
 			ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home, CreatedMs: o.CreatedAt.UnixMilli(),
 		})
@@ -320,10 +325,16 @@ func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error 
 // holders gives every buyer's held units back to the users hash of their home
 // shard.
 func (w *rebuildWriter) holders(_ context.Context, hs []ledger.Holder) error {
+	shards := w.e.cfg.Shards
 	fields := map[int][]string{}
 	for _, h := range hs {
-		home := stock.HomeShard(h.UserID, w.e.cfg.Shards)
-		fields[home] = append(fields[home], h.UserID, strconv.FormatInt(h.Units, 10))
+		home := stock.HomeShard(h.UserID, shards)
+		fs, ok := fields[home]
+		if !ok {
+			// Sized for an even spread of buyers over the shards.
+			fs = make([]string, 0, 2*(len(hs)/shards+16))
+		}
+		fields[home] = append(fs, h.UserID, strconv.FormatInt(h.Units, 10))
 	}
 	return w.sendUsers(fields, 1)
 }

@@ -27,8 +27,12 @@ const rebuildWipeBatch = 1000
 func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Reservation) error {
 	k := s.shards[n]
 	now := time.Now().UnixMilli()
-	keys := []string{k.Meta(), k.Index()}
-	args := []any{epoch}
+	// Sized once: a rebuild makes a call per 200 reservations, millions of
+	// them, and slices grown by append are garbage the collector pays for.
+	keys := make([]string, 2, 2+len(rs))
+	keys[0], keys[1] = k.Meta(), k.Index()
+	args := make([]any, 1, 1+8*len(rs))
+	args[0] = epoch
 	restored := 0
 	for _, r := range rs {
 		// A reservation made under a longer TTL than the campaign's current one
