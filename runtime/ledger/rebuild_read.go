@@ -194,12 +194,15 @@ func streamPending(ctx context.Context, q querier, campaignID string, shard, bat
 		return err
 	}
 	for rows.Next() {
-		o := Order{CampaignID: campaignID, Status: StatusPending, Shard: shard}
+		// Scanned in place: a local Order whose fields Scan points at would
+		// be allocated once per row.
+		buf = append(buf, Order{CampaignID: campaignID, Status: StatusPending, Shard: shard})
+		o := &buf[len(buf)-1]
 		if err := rows.Scan(&o.ReservationID, &o.UserID, &o.Quantity, &o.Epoch, &o.ExpiresAt, &o.CreatedAt); err != nil {
 			return err
 		}
 		*units += int64(o.Quantity)
-		if buf = append(buf, o); len(buf) == batch {
+		if len(buf) == batch {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -219,11 +222,12 @@ func streamHolders(ctx context.Context, q querier, campaignID string, batch int,
 	defer rows.Close()
 	buf := make([]Holder, 0, batch)
 	for rows.Next() {
-		var h Holder
+		buf = append(buf, Holder{})
+		h := &buf[len(buf)-1]
 		if err := rows.Scan(&h.UserID, &h.Units); err != nil {
 			return err
 		}
-		if buf = append(buf, h); len(buf) == batch {
+		if len(buf) == batch {
 			if fn != nil {
 				if err := fn(ctx, buf); err != nil {
 					return err

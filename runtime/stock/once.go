@@ -55,15 +55,39 @@ func evalOnce(ctx context.Context, c processor, name, payload string, keys []str
 
 // evalCmd is an EVAL or EVALSHA command, not sent.
 func evalCmd(ctx context.Context, name, payload string, keys []string, args []any) *redis.Cmd {
-	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
-	cmdArgs = append(cmdArgs, name, payload, len(keys))
+	cmdArgs := newEvalArgs(len(keys), len(args))
 	for _, k := range keys {
 		cmdArgs = append(cmdArgs, k)
 	}
-	cmdArgs = append(cmdArgs, args...)
+	return evalArgsCmd(ctx, name, payload, len(keys), append(cmdArgs, args...))
+}
+
+// evalArgs is a script call built in place: newEvalArgs's slice, with the
+// call's keys and then its arguments appended. A rebuild's calls carry
+// thousands of arguments, and building them in the command's own slice
+// spares a copy of each.
+type evalArgs []any
+
+// newEvalArgs leaves room for the command, the script and the key count.
+func newEvalArgs(keys, args int) evalArgs { return make(evalArgs, 3, 3+keys+args) }
+
+// evalArgsCmd is the EVAL or EVALSHA command of cmdArgs, not sent.
+func evalArgsCmd(ctx context.Context, name, payload string, keys int, cmdArgs evalArgs) *redis.Cmd {
+	cmdArgs[0], cmdArgs[1], cmdArgs[2] = name, payload, keys
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	if len(keys) > 0 {
+	if keys > 0 {
 		cmd.SetFirstKeyPos(3) // the cluster client routes by the first key
+	}
+	return cmd
+}
+
+// runArgs is Run of a call built with newEvalArgs (keys of them).
+func (s script) runArgs(ctx context.Context, c processor, keys int, cmdArgs evalArgs) *redis.Cmd {
+	cmd := evalArgsCmd(ctx, "evalsha", s.sha1, keys, cmdArgs)
+	_ = c.Process(ctx, noRetryCmd{cmd})
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = evalArgsCmd(ctx, "eval", s.src, keys, cmdArgs)
+		_ = c.Process(ctx, noRetryCmd{cmd})
 	}
 	return cmd
 }

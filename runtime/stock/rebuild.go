@@ -27,14 +27,11 @@ const rebuildWipeBatch = 1000
 func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Reservation) error {
 	k := s.shards[n]
 	now := time.Now().UnixMilli()
-	// Sized once: a rebuild makes a call per 200 reservations, millions of
-	// them, and slices grown by append are garbage the collector pays for.
-	keys := make([]string, 2, 2+len(rs))
-	keys[0], keys[1] = k.Meta(), k.Index()
-	args := make([]any, 1, 1+8*len(rs))
-	args[0] = epoch
+	// Each reservation's hash TTL, in seconds; skipped: not restored.
+	const skipped = -1
+	ttls := make([]int64, len(rs))
 	restored := 0
-	for _, r := range rs {
+	for i, r := range rs {
 		// A reservation made under a longer TTL than the campaign's current one
 		// still holds its unit until its own expiry: its hash must outlive that.
 		ttl := s.backstop
@@ -44,19 +41,34 @@ func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Res
 		if r.Status == ResCommitted {
 			ttl = s.backstop - time.Duration(now-r.CreatedMs)*time.Millisecond
 			if ttl < time.Second {
+				ttls[i] = skipped
 				continue
 			}
 		} else if r.Status != ResReserved {
 			return fmt.Errorf("restore on shard %d: reservation %s has status %q", n, r.Key, r.Status)
 		}
-		keys = append(keys, k.Res(r.Key))
-		args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home, r.Status, int64(ttl/time.Second))
+		ttls[i] = int64(ttl / time.Second)
 		restored++
 	}
 	if restored == 0 {
 		return nil
 	}
-	got, err := rebuildRestoreScript.Run(ctx, s.rdb, keys, args...).Int()
+	// Built in the command's own slice: a rebuild makes a call per 200
+	// reservations, millions of them.
+	args := newEvalArgs(2+restored, 1+8*restored)
+	args = append(args, k.Meta(), k.Index())
+	for i, r := range rs {
+		if ttls[i] != skipped {
+			args = append(args, k.Res(r.Key))
+		}
+	}
+	args = append(args, epoch)
+	for i, r := range rs {
+		if ttls[i] != skipped {
+			args = append(args, r.Key, r.User, r.Quantity, r.ExpiryMs, r.Epoch, r.Home, r.Status, ttls[i])
+		}
+	}
+	got, err := rebuildRestoreScript.runArgs(ctx, s.rdb, 2+restored, args).Int()
 	if err == nil && got != restored {
 		err = fmt.Errorf("restore on shard %d: shard is not being rebuilt under epoch %d", n, epoch)
 	}
@@ -70,12 +82,12 @@ func (s *Store) RebuildUsers(ctx context.Context, n int, epoch int64, fields []s
 		return nil
 	}
 	k := s.shards[n]
-	args := make([]any, 0, 1+len(fields))
-	args = append(args, epoch)
+	args := newEvalArgs(3, 1+len(fields))
+	args = append(args, k.Meta(), k.Users(), k.Claims(), epoch)
 	for _, f := range fields {
 		args = append(args, f)
 	}
-	got, err := rebuildUsersScript.Run(ctx, s.rdb, []string{k.Meta(), k.Users(), k.Claims()}, args...).Int()
+	got, err := rebuildUsersScript.runArgs(ctx, s.rdb, 3, args).Int()
 	if err == nil && got < 0 {
 		err = fmt.Errorf("restore users on shard %d: shard is not being rebuilt under epoch %d", n, epoch)
 	}
