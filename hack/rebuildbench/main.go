@@ -110,7 +110,7 @@ func run(sizes []int, shards int, cluster bool, cpuProfile string) error {
 	if err != nil {
 		return err
 	}
-	defer rs.close()
+	defer func() { _ = rs.close() }()
 	var results []result
 	slices.Sort(sizes)
 	var last sale
