@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,21 +77,11 @@ func (rs redisServers) cpuByServer() []time.Duration {
 // too), summed.
 func (rs redisServers) commandStats(ctx context.Context) map[string]float64 {
 	out := map[string]float64{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
 	for _, addr := range rs.Addrs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			one := commandStats(ctx, addr)
-			mu.Lock()
-			for k, v := range one {
-				out[k] += v
-			}
-			mu.Unlock()
-		}()
+		for k, v := range commandStats(ctx, addr) {
+			out[k] += v
+		}
 	}
-	wg.Wait()
 	return out
 }
 

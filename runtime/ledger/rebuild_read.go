@@ -120,12 +120,7 @@ type readTask func(ctx context.Context, q querier) error
 func (l *Ledger) readShared(ctx context.Context, tx pgx.Tx, readers int, tasks <-chan readTask) error {
 	readers = min(readers, int(l.pool.Config().MaxConns)-1, cap(tasks))
 	if readers <= 1 {
-		for task := range tasks {
-			if err := task(ctx, tx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return runTasks(ctx, tx, tasks)
 	}
 	var snapshot string
 	if err := tx.QueryRow(ctx, `SELECT pg_export_snapshot()`).Scan(&snapshot); err != nil {
@@ -136,15 +131,7 @@ func (l *Ledger) readShared(ctx context.Context, tx pgx.Tx, readers int, tasks <
 	defer drained()
 	g.Go(func() error {
 		defer drained()
-		for task := range tasks {
-			if gctx.Err() != nil {
-				return nil // another reader failed: its error is returned
-			}
-			if err := task(gctx, tx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return runTasks(gctx, tx, tasks)
 	})
 	for range readers - 1 {
 		g.Go(func() error {
@@ -160,19 +147,27 @@ func (l *Ledger) readShared(ctx context.Context, tx pgx.Tx, readers int, tasks <
 				if _, err := rtx.Exec(gctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`); err != nil {
 					return fmt.Errorf("importing the rebuild's snapshot: %w", err)
 				}
-				for task := range tasks {
-					if gctx.Err() != nil {
-						return nil
-					}
-					if err := task(gctx, rtx); err != nil {
-						return err
-					}
-				}
-				return nil
+				return runTasks(gctx, rtx, tasks)
 			})
 		})
 	}
 	return g.Wait()
+}
+
+// runTasks runs tasks with q until none is left or ctx ends. Ended, it
+// returns ctx's error, never nil: a read cut short must not pass for a read
+// whose shards came up short (when another reader failed first, the group
+// returns that reader's error instead).
+func runTasks(ctx context.Context, q querier, tasks <-chan readTask) error {
+	for task := range tasks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := task(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // streamPending streams shard's pending orders to fn and adds their units

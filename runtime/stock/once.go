@@ -34,11 +34,7 @@ type processor interface {
 // answers NOSCRIPT. That fallback is no re-send: NOSCRIPT is answered before
 // any of the script runs, so the EVAL is its first run.
 func (s script) Run(ctx context.Context, c processor, keys []string, args ...any) *redis.Cmd {
-	cmd := evalOnce(ctx, c, "evalsha", s.sha1, keys, args)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		return evalOnce(ctx, c, "eval", s.src, keys, args)
-	}
-	return cmd
+	return s.runArgs(ctx, c, len(keys), buildEvalArgs(keys, args))
 }
 
 // evalShaOnce is EVALSHA sent once, with no EVAL fallback (the reserve script:
@@ -55,11 +51,16 @@ func evalOnce(ctx context.Context, c processor, name, payload string, keys []str
 
 // evalCmd is an EVAL or EVALSHA command, not sent.
 func evalCmd(ctx context.Context, name, payload string, keys []string, args []any) *redis.Cmd {
+	return evalArgsCmd(ctx, name, payload, len(keys), buildEvalArgs(keys, args))
+}
+
+// buildEvalArgs is a call's keys and arguments in one newEvalArgs slice.
+func buildEvalArgs(keys []string, args []any) evalArgs {
 	cmdArgs := newEvalArgs(len(keys), len(args))
 	for _, k := range keys {
 		cmdArgs = append(cmdArgs, k)
 	}
-	return evalArgsCmd(ctx, name, payload, len(keys), append(cmdArgs, args...))
+	return append(cmdArgs, args...)
 }
 
 // evalArgs is a script call built in place: newEvalArgs's slice, with the
@@ -81,7 +82,8 @@ func evalArgsCmd(ctx context.Context, name, payload string, keys int, cmdArgs ev
 	return cmd
 }
 
-// runArgs is Run of a call built with newEvalArgs (keys of them).
+// runArgs is Run of a call built with newEvalArgs (keys of them): EVALSHA,
+// then EVAL on NOSCRIPT.
 func (s script) runArgs(ctx context.Context, c processor, keys int, cmdArgs evalArgs) *redis.Cmd {
 	cmd := evalArgsCmd(ctx, "evalsha", s.sha1, keys, cmdArgs)
 	_ = c.Process(ctx, noRetryCmd{cmd})
