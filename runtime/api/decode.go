@@ -13,6 +13,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/plainjson"
 )
 
 // Request limits. Ids are bounded so that a buyer cannot make Redis keys, ledger
@@ -50,6 +52,57 @@ type reserveWire struct {
 type checkoutWire struct {
 	ReservationID *string `json:"reservation_id"`
 	PaymentToken  *string `json:"payment_token"`
+}
+
+// plainWire is a wire form that takes the plain form of its object
+// (plainjson.Object): decodeJSON reads such a body without encoding/json. A
+// member it does not know, of the wrong kind or given twice is refused, so
+// that the general path answers it.
+type plainWire interface {
+	plainMember(key []byte, v plainjson.Value) bool
+	reset()
+}
+
+func (w *reserveWire) plainMember(key []byte, v plainjson.Value) bool {
+	switch string(key) {
+	case "item_id":
+		return plainString(&w.ItemID, v)
+	case "user_id":
+		return plainString(&w.UserID, v)
+	case "idempotency_key":
+		return plainString(&w.IdempotencyKey, v)
+	case "quantity":
+		if w.Quantity != nil || !v.IsInt {
+			return false
+		}
+		q := int(v.Int)
+		w.Quantity = &q
+		return true
+	}
+	return false
+}
+
+func (w *reserveWire) reset() { *w = reserveWire{} }
+
+func (w *checkoutWire) plainMember(key []byte, v plainjson.Value) bool {
+	switch string(key) {
+	case "reservation_id":
+		return plainString(&w.ReservationID, v)
+	case "payment_token":
+		return plainString(&w.PaymentToken, v)
+	}
+	return false
+}
+
+func (w *checkoutWire) reset() { *w = checkoutWire{} }
+
+func plainString(dst **string, v plainjson.Value) bool {
+	if *dst != nil || v.IsInt {
+		return false
+	}
+	s := string(v.Str)
+	*dst = &s
+	return true
 }
 
 // decodeReserve reads and checks a reserve body; maxQuantity is the sale's maxPerUser.
@@ -111,6 +164,17 @@ func decodeJSON(body io.Reader, v any) *apiError {
 	if err != nil {
 		return decodeError(err)
 	}
+	if p, ok := v.(plainWire); ok {
+		if plainjson.Object(raw, p.plainMember) {
+			return nil
+		}
+		p.reset() // whatever the plain form set; the general path decides
+	}
+	return decodeGeneral(raw, v)
+}
+
+// decodeGeneral is decodeJSON for any body: it gives every error message.
+func decodeGeneral(raw []byte, v any) *apiError {
 	if e := checkKeys(raw, fieldNames(v)); e != nil {
 		return e
 	}
