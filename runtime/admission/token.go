@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/plainjson"
 )
 
 // Version is the format prefix; a new format gets a new prefix so both can be
@@ -132,11 +134,15 @@ func parse(token string, now time.Time, mac func(signed string, into []byte) []b
 	if err != nil {
 		return Claims{}, ErrMalformed
 	}
-	var c Claims
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil || dec.More() {
-		return Claims{}, ErrMalformed
+	c, ok := plainClaims(payload)
+	if !ok {
+		// Not the plain form Mint writes: encoding/json decides.
+		c = Claims{}
+		dec := json.NewDecoder(bytes.NewReader(payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil || dec.More() {
+			return Claims{}, ErrMalformed
+		}
 	}
 	if err := c.validate(); err != nil {
 		return Claims{}, fmt.Errorf("%w: %v", ErrMalformed, err)
@@ -145,6 +151,33 @@ func parse(token string, now time.Time, mac func(signed string, into []byte) []b
 		return c, ErrExpired
 	}
 	return c, nil
+}
+
+// plainClaims reads a payload in the plain form Mint writes (one object of
+// sku, sub and exp, each once) without encoding/json; false for any other
+// payload, which the general decoder then reads or refuses.
+func plainClaims(payload []byte) (Claims, bool) {
+	var c Claims
+	var seen [3]bool
+	ok := plainjson.Object(payload, func(key []byte, v plainjson.Value) bool {
+		var i int
+		switch string(key) {
+		case "sku":
+			i, c.SKU = 0, string(v.Str)
+		case "sub":
+			i, c.Subject = 1, string(v.Str)
+		case "exp":
+			i, c.Expiry = 2, v.Int
+		default:
+			return false
+		}
+		if seen[i] || v.IsInt != (i == 2) {
+			return false
+		}
+		seen[i] = true
+		return true
+	})
+	return c, ok
 }
 
 // Check reports whether the claims are for sku and user.
