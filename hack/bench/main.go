@@ -64,6 +64,7 @@ type options struct {
 	Flashsale         string
 	Profile           string
 	ProfileSeconds    int
+	ProfileStorm      string
 	Perf              string
 	JSON              bool
 	JSONFile          string
@@ -102,6 +103,7 @@ func main() {
 	fs.StringVar(&o.Profile, "profile", "", "write a CPU profile of the reserve process, taken during its first measured storm, to this file (the reserve process then runs with --debug-listen)")
 	fs.StringVar(&o.Perf, "perf", "", "record the reserve process with perf record -g during its first measured storm into this file, with a flashsale built with symbols (the profiler's overhead is in that run's figures)")
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 10, "length of the CPU profile (--profile, --perf)")
+	fs.StringVar(&o.ProfileStorm, "profile-storm", kindReservations, "which storm of the reserve process --profile and --perf take: its first closed-loop storm ("+kindReservations+") or its first on a schedule ("+kindOpenLoop+")")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of markdown")
 	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one; the run's databases are dropped at the end")
@@ -171,6 +173,8 @@ func (o *options) validate() error {
 		return errors.New("--reserve-pipeline must be at least 2 and --reserve-linger one or more durations, none negative")
 	case slices.Contains(o.Targets, targetReserveB) != (o.FlashsaleB != ""):
 		return errors.New("the reserve-b target and --flashsale-b go together")
+	case o.ProfileStorm != kindReservations && o.ProfileStorm != kindOpenLoop:
+		return fmt.Errorf("--profile-storm %q: want %s or %s", o.ProfileStorm, kindReservations, kindOpenLoop)
 	}
 	return o.validateLists()
 }

@@ -276,7 +276,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
 	var profErr error
 	var profWG sync.WaitGroup
-	if target == targetReserve && kind == kindReservations && (e.o.Profile != "" || e.o.Perf != "") && !e.profiled {
+	if target == targetReserve && kind == e.o.ProfileStorm && (e.o.Profile != "" || e.o.Perf != "") && !e.profiled {
 		e.profiled = true
 		profWG.Add(1)
 		go func() {

@@ -69,7 +69,7 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 		return &options{Duration: time.Second, SoldOutDuration: time.Second, HotRowDuration: time.Second,
 			Concurrency: []int{64}, HotRowClients: []int{64}, MaxRequests: 1, HotRowMaxTx: 1, Shards: 1, Rounds: 1,
 			ReservePipeline: 32, ReserveLingers: []time.Duration{0}, Targets: []string{targetReserve},
-			Commits: CommitOptions{Conns: 64, Duration: time.Second, MaxTx: 1}}
+			Commits: CommitOptions{Conns: 64, Duration: time.Second, MaxTx: 1}, ProfileStorm: kindReservations}
 	}
 	if err := good().validate(); err != nil {
 		t.Fatalf("good options refused: %v", err)
@@ -86,6 +86,7 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 		"too many connections":  {func(o *options) { o.Commits.Conns = 281 }, "--limits-commit-conns"},
 		"negative limit rounds": {func(o *options) { o.Limits.Rounds = -1 }, "--limits-rounds"},
 		"unknown skip":          {func(o *options) { o.Skip = []string{"commit"} }, `--skip "commit"`},
+		"unknown profile storm": {func(o *options) { o.ProfileStorm = "soldout" }, `--profile-storm "soldout"`},
 	} {
 		o := good()
 		tc.change(o)
