@@ -222,9 +222,11 @@ func TestFreePort(t *testing.T) {
 	}
 }
 
-// portHolder is ss's line for the listener on 127.0.0.1:port, or "".
+// portHolder is ss's lines for the TCP sockets bound to port, in any state,
+// or "". Not listeners only: a connection still open on a port whose listener
+// closed (one that did not set SO_REUSEADDR) also refuses the bind.
 func portHolder(port int) string {
-	out, err := exec.Command("ss", "-Hltnp", fmt.Sprintf("sport = :%d", port)).Output()
+	out, err := exec.Command("ss", "-Htanp", fmt.Sprintf("sport = :%d", port)).Output()
 	if err != nil {
 		return ""
 	}
