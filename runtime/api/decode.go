@@ -72,10 +72,10 @@ func (w *reserveWire) plainMember(key []byte, v plainjson.Value) bool {
 	case "idempotency_key":
 		return plainString(&w.IdempotencyKey, v)
 	case "quantity":
-		if w.Quantity != nil || !v.IsInt {
+		q := int(v.Int)
+		if w.Quantity != nil || !v.IsInt || int64(q) != v.Int { // overflow on 32 bits: the general path's error
 			return false
 		}
-		q := int(v.Int)
 		w.Quantity = &q
 		return true
 	}
