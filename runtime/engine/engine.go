@@ -133,6 +133,8 @@ type Engine struct {
 	// processes differ too.
 	attemptBase string
 	attempts    atomic.Uint64
+
+	keys *stock.Keyer // reservation keys, with cfg.IDSecret
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.
@@ -164,6 +166,7 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 	return &Engine{
 		cfg:         cfg,
 		store:       stock.New(rdb, cfg.CampaignID, cfg.Shards).WithBackstop(cfg.Backstop).WithPipeline(cfg.Pipeline),
+		keys:        stock.NewKeyer(cfg.IDSecret),
 		ledger:      l,
 		mat:         l.NewMaterializer(mc),
 		soldOut:     make([]atomic.Int64, cfg.Shards),

@@ -82,7 +82,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	if e.ledgerRefuses() {
 		return ReserveResult{}, fmt.Errorf("%w: the ledger is failing or slow: no unit is taken that it could not record", ErrUnavailable)
 	}
-	key := stock.ReservationKey(e.cfg.IDSecret, e.cfg.CampaignID, user, requestID)
+	key := e.keys.Key(e.cfg.CampaignID, user, requestID)
 	home := stock.HomeShard(user, e.cfg.Shards)
 	mode := stock.ModeHome
 	if e.canSteal(home) {
