@@ -54,7 +54,7 @@ type bucketHandler struct {
 	pool     *pgxpool.Pool
 	sku      string
 	campaign string
-	secret   []byte
+	keys     *stock.Keyer
 	ttl      string
 }
 
@@ -76,7 +76,7 @@ func newBucketHandler(ctx context.Context, o bucketOptions, dsn, sku, campaign s
 		pool.Close()
 		return nil, fmt.Errorf("bucket_stock has %d rows for %s, want %d (%v)", n, sku, o.buckets, err)
 	}
-	return &bucketHandler{o: o, pool: pool, sku: sku, campaign: campaign, secret: secret,
+	return &bucketHandler{o: o, pool: pool, sku: sku, campaign: campaign, keys: stock.NewKeyer(secret),
 		ttl: strconv.FormatInt(ttl.Milliseconds(), 10) + " milliseconds"}, nil
 }
 
@@ -107,7 +107,7 @@ func (b *bucketHandler) reserve(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	key := stock.ReservationKey(b.secret, b.campaign, in.UserID, in.IdempotencyKey)
+	key := b.keys.Key(b.campaign, in.UserID, in.IdempotencyKey)
 	ctx, cancel := context.WithTimeout(r.Context(), bucketTxTimeout)
 	defer cancel()
 	var bucket int

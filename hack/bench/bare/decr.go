@@ -26,7 +26,7 @@ type decrHandler struct {
 	rdb      redis.UniversalClient
 	campaign string
 	shards   int
-	secret   []byte
+	keys     *stock.Keyer
 }
 
 func (h *decrHandler) reserve(w http.ResponseWriter, r *http.Request) {
@@ -36,7 +36,7 @@ func (h *decrHandler) reserve(w http.ResponseWriter, r *http.Request) {
 	}
 	// The same per-request work as the script backend: the derived key and the
 	// home shard.
-	key := stock.ReservationKey(h.secret, h.campaign, in.UserID, in.IdempotencyKey)
+	key := h.keys.Key(h.campaign, in.UserID, in.IdempotencyKey)
 	home := stock.HomeShard(in.UserID, h.shards)
 	left, err := decrScript.Run(r.Context(), h.rdb, []string{decrKey(stock.ShardKeys(h.campaign, home))}).Int64()
 	if err != nil {

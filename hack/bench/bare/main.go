@@ -44,7 +44,7 @@ type handler struct {
 	store    *stock.Store
 	campaign string
 	shards   int
-	secret   []byte
+	keys     *stock.Keyer
 	mode     stock.Mode
 	ttl      time.Duration
 	maxUser  int
@@ -74,7 +74,7 @@ func main() {
 	}
 	h := &handler{
 		store: stock.New(rdb, cfg.CampaignID, cfg.Shards), campaign: cfg.CampaignID, shards: cfg.Shards,
-		secret: cfg.IDSecret, mode: mode, ttl: cfg.TTL, maxUser: cfg.MaxPerUser,
+		keys: stock.NewKeyer(cfg.IDSecret), mode: mode, ttl: cfg.TTL, maxUser: cfg.MaxPerUser,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -83,7 +83,7 @@ func main() {
 	switch *backend {
 	case "script":
 	case "decr":
-		reserve = (&decrHandler{rdb: rdb, campaign: cfg.CampaignID, shards: cfg.Shards, secret: cfg.IDSecret}).reserve
+		reserve = (&decrHandler{rdb: rdb, campaign: cfg.CampaignID, shards: cfg.Shards, keys: stock.NewKeyer(cfg.IDSecret)}).reserve
 	case "pg-buckets":
 		b, err := newBucketHandler(ctx, bk, camp.PostgresDSN, camp.SKU, cfg.CampaignID, cfg.IDSecret, cfg.TTL)
 		if err != nil {
@@ -171,7 +171,7 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 	}
 	// The reservation key and the home shard are how the engine addresses the
 	// script call; they are part of the one call, not extra work.
-	key := stock.ReservationKey(h.secret, h.campaign, in.UserID, in.IdempotencyKey)
+	key := h.keys.Key(h.campaign, in.UserID, in.IdempotencyKey)
 	home := stock.HomeShard(in.UserID, h.shards)
 	res, err := h.store.Reserve(r.Context(), stock.ReserveRequest{
 		Shard: home, Home: home, Mode: h.mode, User: in.UserID, Key: key,
