@@ -137,10 +137,7 @@ func parse(token string, now time.Time, mac func(signed string, into []byte) []b
 	c, ok := plainClaims(payload)
 	if !ok {
 		// Not the plain form Mint writes: encoding/json decides.
-		c = Claims{}
-		dec := json.NewDecoder(bytes.NewReader(payload))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil || dec.More() {
+		if c, ok = decodeClaims(payload); !ok {
 			return Claims{}, ErrMalformed
 		}
 	}
@@ -151,6 +148,18 @@ func parse(token string, now time.Time, mac func(signed string, into []byte) []b
 		return c, ErrExpired
 	}
 	return c, nil
+}
+
+// decodeClaims reads any payload with encoding/json: exactly one object of
+// known fields; false for anything else.
+func decodeClaims(payload []byte) (Claims, bool) {
+	var c Claims
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil || dec.More() {
+		return Claims{}, false
+	}
+	return c, true
 }
 
 // plainClaims reads a payload in the plain form Mint writes (one object of

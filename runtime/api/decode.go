@@ -159,17 +159,15 @@ func decodeCheckout(body io.Reader) (CheckoutRequest, *apiError) {
 // (a pointer to a wire struct), each spelled exactly as documented and given
 // at most once. encoding/json alone would take "ITEM_ID" for item_id and the
 // last of two item_ids.
-func decodeJSON(body io.Reader, v any) *apiError {
+func decodeJSON(body io.Reader, v plainWire) *apiError {
 	raw, err := io.ReadAll(body) // bounded by the server's MaxBytesReader
 	if err != nil {
 		return decodeError(err)
 	}
-	if p, ok := v.(plainWire); ok {
-		if plainjson.Object(raw, p.plainMember) {
-			return nil
-		}
-		p.reset() // whatever the plain form set; the general path decides
+	if plainjson.Object(raw, v.plainMember) {
+		return nil
 	}
+	v.reset() // whatever the plain form set; the general path decides
 	return decodeGeneral(raw, v)
 }
 
