@@ -1,6 +1,6 @@
 // Command ledgerbench measures whether the orders of finished sales slow a
 // new sale's ledger queries, and what an order costs in the ledger, and
-// prints markdown (results in docs/benchmarks.md):
+// prints markdown (results in docs/rebuild-benchmarks.md):
 //
 //   - two databases on one PostgreSQL (fsync on): one holding only a new
 //     sale, one holding the same new sale beside --old-campaigns completed

@@ -1,6 +1,6 @@
 // Command rebuildbench measures a rebuild from the ledger after Redis lost a
 // sale's data, at several sale sizes, and prints a markdown table (results in
-// docs/benchmarks.md):
+// docs/rebuild-benchmarks.md):
 //
 //   - wall time from the loss to the shards open, the orders restored;
 //   - the peak RSS of the process that rebuilds (a child process running the
