@@ -38,7 +38,7 @@ type LimitOptions struct {
 func (l *LimitOptions) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.Calls, "limits-calls", 200_000, "redis-benchmark calls of each script run (each reserve call adds a live reservation)")
 	fs.IntVar(&l.Clients, "limits-clients", 50, "redis-benchmark connections")
-	fs.IntVar(&l.Rounds, "limits-rounds", 3, "times the scripts (reserve by EVALSHA and by FCALL, DECR) take turns under redis-benchmark")
+	fs.IntVar(&l.Rounds, "limits-rounds", 3, "times the scripts (reserve by EVALSHA and by FCALL, DECR, the empty script, 11 reads, the one-hash reserve) take turns under redis-benchmark")
 	fs.IntVar(&l.CopyRows, "limits-copy-rows", 1_000_000, "order rows of the COPY run")
 	fs.IntVar(&l.CopyBatch, "limits-copy-batch", 10_000, "rows per COPY (one transaction each)")
 }
@@ -51,7 +51,10 @@ type LimitRow struct {
 	PerSecond   float64 `json:"per_second"`
 	ServerCPUus float64 `json:"server_cpu_us_per_call"` // redis-server or PostgreSQL
 	InCommandUs float64 `json:"in_command_us_per_call,omitempty"`
-	LoadBefore  Load    `json:"load_before"`
+	// Redis's used_memory grown per call, for the scripts that keep what they
+	// write (dict resizes come in powers of two, so one run is rough).
+	BytesPerCall float64 `json:"redis_bytes_per_call,omitempty"`
+	LoadBefore   Load    `json:"load_before"`
 }
 
 // Names of the limits runs.
@@ -91,15 +94,27 @@ func (e *benchEnv) limits(ctx context.Context) error {
 		"u__rand_int__", "b__rand_int__", "1", strconv.Itoa(maxPerUser), strconv.FormatInt(reservationTT.Milliseconds(), 10),
 		"86400", "0", string(stock.ModeClaim), "0", "a__rand_int__"}
 	decrArgs := []string{"EVALSHA", decrScriptRef.Hash(), "1", decrKey(k)}
-	if err := e.loadReserveFunction(ctx, runID, reserve.Hash()); err != nil {
+	body, err := reserveBody(runID, reserve.Hash())
+	if err != nil {
 		return err
 	}
+	if err := e.loadReserveFunction(ctx, body); err != nil {
+		return err
+	}
+	packed, err := packedReserveScript(body)
+	if err != nil {
+		return err
+	}
+	for _, s := range []*redis.Script{emptyScriptRef, readsScriptRef, packed} {
+		if err := s.Load(ctx, e.rdb).Err(); err != nil {
+			return err
+		}
+	}
 	fcallArgs := append([]string{"FCALL", reserveFunction}, reserveArgs[2:]...)
+	runs := append([]limitRun{{limitReserve, k.Stock(), reserveArgs}, {limitFcall, k.Stock(), fcallArgs}, {limitDecr, decrKey(k), decrArgs}},
+		floorRuns(k, reserveArgs, packed)...)
 	for round := 1; round <= e.o.Limits.Rounds; round++ {
-		for _, r := range []struct {
-			name, counter string
-			args          []string
-		}{{limitReserve, k.Stock(), reserveArgs}, {limitFcall, k.Stock(), fcallArgs}, {limitDecr, decrKey(k), decrArgs}} {
+		for _, r := range runs {
 			row, err := e.redisBenchmark(ctx, r.name, round, r.counter, r.args)
 			if err != nil {
 				return err
@@ -141,20 +156,40 @@ func (e *benchEnv) runID(ctx context.Context) (string, error) {
 // reserveFunction is the reserve body loaded as a Redis function.
 const reserveFunction = "flashsale_bench_reserve"
 
-// loadReserveFunction loads the body the product runs on this server
-// (reserve.lua with this server's run id, checked against its SHA) as a
-// function library, to price FCALL against EVALSHA of the same code.
-func (e *benchEnv) loadReserveFunction(ctx context.Context, runID, sha string) error {
+// reserveBody is the body the product runs on this server: reserve.lua with
+// this server's run id, checked against the SHA the product loaded.
+func reserveBody(runID, sha string) (string, error) {
 	src, err := os.ReadFile(repoPath(testharness.RepoRoot(), "runtime", "stock", "scripts", "reserve.lua"))
 	if err != nil {
-		return err
+		return "", err
 	}
 	body := strings.Replace(string(src), "'SERVER_RUN_ID'", strconv.Quote(runID), 1)
 	if h := sha1.Sum([]byte(body)); hex.EncodeToString(h[:]) != sha {
-		return fmt.Errorf("reserve.lua with the run id is not the body the product loads (sha %x, want %s)", h, sha)
+		return "", fmt.Errorf("reserve.lua with the run id is not the body the product loads (sha %x, want %s)", h, sha)
 	}
+	return body, nil
+}
+
+// loadReserveFunction loads the product's reserve body as a function
+// library, to price FCALL against EVALSHA of the same code.
+func (e *benchEnv) loadReserveFunction(ctx context.Context, body string) error {
 	lib := "#!lua name=flashsale_bench\nredis.register_function('" + reserveFunction + "', function(KEYS, ARGV)\n" + body + "\nend)\n"
 	return e.rdb.FunctionLoadReplace(ctx, lib).Err()
+}
+
+// redisUsedMemory is INFO memory's used_memory, in bytes.
+func (e *benchEnv) redisUsedMemory(ctx context.Context) int64 {
+	info, err := e.rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // evalshaStats is INFO commandstats' calls and usec of EVALSHA and FCALL.
@@ -187,7 +222,7 @@ func (e *benchEnv) evalshaStats(ctx context.Context) (calls, usec int64) {
 }
 
 // redisBenchmark runs args under redis-benchmark; counter is the stock key
-// each call must decrement.
+// each call must decrement ("": the script takes nothing).
 func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, counter string, args []string) (LimitRow, error) {
 	row := LimitRow{Name: name, Round: round, LoadBefore: readLoad()}
 	logf("limits: %s, round %d (load %s)", name, round, row.LoadBefore)
@@ -200,11 +235,15 @@ func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, c
 	}
 	cmdArgs := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(e.redis.Port()), "-c", strconv.Itoa(e.o.Limits.Clients),
 		"-n", strconv.Itoa(e.o.Limits.Calls), "-r", "1000000000", "-q"}, args...)
-	before, err := e.rdb.Get(ctx, counter).Int64()
-	if err != nil {
-		return row, err
+	var before int64
+	if counter != "" {
+		var err error
+		if before, err = e.rdb.Get(ctx, counter).Int64(); err != nil {
+			return row, err
+		}
 	}
 	calls0, usec0 := e.evalshaStats(ctx)
+	mem0 := e.redisUsedMemory(ctx)
 	cpu0, t0 := e.redisCPU(ctx), time.Now()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
@@ -224,12 +263,17 @@ func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, c
 	}
 	// Every call took a unit: the run measured reservations, not refusals. A
 	// random buyer drawn twice (about calls²/2e9 of them) is refused, no more.
-	if left, err := e.rdb.Get(ctx, counter).Int64(); err != nil || before-left < row.Calls-row.Calls/1000-1 {
-		return row, fmt.Errorf("%s: %d calls took %d units (%v): not every call reserved", name, row.Calls, before-left, err)
+	if counter != "" {
+		if left, err := e.rdb.Get(ctx, counter).Int64(); err != nil || before-left < row.Calls-row.Calls/1000-1 {
+			return row, fmt.Errorf("%s: %d calls took %d units (%v): not every call reserved", name, row.Calls, before-left, err)
+		}
 	}
 	row.PerSecond = float64(row.Calls) / elapsed.Seconds()
 	row.ServerCPUus = float64(cpu.Microseconds()) / float64(row.Calls)
 	row.InCommandUs = float64(usec1-usec0) / float64(row.Calls)
+	if counter != "" {
+		row.BytesPerCall = float64(e.redisUsedMemory(ctx)-mem0) / float64(row.Calls)
+	}
 	logf("limits: %s: %.0f calls/s, %.1f µs redis CPU, %.1f µs in-command per call", name, row.PerSecond, row.ServerCPUus, row.InCommandUs)
 	return row, nil
 }

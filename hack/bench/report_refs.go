@@ -147,14 +147,17 @@ func (r *Report) writeLimits(p func(string, ...any)) {
 	}
 	o := r.Options.Limits
 	p("### Physical limits (redis-benchmark, %d connections, %d calls a run; COPY in batches of %d rows)\n\n", o.Clients, o.Calls, o.CopyBatch)
-	p("| run | round | calls or rows | per second | server CPU µs per call (redis-server or PostgreSQL) | in-command µs per call | load |\n")
-	p("|---|---:|---:|---:|---:|---:|---:|\n")
+	p("| run | round | calls or rows | per second | server CPU µs per call (redis-server or PostgreSQL) | in-command µs per call | Redis bytes per call | load |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range r.Limits {
-		in := "-"
+		in, mem := "-", "-"
 		if l.InCommandUs > 0 {
 			in = fmt.Sprintf("%.1f", l.InCommandUs)
 		}
-		p("| %s | %d | %d | %.0f | %.1f | %s | %.2f |\n", l.Name, l.Round, l.Calls, l.PerSecond, l.ServerCPUus, in, l.LoadBefore[0])
+		if l.BytesPerCall != 0 {
+			mem = fmt.Sprintf("%.0f", l.BytesPerCall)
+		}
+		p("| %s | %d | %d | %.0f | %.1f | %s | %s | %.2f |\n", l.Name, l.Round, l.Calls, l.PerSecond, l.ServerCPUus, in, mem, l.LoadBefore[0])
 	}
 	p("\n")
 }
