@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -19,9 +20,17 @@ var orderCols = []string{"reservation_id", "campaign_id", "sku", "user_id", "sha
 // copyChunk is the rows of one COPY statement (one transaction).
 const copyChunk = 1_000_000
 
+// campaignUID is a campaign id of production's shape: the FlashSale's UID (36
+// characters), which leads every index of the orders table, so a shorter id
+// would make the indexes smaller than production's.
+func campaignUID() string { return string(uuid.NewUUID()) }
+
+// skuOf is the SKU of a campaign's orders: 12 characters, a SKU's usual size.
+func skuOf(campaign string) string { return "sku-" + campaign[:min(8, len(campaign))] }
+
 // newCampaign records a campaign of n units in the ledger.
-func newCampaign(ctx context.Context, l *ledger.Ledger, id string, shards int, n int64) error {
-	_, _, err := l.EnsureCampaign(ctx, ledger.Campaign{ID: id, Namespace: "bench", Name: id, SKU: "sku-" + id, Allocation: n, Shards: shards})
+func newCampaign(ctx context.Context, l *ledger.Ledger, id, name string, shards int, n int64) error {
+	_, _, err := l.EnsureCampaign(ctx, ledger.Campaign{ID: id, Namespace: "bench", Name: name, SKU: skuOf(id), Allocation: n, Shards: shards})
 	return err
 }
 
@@ -34,7 +43,7 @@ func orderRow(campaign string, shards int, user string, status ledger.Status, ex
 	if status == ledger.StatusCommitted {
 		token = "pay-" + user
 	}
-	return []any{stock.FormatID(shard, key), campaign, "sku-" + campaign, user, int32(shard), int32(1), string(status), int64(1), expires, token, key}
+	return []any{stock.FormatID(shard, key), campaign, skuOf(campaign), user, int32(shard), int32(1), string(status), int64(1), expires, token, key}
 }
 
 // oldStatus is the end state of order i of a completed sale: 80% sold, 15%

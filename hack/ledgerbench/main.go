@@ -118,12 +118,14 @@ func run(o options) error {
 	defer pg.Close()
 	o.round.pgPID = pg.PID()
 
-	alone, err := openTarget(ctx, pg, "alone", o)
+	// The new sale has one id in both databases, a UID as the API server mints.
+	newSale := campaignUID()
+	alone, err := openTarget(ctx, pg, "alone", newSale, o)
 	if err != nil {
 		return err
 	}
 	defer alone.l.Close()
-	beside, err := openTarget(ctx, pg, "beside old sales", o)
+	beside, err := openTarget(ctx, pg, "beside old sales", newSale, o)
 	if err != nil {
 		return err
 	}
@@ -136,8 +138,8 @@ func run(o options) error {
 		return err
 	}
 	for c := range o.oldCampaigns {
-		id := fmt.Sprintf("old-%02d", c)
-		if err := newCampaign(ctx, beside.l, id, o.shards, o.oldOrders); err != nil {
+		id := campaignUID()
+		if err := newCampaign(ctx, beside.l, id, fmt.Sprintf("old-%02d", c), o.shards, o.oldOrders); err != nil {
 			return err
 		}
 		if err := copyOrders(ctx, beside.l, id, o.shards, 0, o.oldOrders, "u", oldStatus, time.Now().Add(-24*time.Hour)); err != nil {
@@ -204,7 +206,7 @@ func run(o options) error {
 	return nil
 }
 
-func openTarget(ctx context.Context, pg *testharness.Postgres, name string, o options) (*target, error) {
+func openTarget(ctx context.Context, pg *testharness.Postgres, name, campaign string, o options) (*target, error) {
 	dsn, err := pg.NewDatabase()
 	if err != nil {
 		return nil, err
@@ -213,12 +215,12 @@ func openTarget(ctx context.Context, pg *testharness.Postgres, name string, o op
 	if err != nil {
 		return nil, err
 	}
-	return &target{name: name, l: l, campaign: "new-sale", shards: o.shards, orders: o.newOrders}, nil
+	return &target{name: name, l: l, campaign: campaign, shards: o.shards, orders: o.newOrders}, nil
 }
 
 // fill loads the new sale: half its buyers hold a pending order, half paid.
 func (t *target) fill(ctx context.Context) error {
-	if err := newCampaign(ctx, t.l, t.campaign, t.shards, 1_000_000_000); err != nil {
+	if err := newCampaign(ctx, t.l, t.campaign, "new-sale", t.shards, 1_000_000_000); err != nil {
 		return err
 	}
 	status := func(i int64) ledger.Status {

@@ -195,7 +195,7 @@ func (t *target) insert(ctx context.Context, c roundCfg) (rowsPerS, batchRows, b
 				shard := stock.HomeShard(user, t.shards)
 				o := ledger.Order{
 					ReservationID: stock.FormatID(shard, stock.ReservationKey(idSecret, t.campaign, user, "r")),
-					CampaignID:    t.campaign, SKU: "sku-" + t.campaign, UserID: user, Shard: shard,
+					CampaignID:    t.campaign, SKU: skuOf(t.campaign), UserID: user, Shard: shard,
 					Quantity: 1, Epoch: 1, ExpiresAt: expires,
 				}
 				if err := m.Submit(ctx, o); err != nil {

@@ -77,7 +77,7 @@ func triggerCost(ctx context.Context, l *ledger.Ledger, pgPID, shards, reps, stm
 		}
 		out[i].Name = v.Name
 	}
-	const campaign = "trigger-bench"
+	campaign := campaignUID()
 	expires := time.Now().Add(time.Hour)
 	ids, users := make([]string, batch), make([]string, batch)
 	shs, qs, xs := make([]int32, batch), make([]int32, batch), make([]time.Time, batch)

@@ -41,6 +41,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
@@ -160,9 +161,11 @@ type sale struct {
 }
 
 func newSale(ctx context.Context, dsn string, rs redisServers, shards int, n int64) (sale, error) {
-	id := fmt.Sprintf("bench-%d-%d", n, time.Now().UnixNano())
+	// A UID as the API server mints (36 characters): it leads every index of
+	// the orders, so a shorter id would make them smaller than production's.
+	id, name := string(uuid.NewUUID()), fmt.Sprintf("bench-%d", n)
 	cfg := engine.Config{
-		CampaignID: id, Namespace: "bench", Name: id, SKU: "sku-" + id, Allocation: n + n/10,
+		CampaignID: id, Namespace: "bench", Name: name, SKU: "sku-" + id[:8], Allocation: n + n/10,
 		Shards: shards, MaxPerUser: 1, TTL: 10 * time.Minute, Grace: 30 * time.Second, IDSecret: idSecret,
 	}
 	s := sale{dsn: dsn, redis: rs, cfg: cfg, orders: n}
