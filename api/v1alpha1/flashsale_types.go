@@ -125,12 +125,12 @@ type FlashSaleSpec struct {
 	SKU string `json:"sku,omitempty"`
 
 	// allocation is the number of units for sale, at most 10,000,000 (the
-	// largest sale shown to rebuild after a Redis loss, docs/benchmarks.md).
+	// largest sale shown to rebuild after a Redis loss, docs/rebuild-benchmarks.md).
 	// It may be raised to restock; the controller refuses to lower it below
 	// sold + reserved.
 	// +required
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:XValidation:rule="self <= 10000000",message="allocation is at most 10000000: a larger sale is not shown to rebuild from the ledger in minutes after a Redis loss (docs/benchmarks.md)"
+	// +kubebuilder:validation:XValidation:rule="self <= 10000000",message="allocation is at most 10000000: a larger sale is not shown to rebuild from the ledger in minutes after a Redis loss (docs/rebuild-benchmarks.md)"
 	Allocation int64 `json:"allocation"`
 
 	// shards is the number of Redis stock buckets the allocation is split
