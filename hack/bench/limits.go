@@ -140,17 +140,26 @@ func (e *benchEnv) limits(ctx context.Context) error {
 // decrScriptRef is the decr backend's script (hack/bench/bare/decr.go).
 var decrScriptRef = redis.NewScript(`return redis.call('DECR', KEYS[1])`)
 
-func (e *benchEnv) runID(ctx context.Context) (string, error) {
-	info, err := e.rdb.Info(ctx, "server").Result()
+// infoField is one field of a section of the server's INFO ("" when absent).
+func (e *benchEnv) infoField(ctx context.Context, section, name string) (string, error) {
+	info, err := e.rdb.Info(ctx, section).Result()
 	if err != nil {
 		return "", err
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
 			return v, nil
 		}
 	}
-	return "", fmt.Errorf("INFO server has no run_id")
+	return "", nil
+}
+
+func (e *benchEnv) runID(ctx context.Context) (string, error) {
+	id, err := e.infoField(ctx, "server", "run_id")
+	if err == nil && id == "" {
+		err = fmt.Errorf("INFO server has no run_id")
+	}
+	return id, err
 }
 
 // reserveFunction is the reserve body loaded as a Redis function.
@@ -178,18 +187,12 @@ func (e *benchEnv) loadReserveFunction(ctx context.Context, body string) error {
 }
 
 // redisUsedMemory is INFO memory's used_memory, in bytes.
-func (e *benchEnv) redisUsedMemory(ctx context.Context) int64 {
-	info, err := e.rdb.Info(ctx, "memory").Result()
+func (e *benchEnv) redisUsedMemory(ctx context.Context) (int64, error) {
+	v, err := e.infoField(ctx, "memory", "used_memory")
 	if err != nil {
-		return 0
+		return 0, err
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
+	return strconv.ParseInt(v, 10, 64)
 }
 
 // evalshaStats is INFO commandstats' calls and usec of EVALSHA and FCALL.
@@ -235,15 +238,18 @@ func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, c
 	}
 	cmdArgs := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(e.redis.Port()), "-c", strconv.Itoa(e.o.Limits.Clients),
 		"-n", strconv.Itoa(e.o.Limits.Calls), "-r", "1000000000", "-q"}, args...)
-	var before int64
+	// What a script that takes units leaves behind: its stock and memory.
+	var before, mem0 int64
 	if counter != "" {
 		var err error
 		if before, err = e.rdb.Get(ctx, counter).Int64(); err != nil {
 			return row, err
 		}
+		if mem0, err = e.redisUsedMemory(ctx); err != nil {
+			return row, err
+		}
 	}
 	calls0, usec0 := e.evalshaStats(ctx)
-	mem0 := e.redisUsedMemory(ctx)
 	cpu0, t0 := e.redisCPU(ctx), time.Now()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
@@ -267,13 +273,15 @@ func (e *benchEnv) redisBenchmark(ctx context.Context, name string, round int, c
 		if left, err := e.rdb.Get(ctx, counter).Int64(); err != nil || before-left < row.Calls-row.Calls/1000-1 {
 			return row, fmt.Errorf("%s: %d calls took %d units (%v): not every call reserved", name, row.Calls, before-left, err)
 		}
+		mem, err := e.redisUsedMemory(ctx)
+		if err != nil {
+			return row, err
+		}
+		row.BytesPerCall = float64(mem-mem0) / float64(row.Calls)
 	}
 	row.PerSecond = float64(row.Calls) / elapsed.Seconds()
 	row.ServerCPUus = float64(cpu.Microseconds()) / float64(row.Calls)
 	row.InCommandUs = float64(usec1-usec0) / float64(row.Calls)
-	if counter != "" {
-		row.BytesPerCall = float64(e.redisUsedMemory(ctx)-mem0) / float64(row.Calls)
-	}
 	logf("limits: %s: %.0f calls/s, %.1f µs redis CPU, %.1f µs in-command per call", name, row.PerSecond, row.ServerCPUus, row.InCommandUs)
 	return row, nil
 }
