@@ -1,0 +1,94 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"k8s.io/apimachinery/pkg/util/uuid"
+)
+
+// BenchmarkMaterializerPostgresCPU prices the ledger's writes in PostgreSQL's
+// CPU, on a server of its own with fsync on, as production runs: per row and
+// per batch statement, at two batch sizes (one batch is in flight at a time,
+// so closed-loop submitters make batches of about half their number), with
+// the per-shard counts kept and with their trigger dropped (in the
+// benchmark's own database, to price the counts alone):
+//
+//	go test -run '^$' -bench MaterializerPostgresCPU -benchtime 40000x ./runtime/ledger/
+//
+// A batch of B rows costs about F + r·B; the two sizes give F and r, and so
+// what a row costs at the batch sizes a storm makes (docs/tuning.md).
+func BenchmarkMaterializerPostgresCPU(b *testing.B) {
+	pg, err := testharness.StartPostgresArgs("fsync=on", "synchronous_commit=on")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = pg.Close() })
+	for _, submitters := range []int{16, 64} {
+		for _, counts := range []bool{true, false} {
+			name := fmt.Sprintf("submitters=%d/counts=%v", submitters, counts)
+			b.Run(name, func(b *testing.B) { benchPostgresCPU(b, pg, submitters, counts) })
+		}
+	}
+}
+
+func benchPostgresCPU(b *testing.B, pg *testharness.Postgres, submitters int, counts bool) {
+	l := openLedger(b, newDSN(b, pg))
+	const shards = 10
+	// Ids as long as production's (a UID campaign, "<shard>.<16-char key>"
+	// reservations): the campaign id leads every index of the orders.
+	c, _, err := l.EnsureCampaign(testCtx(b), Campaign{
+		ID: string(uuid.NewUUID()), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",
+		Allocation: 1 << 40, Shards: shards,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !counts {
+		if _, err := l.pool.Exec(testCtx(b), "DROP TRIGGER flashsale_orders_count_insert ON flashsale_orders"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var stats batchStats
+	m := l.NewMaterializer(MaterializerConfig{OnBatch: stats.hook})
+	defer m.Close()
+	ctx := context.Background()
+	var left, seq atomic.Int64
+	left.Store(int64(b.N))
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	cpu0 := cpustat.TreeWithExited(pg.PID())
+	for s := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			user := fmt.Sprintf("buyer-%d", s)
+			for left.Add(-1) >= 0 {
+				o := pendingOrder(c, user, s%shards, time.Hour)
+				o.ReservationID = fmt.Sprintf("%d.%016d", o.Shard, seq.Add(1))
+				if err := m.Submit(ctx, o); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	cpu := cpustat.TreeWithExited(pg.PID()) - cpu0
+	b.StopTimer()
+	batches, rows, _ := stats.summary()
+	if rows != b.N {
+		b.Fatalf("%d rows written, want %d", rows, b.N)
+	}
+	us := float64(cpu) / float64(time.Microsecond)
+	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+	b.ReportMetric(float64(rows)/float64(batches), "rows/batch")
+	b.ReportMetric(us/float64(rows), "pg-µs/row")
+	b.ReportMetric(us/float64(batches), "pg-µs/batch")
+}
