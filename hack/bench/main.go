@@ -70,6 +70,7 @@ type options struct {
 	JSONFile          string
 	PostgresDSN       string
 	Durable           bool
+	Checkpoint        bool
 	Skip              []string
 	Targets           []string
 	Buckets           []int
@@ -108,6 +109,7 @@ func main() {
 	fs.StringVar(&o.JSONFile, "json-file", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.PostgresDSN, "postgres-dsn", "", "use this PostgreSQL (a postgres:// URL of a role that may create databases; on 127.0.0.1, allowing 300 connections) instead of starting one; the run's databases are dropped at the end")
 	fs.BoolVar(&o.Durable, "durable", true, "run the started PostgreSQL with fsync on, as production does (the ledger's group commit and the hot-row baselines both pay for durability); --durable=false measures without it")
+	fs.BoolVar(&o.Checkpoint, "checkpoint", false, "run CHECKPOINT in PostgreSQL between each storm's warm-up and its measured part, so that every measured storm starts where a checkpoint has just ended and pays for the full-page writes that follow one, instead of whichever storm a checkpoint lands in (needs a superuser or pg_checkpoint with --postgres-dsn)")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow, limits, commits (the one-row commit run of the limits), openloop (gobench has its own flag)")
 	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, reserve-b (--flashsale-b), reserve-pipe (reserve calls pipelined, one target per --reserve-linger), bare, decr, pg-buckets")
 	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")

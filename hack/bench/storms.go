@@ -271,6 +271,11 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		}
 	}
 	cfg.Duration, cfg.UserPrefix, cfg.Rate = dur, label, rate
+	if e.o.Checkpoint {
+		if err := e.checkpoint(ctx); err != nil {
+			return StormRow{}, fmt.Errorf("%s: %w", label, err)
+		}
+	}
 
 	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, Rate: rate, LoadBefore: readLoad()}
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
@@ -385,6 +390,20 @@ func (e *benchEnv) redisCPU(ctx context.Context) time.Duration {
 
 // postgresCPU is the CPU used so far by the postmaster and its live children
 // (the backends of the ledger pools stay connected through a storm).
+// checkpoint runs CHECKPOINT: the pages written since the last one are
+// flushed, and the first change of every page after it is logged whole.
+func (e *benchEnv) checkpoint(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, e.pg.AdminDSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+		return fmt.Errorf("CHECKPOINT: %w", err)
+	}
+	return nil
+}
+
 func (e *benchEnv) postgresCPU(ctx context.Context) time.Duration {
 	if e.postmaster == 0 {
 		conn, err := pgx.Connect(ctx, e.pg.AdminDSN())
