@@ -83,6 +83,14 @@ type options struct {
 	FlashsaleB string
 }
 
+// benchPostgresSettings configure the started PostgreSQL as a small
+// production server would be, not as the test suite's (32 MB of shared
+// buffers). backend_flush_after starts the writeback of the data pages a
+// backend writes at once: otherwise the kernel writes hundreds of MB of them
+// 30 s later in one burst, and the WAL flush of the commit behind it waits
+// for the disk for 50-110 ms (docs/capacity-runs.md, "A quiet host").
+var benchPostgresSettings = []string{"shared_buffers=512MB", "max_wal_size=4GB", "backend_flush_after=256kB"}
+
 func main() {
 	var o options
 	fs := pflag.NewFlagSet("bench", pflag.ExitOnError)
@@ -304,9 +312,9 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 		}()
 		pg = ext
 	} else {
-		settings := []string{"fsync=on"}
-		if !o.Durable {
-			settings = nil
+		settings := benchPostgresSettings
+		if o.Durable {
+			settings = append(settings, "fsync=on")
 		}
 		hpg, err := testharness.StartPostgresArgs(settings...)
 		if err != nil {
