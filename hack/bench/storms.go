@@ -262,20 +262,10 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		Seed:        1,
 		Client:      client,
 	}
-	if e.o.Warmup > 0 {
-		w := cfg
-		w.Duration, w.UserPrefix = e.o.Warmup, label+"-warm"
-		logf("%s: warm-up %s", label, e.o.Warmup)
-		if _, err := storm.Run(ctx, w); err != nil {
-			return StormRow{}, err
-		}
+	if err := e.prepare(ctx, cfg, label); err != nil {
+		return StormRow{}, err
 	}
 	cfg.Duration, cfg.UserPrefix, cfg.Rate = dur, label, rate
-	if e.o.Checkpoint {
-		if err := e.checkpoint(ctx); err != nil {
-			return StormRow{}, fmt.Errorf("%s: %w", label, err)
-		}
-	}
 
 	row := StormRow{Kind: kind, Target: target, Concurrency: conc, Round: round, Rate: rate, LoadBefore: readLoad()}
 	logf("%s: storm %s at %d buyers (load %s)", label, dur, conc, row.LoadBefore)
@@ -390,6 +380,24 @@ func (e *benchEnv) redisCPU(ctx context.Context) time.Duration {
 
 // postgresCPU is the CPU used so far by the postmaster and its live children
 // (the backends of the ledger pools stay connected through a storm).
+// prepare runs what comes before a measured storm: its warm-up (closed,
+// with buyers of its own) and, with --checkpoint, a CHECKPOINT.
+func (e *benchEnv) prepare(ctx context.Context, cfg storm.Config, label string) error {
+	if e.o.Warmup > 0 {
+		cfg.Duration, cfg.UserPrefix = e.o.Warmup, label+"-warm"
+		logf("%s: warm-up %s", label, e.o.Warmup)
+		if _, err := storm.Run(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	if e.o.Checkpoint {
+		if err := e.checkpoint(ctx); err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+	}
+	return nil
+}
+
 // checkpoint runs CHECKPOINT: the pages written since the last one are
 // flushed, and the first change of every page after it is logged whole.
 func (e *benchEnv) checkpoint(ctx context.Context) error {
