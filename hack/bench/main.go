@@ -312,7 +312,7 @@ func runServers(ctx context.Context, o *options, root, work string, rep *Report)
 		}()
 		pg = ext
 	} else {
-		settings := benchPostgresSettings
+		settings := slices.Clone(benchPostgresSettings)
 		if o.Durable {
 			settings = append(settings, "fsync=on")
 		}

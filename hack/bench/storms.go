@@ -378,8 +378,6 @@ func (e *benchEnv) redisCPU(ctx context.Context) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
-// postgresCPU is the CPU used so far by the postmaster and its live children
-// (the backends of the ledger pools stay connected through a storm).
 // prepare runs what comes before a measured storm: its warm-up (closed,
 // with buyers of its own) and, with --checkpoint, a CHECKPOINT.
 func (e *benchEnv) prepare(ctx context.Context, cfg storm.Config, label string) error {
@@ -412,6 +410,8 @@ func (e *benchEnv) checkpoint(ctx context.Context) error {
 	return nil
 }
 
+// postgresCPU is the CPU used so far by the postmaster and its live children
+// (the backends of the ledger pools stay connected through a storm).
 func (e *benchEnv) postgresCPU(ctx context.Context) time.Duration {
 	if e.postmaster == 0 {
 		conn, err := pgx.Connect(ctx, e.pg.AdminDSN())
