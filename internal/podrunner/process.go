@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -165,16 +166,46 @@ func setEnv(env []corev1.EnvVar, name, value string) []corev1.EnvVar {
 	return append(env, corev1.EnvVar{Name: name, Value: value})
 }
 
-// freePort returns a port that is free on 127.0.0.1 now. Another process may
-// take it before the replica binds it; the replica then exits and is restarted
-// on another port.
+// portQuarantine is how long a port handed to one replica is not handed to
+// another: longer than a process takes to bind it.
+const portQuarantine = time.Minute
+
+// handedOut holds the ports freePort returned within portQuarantine.
+var handedOut struct {
+	sync.Mutex
+	at map[int]time.Time
+}
+
+// freePort returns a port that is free on 127.0.0.1 now and that no replica
+// of this process was given within portQuarantine: the kernel may give a port
+// just closed to the next bind, and two replicas started together would then
+// be handed the same one. Another process may still take it before the
+// replica binds it; the replica then exits and is restarted on another port.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(podIP, "0"))
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	now := time.Now()
+	for p, t := range handedOut.at {
+		if now.Sub(t) > portQuarantine {
+			delete(handedOut.at, p)
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	if handedOut.at == nil {
+		handedOut.at = map[int]time.Time{}
+	}
+	for range 100 {
+		l, err := net.Listen("tcp", net.JoinHostPort(podIP, "0"))
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if _, taken := handedOut.at[port]; !taken {
+			handedOut.at[port] = now
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free port on " + podIP + " that was not just handed out")
 }
 
 func sortedKeys[V any](m map[string]V) []string {
