@@ -73,8 +73,7 @@ func (s *Server) reserve(w http.ResponseWriter, r *http.Request) string {
 	if req.UserID != claims.Subject {
 		return forbidden("the admission token was issued for another user").write(w)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
+	ctx := s.deadlines.context()
 	res, err := s.engine.Reserve(ctx, req.UserID, req.IdempotencyKey, req.Quantity)
 	s.metrics.scriptCalls.Add(float64(res.Calls))
 	if err != nil {
@@ -143,8 +142,7 @@ func (s *Server) checkout(w http.ResponseWriter, r *http.Request) string {
 	if e != nil {
 		return e.write(w)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
+	ctx := s.deadlines.context()
 	res, err := s.engine.Checkout(ctx, claims.Subject, req.ReservationID, req.PaymentToken)
 	if err != nil {
 		return s.engineError(r, "checkout", err).write(w)
@@ -173,8 +171,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) string {
 	if len(id) > maxReservationIDLen {
 		return notFound("no such reservation").write(w)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
+	ctx := s.deadlines.context()
 	res, err := s.engine.Cancel(ctx, claims.Subject, id)
 	if err != nil {
 		return s.engineError(r, "cancel", err).write(w)
@@ -198,8 +195,7 @@ func (s *Server) availability(w http.ResponseWriter, r *http.Request) string {
 	if item != s.sku {
 		return notFound(fmt.Sprintf("item %q is not on sale here", clip(item))).write(w)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
+	ctx := s.deadlines.context()
 	snap, err := s.snapshot(ctx)
 	if err != nil {
 		return s.engineError(r, "availability", err).write(w)

@@ -133,8 +133,9 @@ type Server struct {
 	// failureLogs keeps failed requests from flooding the log in an outage.
 	failureLogs logSampler
 
-	snapSem chan struct{} // one shard read at a time; waiters honour their context
-	snap    *stockSnapshot
+	deadlines *requestDeadlines // the contexts of the buyer routes' work
+	snapSem   chan struct{}     // one shard read at a time; waiters honour their context
+	snap      *stockSnapshot
 }
 
 // Route is one registered route, as docs/openapi.yaml documents it.
@@ -158,13 +159,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.defaults()
 	s := &Server{
-		cfg:     cfg,
-		engine:  cfg.Engine,
-		sku:     cfg.Engine.Config().SKU,
-		metrics: cfg.Metrics,
-		log:     cfg.Logger,
-		limiter: newLimiter(cfg.RateLimit, cfg.RateBurst),
-		snapSem: make(chan struct{}, 1),
+		cfg:       cfg,
+		engine:    cfg.Engine,
+		sku:       cfg.Engine.Config().SKU,
+		metrics:   cfg.Metrics,
+		log:       cfg.Logger,
+		limiter:   newLimiter(cfg.RateLimit, cfg.RateBurst),
+		snapSem:   make(chan struct{}, 1),
+		deadlines: newRequestDeadlines(cfg.RequestTimeout),
 	}
 	var err error
 	if s.verifier, err = admission.NewVerifier(cfg.AdmissionKey); err != nil {
