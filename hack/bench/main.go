@@ -78,6 +78,7 @@ type options struct {
 	Commits           CommitOptions
 	OpenLoop          []float64
 	ReservePipeline   int
+	ReservePipelines  []int
 	ReserveLingers    []time.Duration
 	// FlashsaleB is the second reserve binary of the reserve-b target.
 	FlashsaleB string
@@ -122,6 +123,7 @@ func main() {
 	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve, reserve-b (--flashsale-b), reserve-pipe (reserve calls pipelined, one target per --reserve-linger), bare, decr, pg-buckets")
 	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")
 	fs.IntVar(&o.ReservePipeline, "reserve-pipeline", 32, "most reserve calls in one Redis pipeline of the reserve-pipe target (FLASHSALE_RESERVE_PIPELINE); the reserve target runs with 0")
+	fs.IntSliceVar(&o.ReservePipelines, "reserve-pipelines", []int{1}, "most reserve pipelines out to one Redis server at once (FLASHSALE_RESERVE_PIPELINES); one reserve-pipe target per value and linger, taking turns")
 	fs.DurationSliceVar(&o.ReserveLingers, "reserve-linger", []time.Duration{0}, "how long a pipeline of the reserve-pipe targets waits for more calls (FLASHSALE_RESERVE_LINGER); one reserve-pipe target per value, taking turns")
 	fs.StringVar(&o.FlashsaleB, "flashsale-b", "", "a second flashsale binary, run as the reserve-b target beside reserve (e.g. built with -pgo=off): the same storms, taking turns, paired ratios")
 	o.Limits.addFlags(fs)
@@ -179,8 +181,8 @@ func (o *options) validate() error {
 		return errors.New("--rounds must be at least 1")
 	case o.Limits.Rounds < 0 || o.Commits.Conns < 1 || o.Commits.Conns > 280 || o.Commits.Duration <= 0 || o.Commits.MaxTx < 1:
 		return errors.New("--limits-rounds must not be negative, --limits-commit-conns within 1..280, --limits-commit-duration and --limits-commit-max-tx positive")
-	case o.ReservePipeline < 2 || len(o.ReserveLingers) == 0 || slices.Min(o.ReserveLingers) < 0:
-		return errors.New("--reserve-pipeline must be at least 2 and --reserve-linger one or more durations, none negative")
+	case o.ReservePipeline < 2 || len(o.ReservePipelines) == 0 || slices.Min(o.ReservePipelines) < 1 || len(o.ReserveLingers) == 0 || slices.Min(o.ReserveLingers) < 0:
+		return errors.New("--reserve-pipeline must be at least 2, --reserve-pipelines at least 1 and --reserve-linger one or more durations, none negative")
 	case slices.Contains(o.Targets, targetReserveB) != (o.FlashsaleB != ""):
 		return errors.New("the reserve-b target and --flashsale-b go together")
 	case o.ProfileStorm != kindReservations && o.ProfileStorm != kindOpenLoop:

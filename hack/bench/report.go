@@ -301,8 +301,8 @@ func targetName(t string) string {
 	case t == targetReserveB:
 		return "`flashsale reserve`, second binary (--flashsale-b)"
 	case strings.HasPrefix(t, targetReservePipe+"-"):
-		d, _ := lingerOf(t)
-		return fmt.Sprintf("`flashsale reserve`, reserve calls pipelined, linger %s", d)
+		d, n, _ := pipeOf(t)
+		return fmt.Sprintf("`flashsale reserve`, reserve calls pipelined, linger %s, %d in flight", d, n)
 	case t == targetDecr:
 		return "HTTP + one-command script (DECR)"
 	case bucketsOf(t) > 0:

@@ -35,21 +35,40 @@ const (
 
 // isReserve: the target is the product, pipelined or not, from either binary.
 func isReserve(target string) bool {
-	_, pipe := lingerOf(target)
+	_, _, pipe := pipeOf(target)
 	return target == targetReserve || target == targetReserveB || pipe
 }
 
-// pipeTarget names the pipelined product with a linger.
-func pipeTarget(linger time.Duration) string { return targetReservePipe + "-" + linger.String() }
+// pipeTarget names the pipelined product with a linger and a number of
+// pipelines in flight ("-x<n>" when more than one).
+func pipeTarget(linger time.Duration, inFlight int) string {
+	name := targetReservePipe + "-" + linger.String()
+	if inFlight > 1 {
+		name += "-x" + strconv.Itoa(inFlight)
+	}
+	return name
+}
 
-// lingerOf is the linger of a reserve-pipe target (ok false: not one).
-func lingerOf(target string) (time.Duration, bool) {
+// pipeOf is the linger and the pipelines in flight of a reserve-pipe target
+// (ok false: not one).
+func pipeOf(target string) (linger time.Duration, inFlight int, ok bool) {
 	s, ok := strings.CutPrefix(target, targetReservePipe+"-")
 	if !ok {
-		return 0, false
+		return 0, 0, false
+	}
+	inFlight = 1
+	if l, n, found := strings.Cut(s, "-x"); found {
+		var err error
+		if inFlight, err = strconv.Atoi(n); err != nil || inFlight < 1 {
+			return 0, 0, false
+		}
+		s = l
 	}
 	d, err := time.ParseDuration(s)
-	return d, err == nil
+	if err != nil {
+		return 0, 0, false
+	}
+	return d, inFlight, true
 }
 
 // bucketTarget names the bucket design with n rows per SKU.
@@ -75,8 +94,10 @@ func (o *options) targets() []string {
 			}
 			continue
 		case targetReservePipe:
-			for _, d := range o.ReserveLingers {
-				out = append(out, pipeTarget(d))
+			for _, n := range o.ReservePipelines {
+				for _, d := range o.ReserveLingers {
+					out = append(out, pipeTarget(d, n))
+				}
 			}
 			continue
 		}
@@ -94,11 +115,12 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 	switch {
 	case isReserve(target):
 		env := e.env(c)
-		batch, linger := 0, time.Duration(0) // explicit: the default may change
-		if d, ok := lingerOf(target); ok {
-			batch, linger = e.o.ReservePipeline, d
+		batch, linger, inFlight := 0, time.Duration(0), 1 // explicit: the defaults may change
+		if d, n, ok := pipeOf(target); ok {
+			batch, linger, inFlight = e.o.ReservePipeline, d, n
 		}
-		env = append(env, config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReserveLinger+"="+linger.String())
+		env = append(env, config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReserveLinger+"="+linger.String(),
+			config.EnvReservePipelines+"="+strconv.Itoa(inFlight))
 		bin := e.flashsale
 		if target == targetReserveB {
 			bin = e.o.FlashsaleB

@@ -7,12 +7,12 @@ import (
 	"time"
 )
 
-// --targets reserve-pipe expands to one target per --reserve-linger, each
-// the product; a name that only looks like one is not.
+// --targets reserve-pipe expands to one target per --reserve-pipelines and
+// --reserve-linger, each the product; a name that only looks like one is not.
 func TestPipeTargetsPerLinger(t *testing.T) {
-	o := &options{Targets: []string{targetReserve, targetReservePipe, targetBare}, ReserveLingers: []time.Duration{0, 250 * time.Microsecond}}
+	o := &options{Targets: []string{targetReserve, targetReservePipe, targetBare}, ReservePipelines: []int{1, 4}, ReserveLingers: []time.Duration{0, 250 * time.Microsecond}}
 	got := o.targets()
-	want := []string{targetReserve, "reserve-pipe-0s", "reserve-pipe-250µs", targetBare}
+	want := []string{targetReserve, "reserve-pipe-0s", "reserve-pipe-250µs", "reserve-pipe-0s-x4", "reserve-pipe-250µs-x4", targetBare}
 	if !slices.Equal(got, want) {
 		t.Fatalf("targets() = %v, want %v", got, want)
 	}
@@ -24,15 +24,21 @@ func TestPipeTargetsPerLinger(t *testing.T) {
 	}{
 		{"reserve-pipe-250µs", 250 * time.Microsecond, true, true},
 		{"reserve-pipe-0s", 0, true, true},
+		{"reserve-pipe-0s-x4", 0, true, true},
+		{"reserve-pipe-0s-x0", 0, false, false},
+		{"reserve-pipe-0s-xx", 0, false, false},
 		{"reserve-pipe-soon", 0, false, false},
 		{targetReservePipe, 0, false, false},
 		{targetReserve, 0, false, true},
 		{targetReserveB, 0, false, true},
 		{targetBare, 0, false, false},
 	} {
-		d, ok := lingerOf(tc.target)
+		d, _, ok := pipeOf(tc.target)
 		if d != tc.linger || ok != tc.pipe || isReserve(tc.target) != tc.reserve {
-			t.Errorf("%s: lingerOf = %s, %v; isReserve %v; want %s, %v, %v", tc.target, d, ok, isReserve(tc.target), tc.linger, tc.pipe, tc.reserve)
+			t.Errorf("%s: pipeOf = %s, %v; isReserve %v; want %s, %v, %v", tc.target, d, ok, isReserve(tc.target), tc.linger, tc.pipe, tc.reserve)
+		}
+		if _, n, _ := pipeOf(tc.target); tc.pipe && n != max(1, strings.Count(tc.target, "-x")*4) {
+			t.Errorf("%s: %d pipelines in flight", tc.target, n)
 		}
 	}
 	// The open loop runs every variant of the product and the bare handler.
@@ -68,7 +74,7 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 	good := func() *options {
 		return &options{Duration: time.Second, SoldOutDuration: time.Second, HotRowDuration: time.Second,
 			Concurrency: []int{64}, HotRowClients: []int{64}, MaxRequests: 1, HotRowMaxTx: 1, Shards: 1, Rounds: 1,
-			ReservePipeline: 32, ReserveLingers: []time.Duration{0}, Targets: []string{targetReserve},
+			ReservePipeline: 32, ReservePipelines: []int{1}, ReserveLingers: []time.Duration{0}, Targets: []string{targetReserve},
 			Commits: CommitOptions{Conns: 64, Duration: time.Second, MaxTx: 1}, ProfileStorm: kindReservations}
 	}
 	if err := good().validate(); err != nil {
@@ -80,6 +86,7 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 	}{
 		"negative linger":       {func(o *options) { o.ReserveLingers = []time.Duration{0, -time.Microsecond} }, "--reserve-linger"},
 		"no linger":             {func(o *options) { o.ReserveLingers = nil }, "--reserve-linger"},
+		"no pipelines":          {func(o *options) { o.ReservePipelines = []int{1, 0} }, "--reserve-pipelines"},
 		"reserve-b, no binary":  {func(o *options) { o.Targets = append(o.Targets, targetReserveB) }, "--flashsale-b"},
 		"binary, no reserve-b":  {func(o *options) { o.FlashsaleB = "/bin/true" }, "--flashsale-b"},
 		"no commit connections": {func(o *options) { o.Commits.Conns = 0 }, "--limits-commit-conns"},

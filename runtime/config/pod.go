@@ -44,10 +44,11 @@ const (
 	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
 	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
 	// The reserve script calls batched per Redis server (stock.PipelineConfig):
-	// the most calls in one pipeline (0 or 1: none batched) and how long a
-	// pipeline waits for more.
-	EnvReservePipeline = "FLASHSALE_RESERVE_PIPELINE"
-	EnvReserveLinger   = "FLASHSALE_RESERVE_LINGER"
+	// the most calls in one pipeline (0 or 1: none batched), how long a
+	// pipeline waits for more, and how many may be out at once.
+	EnvReservePipeline  = "FLASHSALE_RESERVE_PIPELINE"
+	EnvReserveLinger    = "FLASHSALE_RESERVE_LINGER"
+	EnvReservePipelines = "FLASHSALE_RESERVE_PIPELINES"
 	// EnvStealSeed seeds the shards a reserve pod's steals probe
 	// (engine.Config.Rand), so that a storm replays by seed; unset or 0:
 	// drawn at random.

@@ -15,9 +15,10 @@ import (
 // into pipelines: one write carries many EVALSHA calls and the server reads
 // them in one go, so it pays its per-read and per-write cost once per batch.
 //
-// A batch goes as soon as no pipeline to that server is in flight: calls that
-// arrive while one is out go together in the next, so batches grow with the
-// load (the ledger's group commit does the same). Zero values: no batching.
+// A batch goes as soon as fewer than InFlight pipelines to that server are
+// out: calls that arrive while they are go together in the next, so batches
+// grow with the load (the ledger's group commit does the same). Zero values:
+// no batching.
 type PipelineConfig struct {
 	// MaxBatch is the most calls in one pipeline; 0 or 1: every call on its
 	// own, as a single command.
@@ -25,22 +26,26 @@ type PipelineConfig struct {
 	// Linger is how long a pipeline waits for more calls after taking its
 	// first, unless MaxBatch are waiting; 0: it goes at once.
 	Linger time.Duration
+	// InFlight is how many pipelines may be out to one server at once before
+	// calls queue for the next; 0 means 1. With 1 a call that arrives just
+	// after a pipeline left waits for its whole round trip; more lets it go at
+	// once, in a smaller batch. One more always goes when a full batch waits.
+	InFlight int
 }
+
+// inFlight is InFlight with its default.
+func (c PipelineConfig) inFlight() int { return max(c.InFlight, 1) }
 
 // Enabled reports whether calls are batched.
 func (c PipelineConfig) Enabled() bool { return c.MaxBatch > 1 }
 
 // Validate refuses a negative batch size or linger.
 func (c PipelineConfig) Validate() error {
-	if c.MaxBatch < 0 || c.Linger < 0 {
-		return fmt.Errorf("reserve pipeline: batch size %d and linger %s must not be negative", c.MaxBatch, c.Linger)
+	if c.MaxBatch < 0 || c.Linger < 0 || c.InFlight < 0 {
+		return fmt.Errorf("reserve pipeline: batch size %d, linger %s and pipelines in flight %d must not be negative", c.MaxBatch, c.Linger, c.InFlight)
 	}
 	return nil
 }
-
-// maxPipelinesInFlight bounds the pipelines out to one server at once: one
-// while it keeps up, a second only when a full batch waits.
-const maxPipelinesInFlight = 2
 
 // pipelineTimeout bounds one pipeline beyond the client's read and write
 // timeouts, which bound each of its reads and writes.
@@ -87,7 +92,7 @@ func (b *batcher) do(ctx context.Context, cfg PipelineConfig, node *redis.Client
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	full := len(b.queue) >= cfg.MaxBatch
-	start := b.busy == 0 || full && b.busy < maxPipelinesInFlight
+	start := b.busy < cfg.inFlight() || full && b.busy <= cfg.inFlight()
 	if start {
 		b.busy++
 	}
@@ -167,7 +172,7 @@ func (b *batcher) take(cfg PipelineConfig) []*batchCall {
 	rest := copy(b.queue, b.queue[k:])
 	clear(b.queue[rest:])
 	b.queue = b.queue[:rest]
-	another := rest >= cfg.MaxBatch && b.busy < maxPipelinesInFlight
+	another := rest >= cfg.MaxBatch && b.busy <= cfg.inFlight()
 	if another {
 		b.busy++
 	}

@@ -356,14 +356,14 @@ func TestQueuedCallGivesUpUnsent(t *testing.T) {
 	}
 }
 
-// Negative sizes and lingers are refused.
+// Negative sizes, lingers and pipeline counts are refused.
 func TestPipelineConfigRefusesNegatives(t *testing.T) {
-	for _, c := range []PipelineConfig{{MaxBatch: -1}, {MaxBatch: 8, Linger: -time.Millisecond}} {
+	for _, c := range []PipelineConfig{{MaxBatch: -1}, {MaxBatch: 8, Linger: -time.Millisecond}, {MaxBatch: 8, InFlight: -1}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}
-	for _, c := range []PipelineConfig{{}, {MaxBatch: 1}, {MaxBatch: 64, Linger: time.Millisecond}} {
+	for _, c := range []PipelineConfig{{}, {MaxBatch: 1}, {MaxBatch: 64, Linger: time.Millisecond}, {MaxBatch: 64, InFlight: 4}} {
 		if err := c.Validate(); err != nil {
 			t.Errorf("%+v: %v", c, err)
 		}

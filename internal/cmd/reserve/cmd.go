@@ -150,6 +150,8 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		"most reserve script calls sent to one Redis server in one pipeline; calls arriving while one is in flight go in the next; 0 or 1 sends each call alone (env "+config.EnvReservePipeline+")")
 	f.DurationVar(&o.Pipeline.Linger, "reserve-linger", o.env.Duration(config.EnvReserveLinger, 0),
 		"how long a reserve pipeline waits for more calls before it is sent; 0 sends what is queued at once (env "+config.EnvReserveLinger+")")
+	f.IntVar(&o.Pipeline.InFlight, "reserve-pipelines", o.env.Int(config.EnvReservePipelines, 1),
+		"most reserve pipelines out to one Redis server at once before calls queue for the next (one more when a full one waits) (env "+config.EnvReservePipelines+")")
 	f.StringVar(&o.MetricsListen, "metrics-listen", config.EnvString(config.EnvMetricsListen, ""),
 		"serve /metrics on this address instead of the API's, e.g. :9090, so buyers cannot reach it (env "+config.EnvMetricsListen+")")
 	f.StringVar(&o.DebugListen, "debug-listen", config.EnvString(config.EnvDebugListen, ""),
@@ -194,7 +196,7 @@ func (o *Options) Complete() error {
 		errs = append(errs, fmt.Errorf("--ledger-writers must be at least 1 and --ledger-linger not negative"))
 	}
 	if err := o.Pipeline.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("--reserve-pipeline and --reserve-linger must not be negative"))
+		errs = append(errs, fmt.Errorf("--reserve-pipeline, --reserve-linger and --reserve-pipelines must not be negative"))
 	}
 	if o.GCPercent < 10 {
 		errs = append(errs, fmt.Errorf("--gc-percent must be at least 10, got %d", o.GCPercent))

@@ -169,12 +169,14 @@ func TestRunFailsWithoutLeakingSecrets(t *testing.T) {
 	}
 }
 
-// A negative pipeline size or linger, from a flag or the environment, is
+// A negative pipeline size, linger or pipeline count, from a flag or the environment, is
 // refused by name; a size that is not a number names its variable.
 func TestReservePipelineMustNotBeNegative(t *testing.T) {
 	for _, c := range []struct{ env, val, want string }{
 		{config.EnvReservePipeline, "-1", "--reserve-pipeline"},
 		{config.EnvReserveLinger, "-1ms", "--reserve-linger"},
+		{config.EnvReservePipelines, "-2", "--reserve-pipelines"},
+		{config.EnvReservePipelines, "two", config.EnvReservePipelines},
 		{config.EnvReservePipeline, "many", config.EnvReservePipeline},
 	} {
 		clearEnv(t)
