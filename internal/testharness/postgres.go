@@ -42,6 +42,11 @@ type Postgres struct {
 	extra   []string // "name=value" settings given to StartPostgresArgs
 }
 
+// EnvPostgresLocale names the locale initdb gives the test servers, e.g.
+// en_US.UTF-8 (it must be installed: locale -a), to price what a ledger
+// database with a libc collation costs; unset: no locale (C).
+const EnvPostgresLocale = "FLASHSALE_TEST_PG_LOCALE"
+
 // StartPostgres runs initdb in a new temporary directory and starts postgres
 // on a free 127.0.0.1 port.
 func StartPostgres() (*Postgres, error) { return StartPostgresArgs() }
@@ -105,8 +110,12 @@ func (pg *Postgres) initdb() error {
 		}
 	}
 	logPath := filepath.Join(pg.dir, "initdb.log")
+	locale := []string{"--no-locale"}
+	if l := os.Getenv(EnvPostgresLocale); l != "" {
+		locale = []string{"--locale=" + l}
+	}
 	p, err := startProc(logPath, pg.dir, pg.cred, []string{"TZ=UTC", "LC_ALL=C"}, filepath.Join(pg.binDir, "initdb"),
-		"-D", pg.dataDir, "-U", pgSuperuser, "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync")
+		append([]string{"-D", pg.dataDir, "-U", pgSuperuser, "-A", "trust", "-E", "UTF8", "--no-sync"}, locale...)...)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,10 @@ package ledger
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,8 +44,9 @@ func BenchmarkMaterializerPostgresCPU(b *testing.B) {
 func benchPostgresCPU(b *testing.B, pg *testharness.Postgres, submitters int, counts bool) {
 	l := openLedger(b, newDSN(b, pg))
 	const shards = 10
-	// Ids as long as production's (a UID campaign, "<shard>.<16-char key>"
-	// reservations): the campaign id leads every index of the orders.
+	// Ids like production's (a UID campaign, "<shard>.<key>" reservations
+	// with 12 random bytes of key in base64url): the campaign id leads every
+	// index of the orders, and random keys land all over their indexes.
 	c, _, err := l.EnsureCampaign(testCtx(b), Campaign{
 		ID: string(uuid.NewUUID()), Namespace: "shop", Name: "drop", SKU: "itm-ps5-pro",
 		Allocation: 1 << 40, Shards: shards,
@@ -59,7 +63,7 @@ func benchPostgresCPU(b *testing.B, pg *testharness.Postgres, submitters int, co
 	m := l.NewMaterializer(MaterializerConfig{OnBatch: stats.hook})
 	defer m.Close()
 	ctx := context.Background()
-	var left, seq atomic.Int64
+	var left atomic.Int64
 	left.Store(int64(b.N))
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -71,7 +75,7 @@ func benchPostgresCPU(b *testing.B, pg *testharness.Postgres, submitters int, co
 			user := fmt.Sprintf("buyer-%d", s)
 			for left.Add(-1) >= 0 {
 				o := pendingOrder(c, user, s%shards, time.Hour)
-				o.ReservationID = fmt.Sprintf("%d.%016d", o.Shard, seq.Add(1))
+				o.ReservationID = productionID(o.Shard)
 				if err := m.Submit(ctx, o); err != nil {
 					b.Error(err)
 					return
@@ -91,4 +95,12 @@ func benchPostgresCPU(b *testing.B, pg *testharness.Postgres, submitters int, co
 	b.ReportMetric(float64(rows)/float64(batches), "rows/batch")
 	b.ReportMetric(us/float64(rows), "pg-µs/row")
 	b.ReportMetric(us/float64(batches), "pg-µs/batch")
+}
+
+// productionID is a reservation id shaped as stock.FormatID makes them: the
+// shard, a dot and 12 bytes of HMAC in base64url (random here).
+func productionID(shard int) string {
+	var key [12]byte
+	_, _ = rand.Read(key[:])
+	return strconv.Itoa(shard) + "." + base64.RawURLEncoding.EncodeToString(key[:])
 }
