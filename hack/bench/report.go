@@ -300,6 +300,8 @@ func targetName(t string) string {
 		return "`flashsale reserve`"
 	case t == targetReserveB:
 		return "`flashsale reserve`, second binary (--flashsale-b)"
+	case t == targetReserveDirect:
+		return "`flashsale reserve`, every reserve call alone (no pipeline)"
 	case strings.HasPrefix(t, targetReservePipe+"-"):
 		d, n, _ := pipeOf(t)
 		return fmt.Sprintf("`flashsale reserve`, reserve calls pipelined, linger %s, %d in flight", d, n)

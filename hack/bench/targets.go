@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
@@ -27,8 +28,11 @@ const (
 	// Redis pipelines (--reserve-pipeline), one target per --reserve-linger:
 	// "reserve-pipe-<linger>".
 	targetReservePipe = "reserve-pipe"
-	targetBare        = "bare" // the same reserve script, nothing else
-	targetDecr        = "decr" // a one-command script (DECR)
+	// targetReserveDirect is the product with every reserve call sent alone
+	// (FLASHSALE_RESERVE_PIPELINE=0), as before pipelining was its default.
+	targetReserveDirect = "reserve-direct"
+	targetBare          = "bare" // the same reserve script, nothing else
+	targetDecr          = "decr" // a one-command script (DECR)
 	// targetBuckets is the PostgreSQL bucket design, "pg-buckets-<N>".
 	targetBuckets = "pg-buckets-"
 )
@@ -36,7 +40,7 @@ const (
 // isReserve: the target is the product, pipelined or not, from either binary.
 func isReserve(target string) bool {
 	_, _, pipe := pipeOf(target)
-	return target == targetReserve || target == targetReserveB || pipe
+	return target == targetReserve || target == targetReserveB || target == targetReserveDirect || pipe
 }
 
 // pipeTarget names the pipelined product with a linger and a number of
@@ -115,9 +119,12 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 	switch {
 	case isReserve(target):
 		env := e.env(c)
-		batch, linger, inFlight := 0, time.Duration(0), 1 // explicit: the defaults may change
+		// Explicit, so a reserve-b binary runs with the same settings.
+		batch, linger, inFlight := reserve.DefaultReservePipeline, time.Duration(0), reserve.DefaultReservePipelines
 		if d, n, ok := pipeOf(target); ok {
 			batch, linger, inFlight = e.o.ReservePipeline, d, n
+		} else if target == targetReserveDirect {
+			batch, inFlight = 0, 1
 		}
 		env = append(env, config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReserveLinger+"="+linger.String(),
 			config.EnvReservePipelines+"="+strconv.Itoa(inFlight))

@@ -31,6 +31,7 @@ func TestPipeTargetsPerLinger(t *testing.T) {
 		{targetReservePipe, 0, false, false},
 		{targetReserve, 0, false, true},
 		{targetReserveB, 0, false, true},
+		{targetReserveDirect, 0, false, true},
 		{targetBare, 0, false, false},
 	} {
 		d, _, ok := pipeOf(tc.target)
