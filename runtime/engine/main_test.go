@@ -174,12 +174,20 @@ func openEngine(t testing.TB, cfg engine.Config, rdb redis.UniversalClient, l *l
 }
 
 // envTestReservePipeline, set to a batch size, runs the engines of these
-// tests with their reserve calls batched into pipelines of that size.
-const envTestReservePipeline = "FLASHSALE_TEST_RESERVE_PIPELINE"
+// tests with their reserve calls batched into pipelines of that size, two in
+// flight as reserve pods run them (envTestReservePipelines changes that).
+const (
+	envTestReservePipeline  = "FLASHSALE_TEST_RESERVE_PIPELINE"
+	envTestReservePipelines = "FLASHSALE_TEST_RESERVE_PIPELINES"
+)
 
 func withTestPipeline(c engine.Config) engine.Config {
 	if n, err := strconv.Atoi(os.Getenv(envTestReservePipeline)); err == nil && c.Pipeline == (stock.PipelineConfig{}) {
-		c.Pipeline = stock.PipelineConfig{MaxBatch: n}
+		inFlight, err := strconv.Atoi(os.Getenv(envTestReservePipelines))
+		if err != nil {
+			inFlight = 2
+		}
+		c.Pipeline = stock.PipelineConfig{MaxBatch: n, InFlight: inFlight}
 	}
 	return c
 }
