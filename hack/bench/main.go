@@ -120,7 +120,7 @@ func main() {
 	fs.BoolVar(&o.Durable, "durable", true, "run the started PostgreSQL with fsync on, as production does (the ledger's group commit and the hot-row baselines both pay for durability); --durable=false measures without it")
 	fs.BoolVar(&o.Checkpoint, "checkpoint", false, "run CHECKPOINT in PostgreSQL between each storm's warm-up and its measured part, so that every measured storm starts where a checkpoint has just ended and pays for the full-page writes that follow one, instead of whichever storm a checkpoint lands in (needs a superuser or pg_checkpoint with --postgres-dsn)")
 	fs.StringSliceVar(&o.Skip, "skip", nil, "parts to leave out: storm, soldout, hotrow, limits, commits (the one-row commit run of the limits), openloop (gobench has its own flag)")
-	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve (the product's defaults), reserve-b (--flashsale-b), reserve-pipe (reserve calls pipelined as --reserve-pipeline says, one target per --reserve-pipelines and --reserve-linger), reserve-direct (every reserve call alone), bare, decr, pg-buckets")
+	fs.StringSliceVar(&o.Targets, "targets", []string{targetReserve, targetBare, targetDecr, "pg-buckets"}, "targets of the reservation storms, taking turns in each round: reserve (the product's defaults), reserve-b (--flashsale-b), reserve-pipe (reserve calls pipelined as --reserve-pipeline says, one target per --reserve-pipelines and --reserve-linger), reserve-direct (every reserve call alone), bare (pipelined as reserve), bare-direct (every call alone), decr, pg-buckets")
 	fs.IntSliceVar(&o.Buckets, "buckets", []int{10, 64}, "bucket rows per SKU of the pg-buckets targets (the best is held against reserve)")
 	fs.IntVar(&o.ReservePipeline, "reserve-pipeline", 32, "most reserve calls in one Redis pipeline of the reserve-pipe targets (FLASHSALE_RESERVE_PIPELINE); the reserve target runs with the product's defaults, reserve-direct with 0")
 	fs.IntSliceVar(&o.ReservePipelines, "reserve-pipelines", []int{1}, "most reserve pipelines out to one Redis server at once (FLASHSALE_RESERVE_PIPELINES); one reserve-pipe target per value and linger, taking turns")
@@ -209,7 +209,7 @@ func (o *options) validateLists() error {
 	}
 	for _, t := range o.Targets {
 		switch t {
-		case targetReserve, targetReserveB, targetReservePipe, targetReserveDirect, targetBare, targetDecr, "pg-buckets":
+		case targetReserve, targetReserveB, targetReservePipe, targetReserveDirect, targetBare, targetBareDirect, targetDecr, "pg-buckets":
 		default:
 			return fmt.Errorf("--targets %q: want reserve, reserve-b, reserve-pipe, bare, decr or pg-buckets", t)
 		}

@@ -49,7 +49,7 @@ func (e *benchEnv) openLoop(ctx context.Context, camps map[string]*campaign) err
 func (o *options) openLoopTargets() []string {
 	var out []string
 	for _, t := range o.targets() {
-		if isReserve(t) || t == targetBare {
+		if isReserve(t) || t == targetBare || t == targetBareDirect {
 			out = append(out, t)
 		}
 	}

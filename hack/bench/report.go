@@ -310,6 +310,9 @@ func targetName(t string) string {
 	case bucketsOf(t) > 0:
 		return fmt.Sprintf("PostgreSQL, %d bucket rows", bucketsOf(t))
 	}
+	if t == targetBareDirect {
+		return "bare handler, every call alone (no pipeline)"
+	}
 	return "bare handler"
 }
 

@@ -31,8 +31,11 @@ const (
 	// targetReserveDirect is the product with every reserve call sent alone
 	// (FLASHSALE_RESERVE_PIPELINE=0), as before pipelining was its default.
 	targetReserveDirect = "reserve-direct"
-	targetBare          = "bare" // the same reserve script, nothing else
-	targetDecr          = "decr" // a one-command script (DECR)
+	targetBare          = "bare" // the same reserve script, pipelined as reserve's, nothing else
+	// targetBareDirect is the bare handler with every call sent alone, the
+	// like-for-like reference of reserve-direct.
+	targetBareDirect = "bare-direct"
+	targetDecr       = "decr" // a one-command script (DECR)
 	// targetBuckets is the PostgreSQL bucket design, "pg-buckets-<N>".
 	targetBuckets = "pg-buckets-"
 )
@@ -150,7 +153,12 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 			fmt.Sprintf("--probes=%d", stealProbes), fmt.Sprintf("--pg-conns=%d", bucketConns(conc))}
 		return startServer(ctx, label, e.work, e.bare, args, "--listen", env)
 	}
-	return startServer(ctx, label, e.work, e.bare, nil, "--listen", e.env(c))
+	batch, inFlight := reserve.DefaultReservePipeline, reserve.DefaultReservePipelines
+	if target == targetBareDirect {
+		batch, inFlight = 0, 1
+	}
+	env := append(e.env(c), config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReservePipelines+"="+strconv.Itoa(inFlight))
+	return startServer(ctx, label, e.work, e.bare, nil, "--listen", env)
 }
 
 // newTarget makes the campaign a target serves: a seeded FlashSale, plus the

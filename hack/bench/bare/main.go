@@ -16,7 +16,10 @@
 //     and the order row inserted in the same transaction, durable before 201.
 //
 // It reads the same FLASHSALE_* environment as `flashsale reserve` (so both
-// get the same Redis client settings) and listens on FLASHSALE_LISTEN.
+// get the same Redis client settings, and the script backend pipelines its
+// calls as reserve pods do: FLASHSALE_RESERVE_PIPELINE and
+// FLASHSALE_RESERVE_PIPELINES, the product's defaults when unset) and
+// listens on FLASHSALE_LISTEN.
 package main
 
 import (
@@ -28,11 +31,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -56,10 +61,17 @@ func main() {
 	camp.AddFlags(fs)
 	listen := fs.String("listen", os.Getenv(config.EnvListen), "address to serve on (env "+config.EnvListen+")")
 	backend := fs.String("backend", "script", "script (the product's reserve script), decr (a one-command script) or pg-buckets (PostgreSQL bucket rows)")
+	var pipe stock.PipelineConfig
+	fs.IntVar(&pipe.MaxBatch, "reserve-pipeline", envInt(config.EnvReservePipeline, reserve.DefaultReservePipeline), "most script calls in one pipeline, as reserve pods (0 or 1: each alone)")
+	fs.IntVar(&pipe.InFlight, "reserve-pipelines", envInt(config.EnvReservePipelines, reserve.DefaultReservePipelines), "most pipelines out to one Redis server at once, as reserve pods")
 	var bk bucketOptions
 	bk.addFlags(fs)
 	_ = fs.Parse(os.Args[1:])
 	if err := camp.Complete(); err != nil {
+		fmt.Fprintln(os.Stderr, "bare:", err)
+		os.Exit(2)
+	}
+	if err := pipe.Validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "bare:", err)
 		os.Exit(2)
 	}
@@ -73,7 +85,7 @@ func main() {
 		mode = stock.ModeClaim
 	}
 	h := &handler{
-		store: stock.New(rdb, cfg.CampaignID, cfg.Shards), campaign: cfg.CampaignID, shards: cfg.Shards,
+		store: stock.New(rdb, cfg.CampaignID, cfg.Shards).WithPipeline(pipe), campaign: cfg.CampaignID, shards: cfg.Shards,
 		keys: stock.NewKeyer(cfg.IDSecret), mode: mode, ttl: cfg.TTL, maxUser: cfg.MaxPerUser,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -203,4 +215,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// envInt is the integer in the environment variable name, or def when it is
+// unset; a value that is not an integer stops the process, naming it.
+func envInt(name string, def int) int {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bare: %s=%q: not an integer\n", name, v)
+		os.Exit(2)
+	}
+	return n
 }
