@@ -37,7 +37,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
+	reservecmd "github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -62,8 +62,8 @@ func main() {
 	listen := fs.String("listen", os.Getenv(config.EnvListen), "address to serve on (env "+config.EnvListen+")")
 	backend := fs.String("backend", "script", "script (the product's reserve script), decr (a one-command script) or pg-buckets (PostgreSQL bucket rows)")
 	var pipe stock.PipelineConfig
-	fs.IntVar(&pipe.MaxBatch, "reserve-pipeline", envInt(config.EnvReservePipeline, reserve.DefaultReservePipeline), "most script calls in one pipeline, as reserve pods (0 or 1: each alone)")
-	fs.IntVar(&pipe.InFlight, "reserve-pipelines", envInt(config.EnvReservePipelines, reserve.DefaultReservePipelines), "most pipelines out to one Redis server at once, as reserve pods")
+	fs.IntVar(&pipe.MaxBatch, "reserve-pipeline", envInt(config.EnvReservePipeline, reservecmd.DefaultReservePipeline), "most script calls in one pipeline, as reserve pods (0 or 1: each alone)")
+	fs.IntVar(&pipe.InFlight, "reserve-pipelines", envInt(config.EnvReservePipelines, reservecmd.DefaultReservePipelines), "most pipelines out to one Redis server at once, as reserve pods")
 	var bk bucketOptions
 	bk.addFlags(fs)
 	_ = fs.Parse(os.Args[1:])
