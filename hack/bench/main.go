@@ -211,7 +211,7 @@ func (o *options) validateLists() error {
 		switch t {
 		case targetReserve, targetReserveB, targetReservePipe, targetReserveDirect, targetBare, targetBareDirect, targetDecr, "pg-buckets":
 		default:
-			return fmt.Errorf("--targets %q: want reserve, reserve-b, reserve-pipe, bare, decr or pg-buckets", t)
+			return fmt.Errorf("--targets %q: want reserve, reserve-b, reserve-pipe, reserve-direct, bare, bare-direct, decr or pg-buckets", t)
 		}
 	}
 	for _, f := range o.OpenLoop {

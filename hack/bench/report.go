@@ -302,6 +302,8 @@ func targetName(t string) string {
 		return "`flashsale reserve`, second binary (--flashsale-b)"
 	case t == targetReserveDirect:
 		return "`flashsale reserve`, every reserve call alone (no pipeline)"
+	case t == targetBareDirect:
+		return "bare handler, every call alone (no pipeline)"
 	case strings.HasPrefix(t, targetReservePipe+"-"):
 		d, n, _ := pipeOf(t)
 		return fmt.Sprintf("`flashsale reserve`, reserve calls pipelined, linger %s, %d in flight", d, n)
@@ -309,9 +311,6 @@ func targetName(t string) string {
 		return "HTTP + one-command script (DECR)"
 	case bucketsOf(t) > 0:
 		return fmt.Sprintf("PostgreSQL, %d bucket rows", bucketsOf(t))
-	}
-	if t == targetBareDirect {
-		return "bare handler, every call alone (no pipeline)"
 	}
 	return "bare handler"
 }

@@ -25,8 +25,8 @@ const (
 	// two builds of the same code side by side, such as with and without PGO.
 	targetReserveB = "reserve-b"
 	// targetReservePipe is the product with its reserve calls batched into
-	// Redis pipelines (--reserve-pipeline), one target per --reserve-linger:
-	// "reserve-pipe-<linger>".
+	// Redis pipelines (--reserve-pipeline), one target per --reserve-linger
+	// and --reserve-pipelines: "reserve-pipe-<linger>[-x<pipelines>]".
 	targetReservePipe = "reserve-pipe"
 	// targetReserveDirect is the product with every reserve call sent alone
 	// (FLASHSALE_RESERVE_PIPELINE=0), as before pipelining was its default.
@@ -122,15 +122,13 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 	switch {
 	case isReserve(target):
 		env := e.env(c)
-		// Explicit, so a reserve-b binary runs with the same settings.
 		batch, linger, inFlight := reserve.DefaultReservePipeline, time.Duration(0), reserve.DefaultReservePipelines
 		if d, n, ok := pipeOf(target); ok {
 			batch, linger, inFlight = e.o.ReservePipeline, d, n
 		} else if target == targetReserveDirect {
 			batch, inFlight = 0, 1
 		}
-		env = append(env, config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReserveLinger+"="+linger.String(),
-			config.EnvReservePipelines+"="+strconv.Itoa(inFlight))
+		env = append(env, pipelineEnv(batch, linger, inFlight)...)
 		bin := e.flashsale
 		if target == targetReserveB {
 			bin = e.o.FlashsaleB
@@ -157,8 +155,14 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 	if target == targetBareDirect {
 		batch, inFlight = 0, 1
 	}
-	env := append(e.env(c), config.EnvReservePipeline+"="+strconv.Itoa(batch), config.EnvReservePipelines+"="+strconv.Itoa(inFlight))
-	return startServer(ctx, label, e.work, e.bare, nil, "--listen", env)
+	return startServer(ctx, label, e.work, e.bare, nil, "--listen", append(e.env(c), pipelineEnv(batch, 0, inFlight)...))
+}
+
+// pipelineEnv is the reserve pipeline settings of a target's process,
+// always explicit, so a reserve-b binary with other defaults runs as set.
+func pipelineEnv(batch int, linger time.Duration, inFlight int) []string {
+	return []string{config.EnvReservePipeline + "=" + strconv.Itoa(batch), config.EnvReserveLinger + "=" + linger.String(),
+		config.EnvReservePipelines + "=" + strconv.Itoa(inFlight)}
 }
 
 // newTarget makes the campaign a target serves: a seeded FlashSale, plus the

@@ -39,7 +39,7 @@ func (c PipelineConfig) inFlight() int { return max(c.InFlight, 1) }
 // Enabled reports whether calls are batched.
 func (c PipelineConfig) Enabled() bool { return c.MaxBatch > 1 }
 
-// Validate refuses a negative batch size or linger.
+// Validate refuses a negative batch size, linger or number of pipelines.
 func (c PipelineConfig) Validate() error {
 	if c.MaxBatch < 0 || c.Linger < 0 || c.InFlight < 0 {
 		return fmt.Errorf("reserve pipeline: batch size %d, linger %s and pipelines in flight %d must not be negative", c.MaxBatch, c.Linger, c.InFlight)

@@ -31,7 +31,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -62,8 +61,9 @@ func main() {
 	listen := fs.String("listen", os.Getenv(config.EnvListen), "address to serve on (env "+config.EnvListen+")")
 	backend := fs.String("backend", "script", "script (the product's reserve script), decr (a one-command script) or pg-buckets (PostgreSQL bucket rows)")
 	var pipe stock.PipelineConfig
-	fs.IntVar(&pipe.MaxBatch, "reserve-pipeline", envInt(config.EnvReservePipeline, reservecmd.DefaultReservePipeline), "most script calls in one pipeline, as reserve pods (0 or 1: each alone)")
-	fs.IntVar(&pipe.InFlight, "reserve-pipelines", envInt(config.EnvReservePipelines, reservecmd.DefaultReservePipelines), "most pipelines out to one Redis server at once, as reserve pods")
+	var env config.EnvDefaults
+	fs.IntVar(&pipe.MaxBatch, "reserve-pipeline", env.Int(config.EnvReservePipeline, reservecmd.DefaultReservePipeline), "most script calls in one pipeline, as reserve pods (0 or 1: each alone)")
+	fs.IntVar(&pipe.InFlight, "reserve-pipelines", env.Int(config.EnvReservePipelines, reservecmd.DefaultReservePipelines), "most pipelines out to one Redis server at once, as reserve pods")
 	var bk bucketOptions
 	bk.addFlags(fs)
 	_ = fs.Parse(os.Args[1:])
@@ -71,7 +71,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bare:", err)
 		os.Exit(2)
 	}
-	if err := pipe.Validate(); err != nil {
+	if err := errors.Join(env.Err(), pipe.Validate()); err != nil {
 		fmt.Fprintln(os.Stderr, "bare:", err)
 		os.Exit(2)
 	}
@@ -215,19 +215,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
-}
-
-// envInt is the integer in the environment variable name, or def when it is
-// unset; a value that is not an integer stops the process, naming it.
-func envInt(name string, def int) int {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "bare: %s=%q: not an integer\n", name, v)
-		os.Exit(2)
-	}
-	return n
 }
