@@ -91,6 +91,15 @@ func (e *apiError) write(w http.ResponseWriter) string {
 // reserved until it expires.
 const answerWriteTime = 5 * time.Second
 
+// The header values of every answer, set into the map directly: Header.Set
+// would canonicalise the key and allocate a slice per answer. Shared and never
+// written (a later Header.Add appends to a copy: their capacity is 1).
+var (
+	headerJSON    = []string{"application/json"}
+	headerNoStore = []string{"no-store"}
+	headerNoSniff = []string{"nosniff"}
+)
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	// Not every ResponseWriter supports deadlines (tests' recorders); then the
 	// server's WriteTimeout alone applies.
@@ -107,11 +116,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		status, b = http.StatusInternalServerError, []byte(`{"code":"UNAVAILABLE","message":"response encoding failed"}`)
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	if h.Get("Cache-Control") == "" {
-		h.Set("Cache-Control", "no-store")
+	h["Content-Type"] = headerJSON
+	if v := h["Cache-Control"]; len(v) == 0 || v[0] == "" {
+		h["Cache-Control"] = headerNoStore
 	}
-	h.Set("X-Content-Type-Options", "nosniff")
+	h["X-Content-Type-Options"] = headerNoSniff
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
 }
