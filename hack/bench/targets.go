@@ -121,14 +121,7 @@ func bucketConns(conc int) int { return min(conc, 128) }
 func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label string, conc int) (*server, error) {
 	switch {
 	case isReserve(target):
-		env := e.env(c)
-		batch, linger, inFlight := reserve.DefaultReservePipeline, time.Duration(0), reserve.DefaultReservePipelines
-		if d, n, ok := pipeOf(target); ok {
-			batch, linger, inFlight = e.o.ReservePipeline, d, n
-		} else if target == targetReserveDirect {
-			batch, inFlight = 0, 1
-		}
-		env = append(env, pipelineEnv(batch, linger, inFlight)...)
+		env := append(e.env(c), e.o.pipelineEnv(target)...)
 		bin := e.flashsale
 		if target == targetReserveB {
 			bin = e.o.FlashsaleB
@@ -151,16 +144,20 @@ func (e *benchEnv) start(ctx context.Context, target string, c *campaign, label 
 			fmt.Sprintf("--probes=%d", stealProbes), fmt.Sprintf("--pg-conns=%d", bucketConns(conc))}
 		return startServer(ctx, label, e.work, e.bare, args, "--listen", env)
 	}
-	batch, inFlight := reserve.DefaultReservePipeline, reserve.DefaultReservePipelines
-	if target == targetBareDirect {
-		batch, inFlight = 0, 1
-	}
-	return startServer(ctx, label, e.work, e.bare, nil, "--listen", append(e.env(c), pipelineEnv(batch, 0, inFlight)...))
+	return startServer(ctx, label, e.work, e.bare, nil, "--listen", append(e.env(c), e.o.pipelineEnv(target)...))
 }
 
-// pipelineEnv is the reserve pipeline settings of a target's process,
-// always explicit, so a reserve-b binary with other defaults runs as set.
-func pipelineEnv(batch int, linger time.Duration, inFlight int) []string {
+// pipelineEnv is the reserve pipeline settings of a target's process: a
+// reserve-pipe target's own, none for the -direct targets, the product's
+// defaults for the others. Always explicit, so a reserve-b binary with other
+// defaults runs as set.
+func (o *options) pipelineEnv(target string) []string {
+	batch, linger, inFlight := reserve.DefaultReservePipeline, time.Duration(0), reserve.DefaultReservePipelines
+	if d, n, ok := pipeOf(target); ok {
+		batch, linger, inFlight = o.ReservePipeline, d, n
+	} else if target == targetReserveDirect || target == targetBareDirect {
+		batch, inFlight = 0, 1
+	}
 	return []string{config.EnvReservePipeline + "=" + strconv.Itoa(batch), config.EnvReserveLinger + "=" + linger.String(),
 		config.EnvReservePipelines + "=" + strconv.Itoa(inFlight)}
 }

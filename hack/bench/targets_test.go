@@ -2,9 +2,12 @@ package main
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 )
 
 // --targets reserve-pipe expands to one target per --reserve-pipelines and
@@ -101,6 +104,30 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 		err := o.validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: validate() = %v, want an error naming %s", name, err, tc.want)
+		}
+	}
+}
+
+// Each target's process gets its pipeline settings explicitly: the product's
+// defaults, none for the -direct targets, a reserve-pipe target's own.
+func TestPipelineEnvPerTarget(t *testing.T) {
+	o := &options{ReservePipeline: 16}
+	def := []string{"FLASHSALE_RESERVE_PIPELINE=" + strconv.Itoa(reserve.DefaultReservePipeline), "FLASHSALE_RESERVE_LINGER=0s",
+		"FLASHSALE_RESERVE_PIPELINES=" + strconv.Itoa(reserve.DefaultReservePipelines)}
+	alone := []string{"FLASHSALE_RESERVE_PIPELINE=0", "FLASHSALE_RESERVE_LINGER=0s", "FLASHSALE_RESERVE_PIPELINES=1"}
+	for _, tc := range []struct {
+		target string
+		want   []string
+	}{
+		{targetReserve, def},
+		{targetReserveB, def},
+		{targetBare, def},
+		{targetReserveDirect, alone},
+		{targetBareDirect, alone},
+		{pipeTarget(100*time.Microsecond, 4), []string{"FLASHSALE_RESERVE_PIPELINE=16", "FLASHSALE_RESERVE_LINGER=100µs", "FLASHSALE_RESERVE_PIPELINES=4"}},
+	} {
+		if got := o.pipelineEnv(tc.target); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.target, got, tc.want)
 		}
 	}
 }

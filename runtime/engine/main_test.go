@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	reservecmd "github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -185,7 +186,7 @@ func withTestPipeline(c engine.Config) engine.Config {
 	if n, err := strconv.Atoi(os.Getenv(envTestReservePipeline)); err == nil && c.Pipeline == (stock.PipelineConfig{}) {
 		inFlight, err := strconv.Atoi(os.Getenv(envTestReservePipelines))
 		if err != nil {
-			inFlight = 2
+			inFlight = reservecmd.DefaultReservePipelines
 		}
 		c.Pipeline = stock.PipelineConfig{MaxBatch: n, InFlight: inFlight}
 	}
