@@ -77,6 +77,7 @@ type options struct {
 	Limits            LimitOptions
 	Commits           CommitOptions
 	OpenLoop          []float64
+	OpenLoopRounds    int
 	ReservePipeline   int
 	ReservePipelines  []int
 	ReserveLingers    []time.Duration
@@ -129,6 +130,7 @@ func main() {
 	o.Limits.addFlags(fs)
 	o.Commits.addFlags(fs)
 	fs.Float64SliceVar(&o.OpenLoop, "open-loop", []float64{0.5, 0.8}, "fractions of each target's closed-loop maximum at 64 buyers run open-loop (on a schedule, 64 connections) after the reservation storms")
+	fs.IntVar(&o.OpenLoopRounds, "open-loop-rounds", 3, "times the open-loop storms are repeated, the targets taking turns; the p99s reported are the medians")
 	_ = fs.Parse(os.Args[1:])
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -177,8 +179,8 @@ func (o *options) validate() error {
 		return errors.New("--max-requests and --hotrow-max-tx must be positive")
 	case o.Shards < 1:
 		return errors.New("--shards must be at least 1")
-	case o.Rounds < 1:
-		return errors.New("--rounds must be at least 1")
+	case o.Rounds < 1 || o.OpenLoopRounds < 1:
+		return errors.New("--rounds and --open-loop-rounds must be at least 1")
 	case o.Limits.Rounds < 0 || o.Commits.Conns < 1 || o.Commits.Conns > 280 || o.Commits.Duration <= 0 || o.Commits.MaxTx < 1:
 		return errors.New("--limits-rounds must not be negative, --limits-commit-conns within 1..280, --limits-commit-duration and --limits-commit-max-tx positive")
 	case o.ReservePipeline < 2 || len(o.ReservePipelines) == 0 || slices.Min(o.ReservePipelines) < 1 || len(o.ReserveLingers) == 0 || slices.Min(o.ReserveLingers) < 0:

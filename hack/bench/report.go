@@ -176,10 +176,13 @@ func (r *Report) ratios() []Ratio {
 	return out
 }
 
-func joinFloats(vs []float64) string {
+func joinFloats(vs []float64) string { return joinDecimals(vs, 0) }
+
+// joinDecimals lists vs with that many decimals, comma-separated.
+func joinDecimals(vs []float64, decimals int) string {
 	s := make([]string, len(vs))
 	for i, v := range vs {
-		s[i] = fmt.Sprintf("%.0f", v)
+		s[i] = fmt.Sprintf("%.*f", decimals, v)
 	}
 	return strings.Join(s, ", ")
 }

@@ -65,13 +65,7 @@ func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
 	server := func(s StormRow) float64 { return s.ServerCPUus }
 	redisCPU := func(s StormRow) float64 { return s.RedisCPUus }
 	p99 := func(s StormRow) float64 { return s.Latency.P99 }
-	of := func(rows []StormRow, f func(StormRow) float64) []float64 {
-		vs := make([]float64, len(rows))
-		for i, s := range rows {
-			vs[i] = f(s)
-		}
-		return vs
-	}
+	of := stormValues
 	out := make([]Ratio, 0, len(names))
 	for _, t := range names {
 		v := r.reservationRows(t, conc)
@@ -81,17 +75,9 @@ func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
 				joinFloats(rates(v)), joinFloats(rates(res)), pairedRatio(rates(v), rates(res))*100,
 				joinFloats(of(v, server)), joinFloats(of(res, server)), pairedRatio(of(v, server), of(res, server)),
 				joinFloats(of(v, redisCPU)), joinFloats(of(res, redisCPU)), pairedRatio(of(v, redisCPU), of(res, redisCPU)),
-				joinFloats1(of(v, p99)), joinFloats1(of(res, p99)))})
+				joinDecimals(of(v, p99), 1), joinDecimals(of(res, p99), 1))})
 	}
 	return out
-}
-
-func joinFloats1(vs []float64) string {
-	s := make([]string, len(vs))
-	for i, v := range vs {
-		s[i] = fmt.Sprintf("%.1f", v)
-	}
-	return strings.Join(s, ", ")
 }
 
 // concurrencies are the reservation storms' buyer counts, in run order.

@@ -188,7 +188,7 @@ type StormRow struct {
 	Kind        string `json:"kind"`   // reservations | sold-out | open-loop
 	Target      string `json:"target"` // reserve | bare | decr | pg-buckets-<N>
 	Concurrency int    `json:"concurrency"`
-	Round       int    `json:"round,omitempty"` // reservation storms: 1..rounds
+	Round       int    `json:"round,omitempty"` // reservation and open-loop storms: 1..rounds
 	// Rate is an open-loop storm's schedule, requests per second (0: closed).
 	Rate     float64 `json:"rate,omitempty"`
 	Seconds  float64 `json:"seconds"`

@@ -218,6 +218,17 @@ func (e *benchEnv) bucketDatabase(ctx context.Context, n int) (string, error) {
 	return dsn, err
 }
 
+// turnOrder is the order in which targets run in a round: every other round
+// in reverse, so that a target that always ran first (on a smaller keyspace,
+// a cooler machine) does not carry that into every pair.
+func turnOrder(targets []string, round int) []string {
+	ts := slices.Clone(targets)
+	if round%2 == 0 {
+		slices.Reverse(ts)
+	}
+	return ts
+}
+
 // reservationStorms: every target at every concurrency, on campaigns no
 // storm can sell out.
 func (e *benchEnv) reservationStorms(ctx context.Context) error {
@@ -236,15 +247,8 @@ func (e *benchEnv) reservationStorms(ctx context.Context) error {
 	// Interleaved, and repeated: the machine's speed drifts by more than the
 	// gap being measured, so the targets take turns and the ratios use medians.
 	for round := 1; round <= e.o.Rounds; round++ {
-		// Every other round in reverse order: a target that always ran first
-		// (on a smaller keyspace, a cooler machine) would carry that into
-		// every pair.
-		ts := e.o.targets()
-		if round%2 == 0 {
-			slices.Reverse(ts)
-		}
 		for _, conc := range e.o.Concurrency {
-			for _, t := range ts {
+			for _, t := range turnOrder(e.o.targets(), round) {
 				row, err := e.storm(ctx, kindReservations, t, camps[t], conc, round, e.o.Duration, 0)
 				if err != nil {
 					return err

@@ -77,7 +77,7 @@ func TestVariantRatiosArePaired(t *testing.T) {
 func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 	good := func() *options {
 		return &options{Duration: time.Second, SoldOutDuration: time.Second, HotRowDuration: time.Second,
-			Concurrency: []int{64}, HotRowClients: []int{64}, MaxRequests: 1, HotRowMaxTx: 1, Shards: 1, Rounds: 1,
+			Concurrency: []int{64}, HotRowClients: []int{64}, MaxRequests: 1, HotRowMaxTx: 1, Shards: 1, Rounds: 1, OpenLoopRounds: 1,
 			ReservePipeline: 32, ReservePipelines: []int{1}, ReserveLingers: []time.Duration{0}, Targets: []string{targetReserve},
 			Commits: CommitOptions{Conns: 64, Duration: time.Second, MaxTx: 1}, ProfileStorm: kindReservations}
 	}
@@ -98,6 +98,7 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 		"negative limit rounds": {func(o *options) { o.Limits.Rounds = -1 }, "--limits-rounds"},
 		"unknown skip":          {func(o *options) { o.Skip = []string{"commit"} }, `--skip "commit"`},
 		"unknown profile storm": {func(o *options) { o.ProfileStorm = "soldout" }, `--profile-storm "soldout"`},
+		"no open-loop rounds":   {func(o *options) { o.OpenLoopRounds = 0 }, "--open-loop-rounds"},
 	} {
 		o := good()
 		tc.change(o)
