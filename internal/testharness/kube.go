@@ -53,7 +53,8 @@ type Kube struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 
-	dir      string // wrappers, etcd's data and the API server's certificates
+	dir      string     // wrappers, etcd's data and the API server's certificates
+	usersMu  sync.Mutex // envtest's certificate authority is not safe for concurrent use
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -163,10 +164,19 @@ func (k *Kube) Stop() error {
 // Close is Stop, for CloseAll.
 func (k *Kube) Close() error { return k.Stop() }
 
+// AddUser is envtest's AddUser, one call at a time: parallel tests add users
+// to one API server, and envtest's certificate authority numbers its
+// certificates without a lock.
+func (k *Kube) AddUser(user envtest.User, base *rest.Config) (*envtest.AuthenticatedUser, error) {
+	k.usersMu.Lock()
+	defer k.usersMu.Unlock()
+	return k.Env.AddUser(user, base)
+}
+
 // Kubeconfig writes a kubeconfig for the API server (for kubectl and processes)
 // into dir and returns its path.
 func (k *Kube) Kubeconfig(dir string) (string, error) {
-	user, err := k.Env.AddUser(envtest.User{Name: "flashsale-admin", Groups: []string{"system:masters"}}, nil)
+	user, err := k.AddUser(envtest.User{Name: "flashsale-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		return "", err
 	}

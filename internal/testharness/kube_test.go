@@ -7,9 +7,13 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 )
@@ -120,4 +124,39 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || !strings.HasPrefix(s[i+1:], " Z") && !strings.HasPrefix(s[i+1:], " X")
+}
+
+// Parallel tests write kubeconfigs for one API server at once: each gets its
+// own working credentials, and -race sees no unsynchronised certificate.
+func TestKubeconfigsWrittenAtOnce(t *testing.T) {
+	k := KubeT(t)
+	const n = 8
+	paths := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		dir := t.TempDir()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			paths[i], errs[i] = k.Kubeconfig(dir)
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("kubeconfig %d: %v", i, errs[i])
+		}
+		cfg, err := clientcmd.BuildConfigFromFlags("", paths[i])
+		if err != nil {
+			t.Fatalf("kubeconfig %d: %v", i, err)
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.Discovery().ServerVersion(); err != nil {
+			t.Errorf("kubeconfig %d does not reach the API server: %v", i, err)
+		}
+	}
 }

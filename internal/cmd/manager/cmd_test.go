@@ -82,7 +82,7 @@ func TestRunServesProbesAndStopsOnCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	user, err := kube.Env.AddUser(envtest.User{Name: "flashsale-manager"}, kube.Config)
+	user, err := kube.AddUser(envtest.User{Name: "flashsale-manager"}, kube.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
