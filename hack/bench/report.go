@@ -100,13 +100,7 @@ func medianOf(vs []float64) float64 {
 func rate(s StormRow) float64 { return s.ReservationsPerSecond }
 
 // rates are the rounds' reservation rates, in round order.
-func rates(rows []StormRow) []float64 {
-	vs := make([]float64, len(rows))
-	for i, s := range rows {
-		vs[i] = s.ReservationsPerSecond
-	}
-	return vs
-}
+func rates(rows []StormRow) []float64 { return stormValues(rows, rate) }
 
 // bestHotRow is the faster hot-row variant at a client count: the ratio is
 // taken against the stronger baseline.

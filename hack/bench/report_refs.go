@@ -65,7 +65,6 @@ func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
 	server := func(s StormRow) float64 { return s.ServerCPUus }
 	redisCPU := func(s StormRow) float64 { return s.RedisCPUus }
 	p99 := func(s StormRow) float64 { return s.Latency.P99 }
-	of := stormValues
 	out := make([]Ratio, 0, len(names))
 	for _, t := range names {
 		v := r.reservationRows(t, conc)
@@ -73,9 +72,9 @@ func (r *Report) variantRatios(conc int, res []StormRow) []Ratio {
 			Value: median(v, rate) / median(res, rate) * 100, Unit: "%",
 			Detail: fmt.Sprintf("rounds %s vs %s reservations/s; paired %.1f%%; server CPU µs per reservation %s vs %s (paired %.3f); Redis %s vs %s (paired %.3f); p99 ms %s vs %s",
 				joinFloats(rates(v)), joinFloats(rates(res)), pairedRatio(rates(v), rates(res))*100,
-				joinFloats(of(v, server)), joinFloats(of(res, server)), pairedRatio(of(v, server), of(res, server)),
-				joinFloats(of(v, redisCPU)), joinFloats(of(res, redisCPU)), pairedRatio(of(v, redisCPU), of(res, redisCPU)),
-				joinDecimals(of(v, p99), 1), joinDecimals(of(res, p99), 1))})
+				joinFloats(stormValues(v, server)), joinFloats(stormValues(res, server)), pairedRatio(stormValues(v, server), stormValues(res, server)),
+				joinFloats(stormValues(v, redisCPU)), joinFloats(stormValues(res, redisCPU)), pairedRatio(stormValues(v, redisCPU), stormValues(res, redisCPU)),
+				joinDecimals(stormValues(v, p99), 1), joinDecimals(stormValues(res, p99), 1))})
 	}
 	return out
 }
