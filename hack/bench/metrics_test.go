@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,5 +51,43 @@ func TestServerMetricsCountsWhatIsOverTheBound(t *testing.T) {
 	m := serverMetrics(before, page())
 	if m.SlowRequests != 2 || m.SlowScripts != 1 || m.SlowBatches != 3 {
 		t.Fatalf("over 25 ms: requests %v, script calls %v, batches %v; want 2, 1, 3", m.SlowRequests, m.SlowScripts, m.SlowBatches)
+	}
+	// The slowest of four requests, batches and script calls is over the
+	// highest bound (50 ms), so each p99 is that bound; the request counted
+	// before the storm does not move it.
+	if m.RequestP99Ms != 50 || m.BatchP99Ms != 50 || m.ScriptP99Ms != 50 {
+		t.Fatalf("p99 ms: requests %v, batches %v, script calls %v", m.RequestP99Ms, m.BatchP99Ms, m.ScriptP99Ms)
+	}
+}
+
+// The quantile is read from the buckets' differences across the storm,
+// interpolated within its bucket as histogram_quantile does.
+func TestHistogramQuantileInterpolatesWithinTheBucket(t *testing.T) {
+	const p = `x_bucket{route="reserve",`
+	series := func(counts ...float64) map[string]float64 {
+		m := map[string]float64{}
+		for i, le := range []string{"0.001", "0.005", "0.01", "+Inf"} {
+			m[p+`le="`+le+`"}`] = counts[i]
+			m[`x_bucket{route="other",le="`+le+`"}`] = 1000 // another label: ignored
+		}
+		return m
+	}
+	before := series(10, 10, 10, 10) // counted before the storm: ignored
+	cases := map[string]struct {
+		after map[string]float64
+		q     float64
+		want  float64
+	}{
+		// 100 observations: 50 below 1 ms, 40 in (1, 5] ms, 10 in (5, 10] ms.
+		"p50 at the top of the first bucket":    {series(60, 100, 110, 110), 0.5, 0.001},
+		"p70 halfway through (1, 5] ms":         {series(60, 100, 110, 110), 0.7, 0.003},
+		"p99 nine tenths through (5, 10] ms":    {series(60, 100, 110, 110), 0.99, 0.0095},
+		"in the +Inf bucket: the highest bound": {series(60, 100, 100, 110), 0.99, 0.01},
+		"nothing observed":                      {series(10, 10, 10, 10), 0.99, 0},
+	}
+	for name, c := range cases {
+		if got := histogramQuantile(c.q, before, c.after, p); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("%s: got %v, want %v", name, got, c.want)
+		}
 	}
 }

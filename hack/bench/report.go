@@ -233,11 +233,13 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	}
 	if len(inside) > 0 {
 		p("### Inside `flashsale reserve` (its /metrics, over each measured storm)\n\n")
-		p("| storm | round | buyers | request mean ms | reserve script mean ms | script calls per request | ledger batches | rows per batch | batch transaction mean ms | over 25 ms: requests / script calls / batches |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		p("| storm | round | buyers | request mean / p99 ms | reserve script mean / p99 ms | script calls per request | ledger batches | rows per batch | batch transaction mean / p99 ms | over 25 ms: requests / script calls / batches |\n")
+		p("|---|---:|---:|---|---|---:|---:|---:|---|---|\n")
 		for _, s := range inside {
 			m := s.Server
-			p("| %s | %d | %d | %.2f | %.2f | %.2f | %.0f | %.1f | %.2f | %.0f / %.0f / %.0f |\n", s.Kind, s.Round, s.Concurrency, m.RequestMeanMs, m.ScriptMeanMs, m.ScriptCallsPerRequest, m.Batches, m.BatchMeanRows, m.BatchMeanMs, m.SlowRequests, m.SlowScripts, m.SlowBatches)
+			p("| %s | %d | %d | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f | %.1f | %.2f / %.2f | %.0f / %.0f / %.0f |\n", s.Kind, s.Round, s.Concurrency,
+				m.RequestMeanMs, m.RequestP99Ms, m.ScriptMeanMs, m.ScriptP99Ms, m.ScriptCallsPerRequest, m.Batches, m.BatchMeanRows,
+				m.BatchMeanMs, m.BatchP99Ms, m.SlowRequests, m.SlowScripts, m.SlowBatches)
 		}
 		p("\n")
 	}
