@@ -138,7 +138,7 @@ func (r *Report) openLoopRatios() []Ratio {
 			Detail: fmt.Sprintf("median of %d rounds (%s ms); medians: p50 %.2f, p99.9 %.2f, max %.2f ms, %.0f reservations/s answered",
 				len(res), joinDecimals(stormValues(res, p99), 2), median(res, func(s StormRow) float64 { return s.Latency.P50 }),
 				median(res, func(s StormRow) float64 { return s.Latency.P999 }), median(res, func(s StormRow) float64 { return s.Latency.Max }),
-				median(res, rate)) + behindNote(res)}
+				median(res, rate)) + behindNote(res) + insideNote(res)}
 		if bare := r.openLoopRows(targetBare, note); len(bare) > 0 {
 			x.Detail += fmt.Sprintf("; the bare handler on its own schedule (%.0f/s): p99 %.2f ms", bare[0].Rate, median(bare, p99))
 		}
@@ -159,6 +159,24 @@ func (r *Report) openLoopRatios() []Ratio {
 		}
 	}
 	return out
+}
+
+// insideNote places the storms' tail: the medians of the reserve process's
+// own p99s (request, script call, ledger batch) beside the client's.
+func insideNote(rows []StormRow) string {
+	var in []StormRow
+	for _, s := range rows {
+		if s.Server != nil {
+			in = append(in, s)
+		}
+	}
+	if len(in) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; inside the process (its histograms, medians): request p99 %.2f, reserve script p99 %.2f, ledger batch p99 %.2f ms",
+		median(in, func(s StormRow) float64 { return s.Server.RequestP99Ms }),
+		median(in, func(s StormRow) float64 { return s.Server.ScriptP99Ms }),
+		median(in, func(s StormRow) float64 { return s.Server.BatchP99Ms }))
 }
 
 // stormValues is f of each row, in row order.

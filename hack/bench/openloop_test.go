@@ -58,14 +58,18 @@ func TestOpenLoopRatiosUseMediansOfRounds(t *testing.T) {
 		return StormRow{Kind: kindOpenLoop, Target: target, Concurrency: openLoopConns, Round: round, Rate: 3000,
 			Note: scheduleNote(frac), RequestsPerSecond: 2997, ReservationsPerSecond: 2997, Latency: storm.LatencyMS{P50: 2, P99: p99}}
 	}
+	inside := func(s StormRow, request, script, batch float64) StormRow {
+		s.Server = &ServerMetrics{RequestP99Ms: request, ScriptP99Ms: script, BatchP99Ms: batch}
+		return s
+	}
 	behind := row(targetReserve, 1, 0.8, 40)
 	behind.RequestsPerSecond = 2900 // below 98% of the 3000/s asked
 	r := &Report{Storms: []StormRow{
-		row(targetReserve, 1, 0.5, 43), row(targetReserveDirect, 1, 0.5, 46), row(targetBare, 1, 0.5, 9),
+		inside(row(targetReserve, 1, 0.5, 43), 30, 9, 8), row(targetReserveDirect, 1, 0.5, 46), row(targetBare, 1, 0.5, 9),
 		behind, row(targetReserveDirect, 1, 0.8, 100),
-		row(targetBare, 2, 0.5, 8), row(targetReserveDirect, 2, 0.5, 20), row(targetReserve, 2, 0.5, 9),
+		row(targetBare, 2, 0.5, 8), row(targetReserveDirect, 2, 0.5, 20), inside(row(targetReserve, 2, 0.5, 9), 7, 2, 3),
 		row(targetReserveDirect, 2, 0.8, 120), row(targetReserve, 2, 0.8, 30),
-		row(targetReserve, 3, 0.5, 8), row(targetReserveDirect, 3, 0.5, 4), row(targetBare, 3, 0.5, 10),
+		inside(row(targetReserve, 3, 0.5, 8), 6, 1, 2), row(targetReserveDirect, 3, 0.5, 4), row(targetBare, 3, 0.5, 10),
 		row(targetReserve, 3, 0.8, 20), row(targetReserveDirect, 3, 0.8, 10),
 	}}
 	got := map[string]Ratio{}
@@ -84,7 +88,8 @@ func TestOpenLoopRatiosUseMediansOfRounds(t *testing.T) {
 		return x
 	}
 	half := check("reserve open-loop p99, 50% of the closed-loop maximum (3000/s, 64 connections)", 9, "<= 10 ms", true)
-	for _, want := range []string{"median of 3 rounds (43.00, 9.00, 8.00 ms)", "the bare handler on its own schedule (3000/s): p99 9.00 ms"} {
+	for _, want := range []string{"median of 3 rounds (43.00, 9.00, 8.00 ms)", "the bare handler on its own schedule (3000/s): p99 9.00 ms",
+		"inside the process (its histograms, medians): request p99 7.00, reserve script p99 2.00, ledger batch p99 3.00 ms"} {
 		if !strings.Contains(half.Detail, want) {
 			t.Errorf("detail %q lacks %q", half.Detail, want)
 		}
@@ -95,6 +100,9 @@ func TestOpenLoopRatiosUseMediansOfRounds(t *testing.T) {
 	eighty := check("reserve open-loop p99, 80% of the closed-loop maximum (3000/s, 64 connections)", 30, "", false)
 	if want := "1 of 3 rounds fell behind the schedule"; !strings.Contains(eighty.Detail, want) {
 		t.Errorf("detail %q lacks %q", eighty.Detail, want)
+	}
+	if strings.Contains(eighty.Detail, "inside the process") {
+		t.Errorf("detail %q reports the process's histograms; no storm at 80%% read them", eighty.Detail)
 	}
 	direct := check("`flashsale reserve`, every reserve call alone (no pipeline) / `flashsale reserve` open-loop p99, 80% of the closed-loop maximum", 100.0/30*100, "", false)
 	// Paired: 100/40, 120/30, 10/20 -> 2.5, 4, 0.5; the median 2.5.
