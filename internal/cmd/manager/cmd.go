@@ -156,7 +156,7 @@ func NewCmd() *cobra.Command {
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles,
 		"sales reconciled at once: one whose Redis or PostgreSQL hangs does not hold up the others' gates and status")
 	f.DurationVar(&opts.ReconcileTimeout, "reconcile-timeout", opts.ReconcileTimeout,
-		"longest one reconcile of one sale may take before it is abandoned and retried; a rebuild reads every live order and a deletion scans the Redis keyspace, so raise it for sales of tens of millions of units or a Redis of ~10^8 keys")
+		"longest one reconcile of one sale may take before it is abandoned and retried; a deletion scans the Redis keyspace, so raise it for a Redis of ~10^8 keys (a rebuild runs off the reconcile and is not bounded by it)")
 	f.DurationVar(&opts.PhaseTimeout, "phase-timeout", opts.PhaseTimeout,
 		"longest each step of a reconcile but a rebuild may take (opening connections, counting the orders, writing the Deployments): a Redis or PostgreSQL that hangs shows as unreachable within it; raise it for sales whose counts take longer")
 
