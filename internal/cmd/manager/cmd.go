@@ -86,6 +86,11 @@ type Options struct {
 	ReconcileTimeout time.Duration
 	// PhaseTimeout bounds each step of a reconcile but a rebuild.
 	PhaseTimeout time.Duration
+
+	// skipNameValidation lets a test start the manager more than once in
+	// one process: controller-runtime refuses a controller name the process
+	// has registered before.
+	skipNameValidation bool
 }
 
 // EnvImage names the operator's own image; config/manager sets it.
@@ -194,6 +199,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Controller: ctrlconfig.Controller{
 			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 			ReconciliationTimeout:   opts.ReconcileTimeout,
+			SkipNameValidation:      &opts.skipNameValidation,
 		},
 		Client: controllers.ClientOptions(),
 	})
