@@ -81,7 +81,18 @@ lint-fix: ## Run golangci-lint and apply the fixes it suggests.
 	"$$(hack/build-tool.sh golangci-lint | tail -1)" run --fix ./...
 
 .PHONY: verify
-verify: verify-gen lint ## Fail if a generated file is stale or untracked, or the lint finds anything.
+verify: verify-gen verify-tracked lint ## Fail if a generated file is stale or untracked, a tracked file is over 1 MiB, or the lint finds anything.
+
+.PHONY: verify-tracked
+verify-tracked: ## Fail if git tracks a file over 1 MiB (a built binary, a dump): every source file here is far smaller.
+	@big="$$(git ls-files --format='%(objectname) %(path)' | git cat-file --batch-check='%(objectsize) %(rest)' | awk '$$1 > 1048576 { sub(/^[0-9]+ /, ""); print }')"; \
+	if [ -n "$$big" ]; then \
+		echo "$$big"; \
+		echo; \
+		echo "ERROR: git tracks the files above, each over 1 MiB (built binaries?)."; \
+		echo "       Remove them with 'git rm --cached' and ignore them."; \
+		exit 1; \
+	fi
 
 .PHONY: verify-gen
 verify-gen: manifests generate ## Regenerate and fail if any generated file is stale or untracked.

@@ -98,10 +98,17 @@ commit "forget to add the deepcopy file"
 run_verify "untracked deepcopy" fail "zz_generated\.deepcopy\.go.*not tracked by git"
 git reset -q --hard clean && git clean -qfd
 
+# A built binary committed by mistake (go build at the root).
+head -c 2M /dev/urandom >bench
+git add -f bench # ignored, as a binary there should be
+commit "commit a binary"
+run_verify "binary committed" fail "bench.*over 1 MiB"
+git reset -q --hard clean && git clean -qfd
+
 run_verify "clean tree again" pass
 
 if ((failures > 0)); then
 	echo "verify-test: $failures case(s) failed"
 	exit 1
 fi
-echo "verify-test: make verify passes on a clean tree and fails on stale or untracked generated files"
+echo "verify-test: make verify passes on a clean tree and fails on stale or untracked generated files and on a committed binary"
