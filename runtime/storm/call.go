@@ -33,6 +33,13 @@ func (a answer) retryable() bool {
 	return a.status == 0 || a.status == http.StatusServiceUnavailable || a.status == http.StatusTooManyRequests
 }
 
+// Retried reports whether an outcome of Result.Outcomes is an attempt the
+// storm retries (a transport error, a 503 or a 429), so that a request's
+// final answer is the one after it: the labels' side of answer.retryable.
+func Retried(outcome string) bool {
+	return strings.HasPrefix(outcome, "ERR") || strings.HasPrefix(outcome, "503") || strings.HasPrefix(outcome, "429")
+}
+
 // call sends one request, moving to the next URL after a transport error,
 // a 503 or a 429, at most MaxAttempts times. Every attempt is counted.
 func (s *stormer) call(ctx context.Context, st *workerStats, op string, urlIndex int, method, path, token, body string) answer {

@@ -264,3 +264,20 @@ func TestTransportRefusedAndHTTPS(t *testing.T) {
 		t.Errorf("https answer %q", got)
 	}
 }
+
+// Retried reads the report's labels as answer.retryable reads answers.
+func TestRetriedAgreesWithRetryable(t *testing.T) {
+	for _, status := range []int{200, 201, 307, 400, 401, 404, 409, 410, 425, 429, 500, 502, 503} {
+		for _, code := range []string{"", "SOLD_OUT", "UNAVAILABLE", "RATE_LIMITED"} {
+			label := outcomeLabel(status, code)
+			if got, want := Retried(label), (answer{status: status}).retryable(); got != want {
+				t.Errorf("Retried(%q) = %v, retryable %v", label, got, want)
+			}
+		}
+	}
+	for _, label := range []string{transportLabel(errors.New("dial tcp: connection refused")), "ERR request", "ERR body"} {
+		if !Retried(label) {
+			t.Errorf("Retried(%q) = false for a transport error", label)
+		}
+	}
+}

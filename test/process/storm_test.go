@@ -15,6 +15,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/storm"
 )
 
 // The storm: 10,000 buyers on 1,000 units, with retries, checkouts,
@@ -206,10 +207,10 @@ func assertReportOK(t *testing.T, r *report, code int) {
 }
 
 // finalAnswers splits a storm's outcomes of one kind into final answers and
-// the attempts the storm retries (503, 429, transport errors).
+// the attempts the storm retries (storm.Retried).
 func finalAnswers(outcomes map[string]int64) (final, retried int64) {
 	for code, n := range outcomes {
-		if strings.HasPrefix(code, "503") || strings.HasPrefix(code, "429") || strings.HasPrefix(code, "ERR") {
+		if storm.Retried(code) {
 			retried += n
 		} else {
 			final += n
