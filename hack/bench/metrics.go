@@ -121,9 +121,7 @@ func histogramQuantile(q float64, before, after map[string]float64, prefix strin
 			if math.IsInf(b.le, 1) {
 				return lower
 			}
-			if b.count == below {
-				return b.le
-			}
+			// b.count > below: an earlier bucket would have held the rank.
 			return lower + (b.le-lower)*(rank-below)/(b.count-below)
 		}
 		lower, below = b.le, b.count
