@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -36,9 +37,10 @@ func LogArchive() (string, error) {
 	return filepath.Join(base, "flashsale-operator", "test-logs"), nil
 }
 
-// KeepLogs copies the log files (*.log) below dirs, and below this process's
-// harness directories in the temporary directory (its servers and nodes),
-// into a new folder of LogArchive named for the time, kind and this process,
+// KeepLogs copies the log files (*.log) below dirs, below this process's
+// harness directories in the temporary directory (its servers) and below
+// the directories of its nodes that are up (wherever they are: see
+// StartCluster), into a new folder of LogArchive named for the time, kind and this process,
 // and returns that folder. A run's own directories are swept by the next run
 // once this process is gone; the archive is not, so a failure can be read
 // after later runs. The archive keeps the newest keptRuns folders.
@@ -49,18 +51,13 @@ func KeepLogs(kind string, dirs ...string) (string, error) {
 	}
 	own, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("%s%d-*", tempPrefix, os.Getpid())))
 	dirs = append(dirs, own...)
+	dirs = append(dirs, openNodeDirs()...)
 	// The time first, so that the names sort by it.
 	dest := filepath.Join(root, fmt.Sprintf("%s-%s-%d", time.Now().UTC().Format("20060102T150405.000000000Z"), kind, os.Getpid()))
 	if err := os.MkdirAll(dest, 0o755); err != nil {
 		return "", err
 	}
-	seen := map[string]bool{}
-	for _, dir := range dirs {
-		dir = filepath.Clean(dir)
-		if seen[dir] {
-			continue
-		}
-		seen[dir] = true
+	for _, dir := range outermost(dirs) {
 		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return nil // a server's file removed while we walk
@@ -79,6 +76,42 @@ func KeepLogs(kind string, dirs ...string) (string, error) {
 		}
 	}
 	return dest, pruneArchive(root)
+}
+
+// outermost returns dirs without repeats and without those below another
+// of them (a run's servers below its TMPDIR), so each log is copied once.
+func outermost(dirs []string) []string {
+	clean := make([]string, len(dirs))
+	for i, d := range dirs {
+		clean[i] = filepath.Clean(d)
+	}
+	sort.Strings(clean) // an ancestor sorts before what is below it
+	var out []string
+	for _, d := range clean {
+		if !slices.ContainsFunc(out, func(o string) bool {
+			return d == o || strings.HasPrefix(d, o+string(filepath.Separator))
+		}) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// openNodeDirs returns the directories of this process's nodes that are up.
+// A node lives below /tmp when the temporary directory is too long for its
+// sockets, as it is below an environment that points TMPDIR into its own
+// directory, so the glob of the temporary directory misses it.
+func openNodeDirs() []string {
+	registry.Lock()
+	defer registry.Unlock()
+	var dirs []string
+	for c := range registry.open {
+		if n, ok := c.(*Cluster); ok && n.Dir != "" {
+			dirs = append(dirs, n.Dir)
+		}
+	}
+	sort.Strings(dirs)
+	return dirs
 }
 
 func copyFile(from, to string) error {

@@ -89,3 +89,55 @@ func TestLogArchiveFollowsTheCacheRoot(t *testing.T) {
 		t.Fatalf("with XDG_CACHE_HOME: %s", d)
 	}
 }
+
+// A node below an environment that points TMPDIR into its own directory
+// lives in /tmp, outside that TMPDIR (StartCluster): its components' and
+// pods' logs are kept all the same.
+func TestKeepLogsHoldsTheLogsOfANodeOutsideTheTemporaryDirectory(t *testing.T) {
+	t.Setenv("FLASHSALE_TEST_LOGS", t.TempDir())
+	t.Setenv("TMPDIR", t.TempDir())
+	node := &Cluster{Dir: filepath.Join(t.TempDir(), "node")}
+	for rel, text := range map[string]string{
+		"logs/kubelet.log": "node Ready\n",
+		"pod-logs/flashsale-system_manager-1_uid/manager/0.log": "reconciled\n",
+	} {
+		p := filepath.Join(node.Dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register(node)
+	kept, err := KeepLogs("node")
+	unregister(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rel, want := range map[string]string{
+		"node/logs/kubelet.log": "node Ready\n",
+		"node/pod-logs/flashsale-system_manager-1_uid/manager/0.log": "reconciled\n",
+	} {
+		if b, err := os.ReadFile(filepath.Join(kept, rel)); err != nil || string(b) != want {
+			t.Errorf("kept %s: %q, %v; want %q", rel, b, err, want)
+		}
+	}
+
+	// A node that is stopped is no longer looked at.
+	kept, err = KeepLogs("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(kept, "node")); !os.IsNotExist(err) {
+		t.Fatalf("a stopped node's logs kept: %v", err)
+	}
+}
+
+func TestOutermostKeepsEachDirectoryOnce(t *testing.T) {
+	got := outermost([]string{"/t/run/env/tmp/redis-1", "/t/run-2", "/t/run/", "/t/run", "/t/run-2/x", "/t/run/env/tmp/pg-1", "/t/other"})
+	want := []string{"/t/other", "/t/run", "/t/run-2"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("outermost = %v, want %v", got, want)
+	}
+}
