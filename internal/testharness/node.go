@@ -219,8 +219,11 @@ func (c *Cluster) startControlPlane(assets string) error {
 			return "", missing("setpriv", "util-linux")
 		}
 		path := filepath.Join(bin, b)
-		script := fmt.Sprintf("#!/bin/sh\nexec nsenter --net=%s -- %s --pdeathsig KILL %s \"$@\"\n",
-			shellQuote(c.Netns), shellQuote(setpriv), shellQuote(filepath.Join(assets, b)))
+		// Its output in logs/, beside the other components': envtest
+		// discards it.
+		script := fmt.Sprintf("#!/bin/sh\nexec nsenter --net=%s -- %s --pdeathsig KILL %s \"$@\" >>%s 2>&1\n",
+			shellQuote(c.Netns), shellQuote(setpriv), shellQuote(filepath.Join(assets, b)),
+			shellQuote(filepath.Join(c.Dir, "logs", b+".log")))
 		return path, os.WriteFile(path, []byte(script), 0o755)
 	}
 	etcd, err := wrap("etcd")

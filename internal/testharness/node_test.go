@@ -102,6 +102,12 @@ func TestClusterRunsARestrictedPodAndLeavesNothingBehind(t *testing.T) {
 	if _, err := c.Kubectl(ctx, nil, "logs", "-n", "default", "restricted"); err != nil {
 		t.Errorf("kubectl logs (the API server reaching the kubelet at %s): %v", c.NodeIP, err)
 	}
+	// Every component's output is in logs/, for KeepLogs.
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet", "kube-proxy"} {
+		if fi, err := os.Stat(filepath.Join(c.Dir, "logs", name+".log")); err != nil || fi.Size() == 0 {
+			t.Errorf("%s's log: %v (empty or missing)", name, err)
+		}
+	}
 
 	// The memory limit is the pod's cgroup's.
 	limits, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", c.cgroupRoot, "kubepods*", "*pod"+uid, "memory.limit_in_bytes"))
