@@ -40,8 +40,8 @@ func LogArchive() (string, error) {
 // KeepLogs copies the log files (*.log) below dirs, below this process's
 // harness directories in the temporary directory (its servers) and below
 // the directories of its nodes that are up (wherever they are: see
-// StartCluster), into a new folder of LogArchive named for the time, kind and this process,
-// and returns that folder. A run's own directories are swept by the next run
+// StartCluster), into a new folder of LogArchive named for the time, kind
+// and this process, and returns that folder. A run's own directories are swept by the next run
 // once this process is gone; the archive is not, so a failure can be read
 // after later runs. The archive keeps the newest keptRuns folders.
 func KeepLogs(kind string, dirs ...string) (string, error) {
