@@ -41,9 +41,10 @@ func LogArchive() (string, error) {
 // harness directories in the temporary directory (its servers) and below
 // the directories of its nodes that are up (wherever they are: see
 // StartCluster), into a new folder of LogArchive named for the time, kind
-// and this process, and returns that folder. A run's own directories are swept by the next run
-// once this process is gone; the archive is not, so a failure can be read
-// after later runs. The archive keeps the newest keptRuns folders.
+// and this process, and returns that folder. A run's own directories are
+// swept by the next run once this process is gone; the archive is not, so a
+// failure can be read after later runs. The archive keeps the newest
+// keptRuns folders.
 func KeepLogs(kind string, dirs ...string) (string, error) {
 	root, err := LogArchive()
 	if err != nil {
@@ -110,7 +111,6 @@ func openNodeDirs() []string {
 			dirs = append(dirs, n.Dir)
 		}
 	}
-	sort.Strings(dirs)
 	return dirs
 }
 
