@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -125,11 +124,21 @@ func (c *Campaign) completeRedisTLS() error {
 		return fmt.Errorf("--redis-addresses (or %s): %w", EnvRedisAddresses, err)
 	}
 	c.Redis.Addresses = addrs
-	on, err := parseTLSFlag(EnvRedisTLS, os.Getenv(EnvRedisTLS))
+	// Every setting may come from a file (_FILE), as the documentation says
+	// of all five: a Secret mounted as files holds them all.
+	flag, err := Secret(EnvRedisTLS)
 	if err != nil {
 		return err
 	}
-	t := RedisTLS{Enabled: on || scheme, ServerName: os.Getenv(EnvRedisTLSServerName)}
+	on, err := parseTLSFlag(EnvRedisTLS, flag)
+	if err != nil {
+		return err
+	}
+	serverName, err := Secret(EnvRedisTLSServerName)
+	if err != nil {
+		return err
+	}
+	t := RedisTLS{Enabled: on || scheme, ServerName: serverName}
 	var errs []error
 	for env, dst := range map[string]*[]byte{EnvRedisTLSCA: &t.CA, EnvRedisTLSCert: &t.Cert, EnvRedisTLSKey: &t.Key} {
 		v, err := readPEM(env)

@@ -103,7 +103,7 @@ func campaignFromEnv(t *testing.T, env map[string]string) (*Campaign, error) {
 		EnvCampaignID: "c1", EnvSKU: "sku", EnvPostgresDSN: "postgres://x@127.0.0.1/db",
 		EnvAdmissionKey: "0123456789abcdef0123",
 		EnvRedisTLS:     "", EnvRedisTLSCA: "", EnvRedisTLSCert: "", EnvRedisTLSKey: "", EnvRedisTLSServerName: "",
-		EnvRedisTLSKey + FileSuffix: "", EnvRedisMode: "",
+		EnvRedisTLSKey + FileSuffix: "", EnvRedisTLS + FileSuffix: "", EnvRedisTLSServerName + FileSuffix: "", EnvRedisMode: "",
 	}
 	for k, v := range env {
 		base[k] = v
@@ -142,6 +142,13 @@ func TestRedisTLSStandalone(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := newPKI(t)
+	tlsFile, nameFile := filepath.Join(p.dir, "tls"), filepath.Join(p.dir, "serverName")
+	if err := os.WriteFile(tlsFile, []byte("true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(nameFile, []byte("redis.test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, c := range []struct {
 		name    string
@@ -158,6 +165,9 @@ func TestRedisTLSStandalone(t *testing.T) {
 			EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(p.keyPEM)}, "", ""},
 		{"tls=true, server name, key from a file", map[string]string{
 			EnvRedisAddresses: tlsAddr, EnvRedisTLS: "true", EnvRedisTLSServerName: "redis.test",
+			EnvRedisTLSCA: string(p.caPEM), EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey + FileSuffix: keyFile}, "", ""},
+		{"every setting from a file, as a mounted Secret gives them", map[string]string{
+			EnvRedisAddresses: tlsAddr, EnvRedisTLS + FileSuffix: tlsFile, EnvRedisTLSServerName + FileSuffix: nameFile,
 			EnvRedisTLSCA: string(p.caPEM), EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey + FileSuffix: keyFile}, "", ""},
 		{"no client certificate", map[string]string{
 			EnvRedisAddresses: "rediss://" + tlsAddr, EnvRedisTLSCA: string(p.caPEM)},
@@ -290,6 +300,10 @@ func TestRedisTLSBadInput(t *testing.T) {
 		{"key without certificate", map[string]string{EnvRedisAddresses: "rediss://127.0.0.1:1", EnvRedisTLSKey: string(p.keyPEM)}, "without its certificate"},
 		{"certificate and key that do not match", map[string]string{EnvRedisAddresses: "rediss://127.0.0.1:1",
 			EnvRedisTLSCert: string(p.certPEM), EnvRedisTLSKey: string(newPKI(t).keyPEM)}, "not a PEM certificate and its private key"},
+		{"tls given twice", map[string]string{EnvRedisAddresses: "127.0.0.1:1", EnvRedisTLS: "true", EnvRedisTLS + FileSuffix: "/nonexistent"}, "not both"},
+		{"server name given twice", map[string]string{EnvRedisAddresses: "rediss://127.0.0.1:1",
+			EnvRedisTLSServerName: "redis.test", EnvRedisTLSServerName + FileSuffix: "/nonexistent"}, "not both"},
+		{"tls from a file that is not there", map[string]string{EnvRedisAddresses: "127.0.0.1:1", EnvRedisTLS + FileSuffix: "/nonexistent/tls"}, "no such file"},
 		{"TLS settings with TLS off", map[string]string{EnvRedisAddresses: "127.0.0.1:1", EnvRedisTLSCA: string(p.caPEM)}, "TLS is off"},
 		{"mixed schemes", map[string]string{EnvRedisAddresses: "rediss://127.0.0.1:1,redis://127.0.0.1:2"}, "mix redis:// and rediss://"},
 		{"another scheme", map[string]string{EnvRedisAddresses: "http://127.0.0.1:1"}, "only redis:// and rediss://"},
