@@ -62,6 +62,28 @@ func (c Counts) Unsold() int64 {
 // Oversold is how many units are sold beyond the allocation (must be 0: I1).
 func (c Counts) Oversold() int64 { return max(0, c.Sold-c.Allocation) }
 
+// StockOversold tells which shard, if any, holds in Redis's stock units that
+// the ledger already sold: available + sold above the shard's allocation, or
+// stock below zero (I1). Unlike available + reserved + sold, it holds at every
+// moment, not only at quiescence: a checkout commits the ledger before Redis
+// drops its reservation, so for a moment a unit is both reserved and sold, but
+// a sold unit never goes back to stock. Shards Redis does not hold are left
+// out (their stock is gone); counts without shards are checked in total.
+func (c Counts) StockOversold() error {
+	if len(c.Shards) == 0 {
+		if c.Available < 0 || c.Available+c.Sold > c.Allocation {
+			return fmt.Errorf("available %d + sold %d exceeds the allocation %d", c.Available, c.Sold, c.Allocation)
+		}
+		return nil
+	}
+	for _, s := range c.Shards {
+		if s.Present && (s.Available < 0 || s.Available+s.Sold > s.Allocation) {
+			return fmt.Errorf("shard %d: available %d + sold %d exceeds its allocation %d", s.Index, s.Available, s.Sold, s.Allocation)
+		}
+	}
+	return nil
+}
+
 // Conserved reports available + reserved + sold = allocation (I2, at quiescence;
 // units withdrawn for a decrease in progress still belong to the allocation),
 // for the campaign and for every shard on its own: a deficit on one shard
@@ -78,13 +100,14 @@ func (c Counts) Conserved() bool {
 	return c.Available+c.Reserved+c.Sold+c.Withdrawn == c.Allocation
 }
 
-// Counts reads Redis (one pipeline) and the ledger (the campaign row and the
-// shard counters: O(shards), whatever the number of orders).
+// Counts reads the ledger (the campaign row and the shard counters: O(shards),
+// whatever the number of orders), then Redis (one pipeline). In that order a
+// unit reserved and sold between the two reads is counted once: sold units
+// only grow and a sold unit never goes back to stock, so stock read after
+// sold never adds up with it to more than the allocation (StockOversold).
+// Read the other way, stock could still hold a unit that was sold by the time
+// the ledger was read.
 func (e *Engine) Counts(ctx context.Context) (Counts, error) {
-	states, err := e.store.State(ctx)
-	if err != nil {
-		return Counts{}, fmt.Errorf("redis: %w", err)
-	}
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	if err != nil {
 		return Counts{}, ledgerFailure("campaign", err)
@@ -92,6 +115,13 @@ func (e *Engine) Counts(ctx context.Context) (Counts, error) {
 	byShard, err := e.ledger.CountsByShard(ctx, e.cfg.CampaignID, e.cfg.Shards)
 	if err != nil {
 		return Counts{}, ledgerFailure("counts", err)
+	}
+	if e.countsBetweenReads != nil {
+		e.countsBetweenReads()
+	}
+	states, err := e.store.State(ctx)
+	if err != nil {
+		return Counts{}, fmt.Errorf("redis: %w", err)
 	}
 	out := Counts{Allocation: c.Allocation, Epoch: c.Epoch, Shards: make([]ShardCounts, len(states))}
 	for i, s := range states {

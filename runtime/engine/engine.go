@@ -135,6 +135,10 @@ type Engine struct {
 	attempts    atomic.Uint64
 
 	keys *stock.Keyer // reservation keys, with cfg.IDSecret
+
+	// countsBetweenReads, set by tests only, runs in Counts between its
+	// ledger read and its Redis read.
+	countsBetweenReads func()
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.

@@ -11,3 +11,7 @@ func (e *Engine) Store() *stock.Store { return e.store }
 
 // Ledger is the engine's ledger, for the tests that read or write it directly.
 func (e *Engine) Ledger() *ledger.Ledger { return e.ledger }
+
+// SetCountsBetweenReads makes Counts run f between its ledger read and its
+// Redis read, for the tests that move units in that moment.
+func (e *Engine) SetCountsBetweenReads(f func()) { e.countsBetweenReads = f }

@@ -89,6 +89,9 @@ func TestStorm(t *testing.T) {
 						t.Errorf("I1 violated mid-storm on shard %d: %+v", s.Index, s)
 					}
 				}
+				if err := c.StockOversold(); err != nil {
+					t.Errorf("I1 violated mid-storm: %v", err)
+				}
 				samples.Add(1)
 			}
 		}()
