@@ -3,9 +3,14 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"mime"
+	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -106,7 +111,8 @@ func (d openAPIDoc) schema(t *testing.T, s schema) schema {
 // TestOpenAPIMatchesRoutes holds docs/openapi.yaml against the server: every
 // registered route is documented, every documented operation is routed to its
 // handler, and each operation's example request, sent to a real server, gets a
-// documented status with the documented content type, required fields and codes.
+// documented status with the documented headers, content type, required fields
+// and codes; so does a method the path does not serve (405).
 func TestOpenAPIMatchesRoutes(t *testing.T) {
 	doc := loadOpenAPI(t)
 	f := newFixture(t, withAllocation(10), withShards(4))
@@ -172,45 +178,61 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 			if body != nil {
 				send = body
 			}
-			r := f.call(method, url, token, send)
-			documented, ok := op.Responses[strconv.Itoa(r.status)]
-			if !ok {
-				t.Fatalf("answered %d (%s), which is not documented", r.status, r.body)
+			doc.checkAnswer(t, op, f.call(method, url, token, send))
+			// A method the path does not serve is answered as documented too.
+			r := f.call(http.MethodPatch, url, token, nil)
+			if r.status != http.StatusMethodNotAllowed {
+				t.Fatalf("PATCH %s answered %d (%s), want 405", url, r.status, r.body)
 			}
-			res := doc.response(t, documented)
-			ct, _, _ := mime.ParseMediaType(r.header.Get("Content-Type"))
-			media, ok := res.Content[ct]
-			if !ok {
-				t.Fatalf("answered %d with Content-Type %q; documented: %v", r.status, ct, keys(res.Content))
-			}
-			if ct != "application/json" {
-				return
-			}
-			sch := doc.schema(t, media.Schema)
-			var got map[string]any
-			r.decode(t, &got)
-			for _, field := range sch.Required {
-				if _, ok := got[field]; !ok {
-					t.Errorf("answer %s lacks the required field %s", r.body, field)
-				}
-			}
-			for field, ps := range sch.Props {
-				if v, ok := got[field].(string); ok && len(ps.Enum) > 0 && !slices.Contains(ps.Enum, v) {
-					t.Errorf("%s = %q is not one of the documented %v", field, v, ps.Enum)
-				}
-			}
+			doc.checkAnswer(t, op, r)
 		})
 	}
 }
 
-// TestOpenAPIErrorCodes: the documented codes are exactly the server's.
+// checkAnswer holds an answer against op's documented responses: its status,
+// the headers the response names, its content type, and in a JSON body the
+// required fields and string enums.
+func (d openAPIDoc) checkAnswer(t *testing.T, op operation, r response) {
+	t.Helper()
+	documented, ok := op.Responses[strconv.Itoa(r.status)]
+	if !ok {
+		t.Fatalf("answered %d (%s), which is not documented", r.status, r.body)
+	}
+	res := d.response(t, documented)
+	for h := range res.Headers {
+		if r.header.Get(h) == "" {
+			t.Errorf("answered %d without the documented header %s", r.status, h)
+		}
+	}
+	ct, _, _ := mime.ParseMediaType(r.header.Get("Content-Type"))
+	media, ok := res.Content[ct]
+	if !ok {
+		t.Fatalf("answered %d with Content-Type %q; documented: %v", r.status, ct, keys(res.Content))
+	}
+	if ct != "application/json" {
+		return
+	}
+	sch := d.schema(t, media.Schema)
+	var got map[string]any
+	r.decode(t, &got)
+	for _, field := range sch.Required {
+		if _, ok := got[field]; !ok {
+			t.Errorf("answer %s lacks the required field %s", r.body, field)
+		}
+	}
+	for field, ps := range sch.Props {
+		if v, ok := got[field].(string); ok && len(ps.Enum) > 0 && !slices.Contains(ps.Enum, v) {
+			t.Errorf("%s = %q is not one of the documented %v", field, v, ps.Enum)
+		}
+	}
+}
+
+// TestOpenAPIErrorCodes: the documented codes are exactly the server's (every
+// Code constant in the package's source).
 func TestOpenAPIErrorCodes(t *testing.T) {
 	doc := loadOpenAPI(t)
 	documented := doc.Components.Schemas["Error"].Props["code"].Enum
-	var codes []string
-	for _, c := range allCodes {
-		codes = append(codes, string(c))
-	}
+	codes := serverCodes(t)
 	sort.Strings(documented)
 	sort.Strings(codes)
 	if !slices.Equal(documented, codes) {
@@ -228,10 +250,51 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 	}
 }
 
-var allCodes = []Code{
-	CodeSoldOut, CodeNotStarted, CodeEnded, CodePaused, CodeClosed, CodeLimitExceeded,
-	CodeRateLimited, CodeAdmissionInvalid, CodeBadRequest, CodeTooLarge, CodeNotFound,
-	CodeExpired, CodeConflict, CodeMethodNotAllowed, CodeUnavailable,
+// serverCodes reads every constant of type Code declared in the package's
+// source, so that a code added to the server cannot be missed here.
+func serverCodes(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				if typ, ok := vs.Type.(*ast.Ident); !ok || typ.Name != "Code" {
+					continue
+				}
+				for _, v := range vs.Values {
+					lit, ok := v.(*ast.BasicLit)
+					if !ok || lit.Kind != token.STRING {
+						t.Fatalf("%s: a Code constant that is not a string literal: %T", name, v)
+					}
+					c, err := strconv.Unquote(lit.Value)
+					if err != nil {
+						t.Fatal(err)
+					}
+					codes = append(codes, c)
+				}
+			}
+		}
+	}
+	if len(codes) == 0 {
+		t.Fatal("no Code constant found in the package's source")
+	}
+	return codes
 }
 
 func keys[V any](m map[string]V) []string {
