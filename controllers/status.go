@@ -210,6 +210,8 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		d.ready(ReasonRebuildFailed, msg)
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
 		if isLedgerError(f.rebuildErr) {
+			// Whatever the phase read was (Rebuilding, once a rebuild ran).
+			st.Phase = flashsalev1alpha1.PhaseFailClosed
 			d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, f.rebuildErr.Error())
 		} else {
 			st.Phase = flashsalev1alpha1.PhaseRebuilding

@@ -206,6 +206,9 @@ func TestComputeStatus(t *testing.T) {
 		{name: "the rebuild failed on the ledger", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseFailClosed },
 			facts: stopped(func(f *facts) { f.rebuildErr = ledgerDown }), phase: flashsalev1alpha1.PhaseFailClosed,
 			conds: want{"Ready": "False/RebuildFailed", "Admitting": "False/FailClosed", "LedgerHealthy": "False/Unreachable"}},
+		{name: "a rebuild that ran failed on the ledger", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseRebuilding },
+			facts: stopped(func(f *facts) { f.rebuildErr = ledgerDown }), phase: flashsalev1alpha1.PhaseFailClosed,
+			conds: want{"Ready": "False/RebuildFailed", "LedgerHealthy": "False/Unreachable"}},
 		{name: "rebuilt, then the ledger went down", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseFailClosed },
 			facts: stopped(func(f *facts) {
 				f.rebuilt = &engine.RebuildReport{Epoch: 3, Available: 5, Gate: stock.StateOpen}
