@@ -152,10 +152,12 @@ func isLedgerError(err error) bool {
 	return errors.As(err, &le)
 }
 
-// classify turns errors that come from the ledger into ledgerErrors.
+// classify turns errors that come from the ledger into ledgerErrors: the
+// ledger did not answer or refused. A ledger whose counters disagree with its
+// orders answered; that is reported on its own (ReasonCountsDrift).
 func classify(err error) error {
 	var le *ledgerError
-	if errors.As(err, &le) {
+	if errors.As(err, &le) || errors.Is(err, engine.ErrCountsDrift) {
 		return err
 	}
 	if errors.Is(err, engine.ErrLedger) {

@@ -72,6 +72,12 @@ const (
 	// Events: Degraded turned True, and False again.
 	ReasonReplicaCrashing   = "ReplicaCrashing"
 	ReasonReplicasRecovered = "ReplicasRecovered"
+
+	// LedgerHealthy's reason when the ledger's per-shard counters disagree
+	// with its orders (a rebuild refuses to compute stock from them), and
+	// its event.
+	ReasonCountsDrift       = "CountsDrift"
+	ReasonLedgerCountsDrift = "LedgerCountsDrift"
 )
 
 func gateReason(gate string) string {

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -209,11 +210,16 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		msg := rebuildFailedMessage(f.rebuildErr)
 		d.ready(ReasonRebuildFailed, msg)
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
-		if isLedgerError(f.rebuildErr) {
+		switch {
+		case errors.Is(f.rebuildErr, engine.ErrCountsDrift):
+			// Retrying cannot help: someone must recount the ledger.
+			st.Phase = flashsalev1alpha1.PhaseFailClosed
+			d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonCountsDrift, f.rebuildErr.Error())
+		case isLedgerError(f.rebuildErr):
 			// Whatever the phase read was (Rebuilding, once a rebuild ran).
 			st.Phase = flashsalev1alpha1.PhaseFailClosed
 			d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonUnreachable, f.rebuildErr.Error())
-		} else {
+		default:
 			st.Phase = flashsalev1alpha1.PhaseRebuilding
 		}
 	}

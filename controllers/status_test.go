@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -209,6 +210,20 @@ func TestComputeStatus(t *testing.T) {
 		{name: "a rebuild that ran failed on the ledger", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseRebuilding },
 			facts: stopped(func(f *facts) { f.rebuildErr = ledgerDown }), phase: flashsalev1alpha1.PhaseFailClosed,
 			conds: want{"Ready": "False/RebuildFailed", "LedgerHealthy": "False/Unreachable"}},
+		// The ledger answered, but its counters disagree with its orders:
+		// not an outage, and a retry will not fix it.
+		{name: "the rebuild found the ledger's counters apart", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseRebuilding },
+			facts: stopped(func(f *facts) {
+				f.rebuildErr = classify(fmt.Errorf("%w: rebuild read: %w", engine.ErrLedger,
+					fmt.Errorf("%w: shard 0 counts 3 pending units, its orders hold 2", engine.ErrCountsDrift)))
+			}), phase: flashsalev1alpha1.PhaseFailClosed,
+			conds: want{"Ready": "False/RebuildFailed", "Admitting": "False/FailClosed", "LedgerHealthy": "False/CountsDrift"},
+			check: func(t *testing.T, st *flashsalev1alpha1.FlashSaleStatus) {
+				c := meta.FindStatusCondition(st.Conditions, "LedgerHealthy")
+				if !strings.Contains(c.Message, "counters disagree") || strings.Contains(c.Message, "unreachable") {
+					t.Errorf("LedgerHealthy: %+v", c)
+				}
+			}},
 		{name: "rebuilt, then the ledger went down", read: func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseFailClosed },
 			facts: stopped(func(f *facts) {
 				f.rebuilt = &engine.RebuildReport{Epoch: 3, Available: 5, Gate: stock.StateOpen}

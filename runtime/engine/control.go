@@ -43,6 +43,9 @@ var (
 	// ErrEpochChanged: the campaign was rebuilt since units were withdrawn
 	// for a decrease.
 	ErrEpochChanged = ledger.ErrEpochChanged
+	// ErrCountsDrift: a rebuild found the ledger's per-shard counters apart
+	// from its orders, and computed no stock from them.
+	ErrCountsDrift = ledger.ErrCountsDrift
 	// ErrEvictionPolicy: a Redis server holding shards may evict keys.
 	ErrEvictionPolicy = stock.ErrEvictionPolicy
 	// ErrRedisTooOld: a Redis server is older than the shards need.
