@@ -46,8 +46,8 @@ func writeRules(t *testing.T, dir string, set ...string) string {
 }
 
 // TestPrometheusRuleChecks: promtool accepts the rendered rules, and its
-// unit tests (testdata/rules_test.yaml) fire FailClosed, NotReady past a
-// rollout, stale counts and a stalled sweeper, and nothing else there.
+// unit tests (testdata/rules_test.yaml) fire every alert when it should, and
+// not before or after (each test says which alerts it evaluates).
 func TestPrometheusRuleChecks(t *testing.T) {
 	promtool := tool(t, "promtool")
 	dir := t.TempDir()
@@ -95,7 +95,8 @@ func TestPrometheusRuleTestsCanFail(t *testing.T) {
 }
 
 // TestEveryAlertHasARunbook: each alert's runbook_url points into
-// docs/runbooks.md at a section that exists there.
+// docs/runbooks.md at a section that exists there, and each alert section
+// there is an alert's.
 func TestEveryAlertHasARunbook(t *testing.T) {
 	objs := render(t, "monitoring.prometheusRule.enabled=true")
 	rule := find(t, objs, "PrometheusRule", "flashsale-operator")
@@ -105,7 +106,7 @@ func TestEveryAlertHasARunbook(t *testing.T) {
 	}
 	sections := markdownAnchors(string(doc))
 	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
-	alerts := 0
+	alerts, names := 0, map[string]bool{}
 	for _, g := range groups {
 		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
 		for _, r := range rules {
@@ -114,6 +115,7 @@ func TestEveryAlertHasARunbook(t *testing.T) {
 				continue
 			}
 			alerts++
+			names[name] = true
 			url, _, _ := unstructured.NestedString(r.(map[string]any), "annotations", "runbook_url")
 			page, anchor, ok := strings.Cut(url, "#")
 			switch {
@@ -128,6 +130,13 @@ func TestEveryAlertHasARunbook(t *testing.T) {
 	}
 	if alerts == 0 {
 		t.Fatal("the rendered PrometheusRule has no alert")
+	}
+	// And the other way: every alert section of the runbooks names an alert
+	// of the rule, so a removed alert leaves no runbook behind.
+	for _, line := range strings.Split(string(doc), "\n") {
+		if name, ok := strings.CutPrefix(line, "### FlashSale"); ok && !names["FlashSale"+name] {
+			t.Errorf("docs/runbooks.md has a section for FlashSale%s, which the PrometheusRule does not define", name)
+		}
 	}
 }
 
