@@ -118,6 +118,9 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{[]string{"extraArgs={status-refresh=5s}"}, "/extraArgs/0"},
 		{[]string{"monitoring.prometheusRule.notReadyFor=soon"}, "/monitoring/prometheusRule/notReadyFor"},
 		{[]string{"metric.secure=false"}, "'metric' not allowed"},
+		// A ServiceAccount subject without a namespace would only be refused
+		// by the API server, at install.
+		{[]string{"metrics.readerSubjects[0].kind=ServiceAccount", "metrics.readerSubjects[0].name=prometheus"}, "/metrics/readerSubjects/0"},
 	} {
 		out, err := template(t, c.set...)
 		if err == nil {

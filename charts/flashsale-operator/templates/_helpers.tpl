@@ -71,5 +71,5 @@ sale pods' image). A digest wins over the tag; the tag defaults to appVersion.
 {{- end }}
 
 {{- define "flashsale.leaderElect" -}}
-{{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- if .Values.leaderElection.enabled }}true{{ end }}
 {{- end }}
