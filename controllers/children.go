@@ -156,6 +156,13 @@ func restrictedContainer() *corev1.SecurityContext {
 	}
 }
 
+// The startup probe's period, and how long past config.StartupTimeout it
+// waits: a process that gave up exits by itself and restarts with back-off.
+const (
+	startupProbePeriod = 2
+	startupProbeSlack  = 10 * time.Second
+)
+
 func probe(path string, period int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(config.PortNameHTTP)}},
@@ -172,6 +179,12 @@ func deployment(fs *flashsalev1alpha1.FlashSale, component, image string, replic
 	c.Image = image
 	c.Ports = []corev1.ContainerPort{{Name: config.PortNameHTTP, ContainerPort: config.PortHTTP, Protocol: corev1.ProtocolTCP}}
 	c.SecurityContext = restrictedContainer()
+	// The process listens once it has opened the ledger, which may take up
+	// to config.StartupTimeout: liveness (three misses ten seconds apart)
+	// would kill it first. The startup probe holds liveness and readiness
+	// back until /healthz answers, for a little longer than that.
+	c.StartupProbe = probe(config.PathHealthz, startupProbePeriod)
+	c.StartupProbe.FailureThreshold = int32((config.StartupTimeout+startupProbeSlack)/time.Second) / startupProbePeriod
 	c.LivenessProbe = probe(config.PathHealthz, 10)
 	c.ReadinessProbe = probe(config.PathReadyz, 2)
 	d := &appsv1.Deployment{

@@ -278,7 +278,13 @@ func TestPodContract(t *testing.T) {
 					t.Errorf("--%s is port %d, the container's %q port is %d", cmd.metrics, got, config.PortNameMetrics, ports[config.PortNameMetrics])
 				}
 			}
-			for _, p := range []*corev1.Probe{d.c.LivenessProbe, d.c.ReadinessProbe} {
+			// The kubelet must not kill a process still opening the ledger,
+			// which it may do for config.StartupTimeout before it listens.
+			if sp := d.c.StartupProbe; sp == nil ||
+				time.Duration(sp.PeriodSeconds*sp.FailureThreshold)*time.Second <= config.StartupTimeout {
+				t.Errorf("the %s Deployment's startup probe %+v gives the process less than its %s to open the ledger", d.name, sp, config.StartupTimeout)
+			}
+			for _, p := range []*corev1.Probe{d.c.StartupProbe, d.c.LivenessProbe, d.c.ReadinessProbe} {
 				if p == nil || p.HTTPGet == nil || ports[p.HTTPGet.Port.StrVal] != ports[config.PortNameHTTP] {
 					t.Fatalf("a probe off the listening port: %+v", p)
 				}

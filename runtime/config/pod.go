@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"strconv"
+	"time"
 )
 
 // The pod contract: what the controller's reserve and sweeper Deployments set
@@ -78,6 +79,12 @@ const (
 	PathReadyz  = "/readyz"  // readiness: Redis and the ledger answer
 	PathMetrics = "/metrics"
 )
+
+// StartupTimeout bounds how long the reserve and sweeper commands take to
+// open the ledger (connect, and migrate on a first start) before they listen:
+// past it they exit. The controller's startup probe waits at least this long
+// before liveness applies, so the kubelet never kills a pod still within it.
+const StartupTimeout = 30 * time.Second
 
 // ListenAddr is the listen address of port on every interface (":8080").
 func ListenAddr(port int) string { return ":" + strconv.Itoa(port) }

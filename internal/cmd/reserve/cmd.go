@@ -53,7 +53,7 @@ const (
 
 // startupTimeout bounds connecting to (and migrating) the ledger at start; a pod
 // that cannot reach it exits and is restarted with back-off.
-const startupTimeout = 30 * time.Second
+const startupTimeout = config.StartupTimeout
 
 // Options are the settings of `flashsale reserve`.
 type Options struct {

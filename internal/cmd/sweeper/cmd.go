@@ -40,7 +40,7 @@ const (
 const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // startupTimeout bounds connecting to the ledger at start.
-const startupTimeout = 30 * time.Second
+const startupTimeout = config.StartupTimeout
 
 // Options are the sweeper's settings.
 type Options struct {
