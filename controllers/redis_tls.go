@@ -3,6 +3,7 @@ package controllers
 import (
 	"fmt"
 	"hash"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -26,15 +27,15 @@ func readRedisTLS(rs *corev1.Secret, addrs string, out *references) error {
 		CA:         rs.Data[SecretKeyRedisTLSCA],
 		Cert:       rs.Data[SecretKeyRedisTLSCert],
 		Key:        rs.Data[SecretKeyRedisTLSKey],
-		ServerName: string(rs.Data[SecretKeyRedisTLSServerName]),
+		// As the pods read it (config.Secret): a file's trailing newline is
+		// not part of the name.
+		ServerName: strings.TrimRight(string(rs.Data[SecretKeyRedisTLSServerName]), "\r\n"),
 	}
-	switch v := string(rs.Data[SecretKeyRedisTLS]); v {
-	case "", "false":
-	case "true":
-		t.Enabled = true
-	default:
-		return invalid(fmt.Errorf("key %q must be \"true\" or \"false\"", SecretKeyRedisTLS))
+	on, err := config.ParseTLSFlag(fmt.Sprintf("key %q", SecretKeyRedisTLS), string(rs.Data[SecretKeyRedisTLS]))
+	if err != nil {
+		return invalid(err)
 	}
+	t.Enabled = t.Enabled || on
 	cfg, err := t.Config()
 	if err != nil {
 		return invalid(err)

@@ -35,6 +35,9 @@ func TestReadRedisTLS(t *testing.T) {
 		{"tls key", map[string]string{"addresses": "a:1", "tls": "true", "serverName": "redis.shop"}, true, "", ""},
 		{"tls key false", map[string]string{"addresses": "a:1", "tls": "false"}, false, "", ""},
 		{"tls key neither", map[string]string{"addresses": "a:1", "tls": "on"}, false, ReasonRedisSecretInvalid, `key "tls"`},
+		// Made with kubectl create secret --from-file: the pods strip the
+		// trailing newline, so the operator does too.
+		{"tls and server name from files", map[string]string{"addresses": "a:1", "tls": "true\n", "serverName": "redis.shop\n"}, true, "", ""},
 		{"CA that is no certificate", map[string]string{"addresses": "rediss://a:1", "ca.crt": "nope"}, false, ReasonRedisSecretInvalid, "CA bundle"},
 		{"key without certificate", map[string]string{"addresses": "rediss://a:1", "tls.key": "k"}, false, ReasonRedisSecretInvalid, "without its certificate"},
 		{"mixed schemes", map[string]string{"addresses": "rediss://a:1,redis://b:2"}, false, ReasonRedisSecretInvalid, `key "addresses"`},
@@ -49,7 +52,7 @@ func TestReadRedisTLS(t *testing.T) {
 			t.Errorf("%s: error %v, want reason %s saying %q", c.name, err, c.reason, c.message)
 		case c.reason == "" && (out.redis.TLS != nil) != c.tls:
 			t.Errorf("%s: TLS config %v, want TLS %v", c.name, out.redis.TLS, c.tls)
-		case c.reason == "" && c.data["serverName"] != "" && out.redis.TLS.ServerName != c.data["serverName"]:
+		case c.reason == "" && c.data["serverName"] != "" && out.redis.TLS.ServerName != strings.TrimRight(c.data["serverName"], "\n"):
 			t.Errorf("%s: server name %q", c.name, out.redis.TLS.ServerName)
 		}
 	}

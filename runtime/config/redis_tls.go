@@ -37,15 +37,19 @@ type RedisTLS struct {
 	ServerName string
 }
 
-// ParseBool reads a "tls" value: empty is false.
-func parseTLSFlag(what, v string) (bool, error) {
+// ParseTLSFlag reads a "tls" value as the pods read it: surrounding
+// whitespace ignored, empty is false, else the forms of strconv.ParseBool.
+// The controller reads the Redis Secret's "tls" key with it too, so that a
+// value is accepted by both or by neither.
+func ParseTLSFlag(what, v string) (bool, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return false, nil
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, fmt.Errorf("%s must be true or false, got %q", what, v)
+		// The value is not quoted: it comes from a Secret.
+		return false, fmt.Errorf("%s must be true or false", what)
 	}
 	return b, nil
 }
@@ -130,7 +134,7 @@ func (c *Campaign) completeRedisTLS() error {
 	if err != nil {
 		return err
 	}
-	on, err := parseTLSFlag(EnvRedisTLS, flag)
+	on, err := ParseTLSFlag(EnvRedisTLS, flag)
 	if err != nil {
 		return err
 	}
