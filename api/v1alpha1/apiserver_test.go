@@ -112,6 +112,9 @@ func TestAgainstTheAPIServer(t *testing.T) {
 			{"ttl 0s", func(f *v1alpha1.FlashSale) { f.Spec.Reservation.TTL = &metav1.Duration{} }, "reservation.ttl must be at least 1s"},
 			{"missing sku", func(f *v1alpha1.FlashSale) { f.Spec.SKU = "" }, "spec.sku"},
 			{"sku too long", func(f *v1alpha1.FlashSale) { f.Spec.SKU = strings.Repeat("x", 129) }, "spec.sku"},
+			// The pods trim the SKU: these would never match the ledger's.
+			{"blank sku", func(f *v1alpha1.FlashSale) { f.Spec.SKU = "  " }, "spec.sku"},
+			{"sku with a trailing space", func(f *v1alpha1.FlashSale) { f.Spec.SKU = "itm-ps5 " }, "spec.sku"},
 			// Names its children cannot carry: a Service named <name>-reserve
 			// must be a DNS-1035 label of at most 63 characters.
 			{"name of 56 characters", func(f *v1alpha1.FlashSale) { f.Name = "s" + strings.Repeat("x", 55) }, "metadata.name must be at most 55"},

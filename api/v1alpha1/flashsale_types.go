@@ -117,10 +117,12 @@ const (
 // where its Redis, ledger and admission key are.
 type FlashSaleSpec struct {
 	// sku identifies the item on sale. It cannot be changed: create a new
-	// FlashSale to sell another item.
+	// FlashSale to sell another item. No whitespace at either end: the pods
+	// trim it, and would then disagree with the ledger.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^\S(.*\S)?$`
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sku is immutable: create a new FlashSale to sell another item"
 	SKU string `json:"sku,omitempty"`
 
