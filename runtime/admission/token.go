@@ -32,7 +32,8 @@ import (
 const Version = "v1"
 
 // Limits. MaxTokenLen bounds the work done on an untrusted header before the MAC
-// check; MaxFieldLen matches the API's bound on user ids.
+// check; MaxFieldLen bounds sku and sub in bytes (the API bounds user_id at as
+// many characters: the same bound for ASCII ids).
 const (
 	MinKeyLen   = 16
 	MaxFieldLen = 128

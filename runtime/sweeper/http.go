@@ -16,7 +16,7 @@ import (
 )
 
 // probeTimeout bounds one readiness check: a probe must answer before the
-// kubelet gives up on it (1s by default).
+// kubelet gives up on it (the operator's pods: 2 s; the kubelet's default 1 s).
 const probeTimeout = 800 * time.Millisecond
 
 // Handler serves /healthz (live: the sweep loop comes back, Runner.Live),
