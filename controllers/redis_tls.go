@@ -23,10 +23,10 @@ func readRedisTLS(rs *corev1.Secret, addrs string, out *references) error {
 	}
 	out.redis.Addresses = list
 	t := config.RedisTLS{
-		Enabled:    scheme,
-		CA:         rs.Data[SecretKeyRedisTLSCA],
-		Cert:       rs.Data[SecretKeyRedisTLSCert],
-		Key:        rs.Data[SecretKeyRedisTLSKey],
+		Enabled: scheme,
+		CA:      rs.Data[SecretKeyRedisTLSCA],
+		Cert:    rs.Data[SecretKeyRedisTLSCert],
+		Key:     rs.Data[SecretKeyRedisTLSKey],
 		// As the pods read it (config.Secret): a file's trailing newline is
 		// not part of the name.
 		ServerName: strings.TrimRight(string(rs.Data[SecretKeyRedisTLSServerName]), "\r\n"),
