@@ -28,6 +28,7 @@ import (
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/reserve"
 	"github.com/flashsale-dev/flashsale-operator/internal/cmd/sweeper"
+	"github.com/flashsale-dev/flashsale-operator/runtime/api"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	runtimesweeper "github.com/flashsale-dev/flashsale-operator/runtime/sweeper"
 )
@@ -40,6 +41,9 @@ type podCommand struct {
 	listen   string // the flag that holds EnvListen's address
 	metrics  string // the flag that holds EnvMetricsListen's, if any
 	probeMux func() http.Handler
+	// readyTimeout bounds the command's own readiness check: it must answer
+	// before the kubelet's probe gives up.
+	readyTimeout time.Duration
 }
 
 // podOptions are a command's settings: flags with environment defaults,
@@ -61,14 +65,14 @@ var podCommands = map[string]podCommand{
 			o := &reserve.Options{}
 			return commandFlags("reserve", o, &o.Campaign)
 		},
-		listen: "listen", metrics: "metrics-listen",
+		listen: "listen", metrics: "metrics-listen", readyTimeout: api.ReadyTimeout,
 	},
 	"sweeper": {
 		flags: func() (*pflag.FlagSet, *config.Campaign, func() error) {
 			o := &sweeper.Options{}
 			return commandFlags("sweeper", o, &o.Campaign)
 		},
-		listen: "listen",
+		listen: "listen", readyTimeout: runtimesweeper.ProbeTimeout,
 		probeMux: func() http.Handler {
 			return runtimesweeper.Handler(prometheus.NewRegistry(), func() error { return nil }, func(context.Context) error { return nil })
 		},
@@ -283,6 +287,9 @@ func TestPodContract(t *testing.T) {
 			if sp := d.c.StartupProbe; sp == nil ||
 				time.Duration(sp.PeriodSeconds*sp.FailureThreshold)*time.Second <= config.StartupTimeout {
 				t.Errorf("the %s Deployment's startup probe %+v gives the process less than its %s to open the ledger", d.name, sp, config.StartupTimeout)
+			}
+			if rp := d.c.ReadinessProbe; rp == nil || cmd.readyTimeout >= time.Duration(rp.TimeoutSeconds)*time.Second {
+				t.Errorf("the %s command's readiness check may take %s, its probe gives up after %+v", d.c.Args[0], cmd.readyTimeout, rp)
 			}
 			for _, p := range []*corev1.Probe{d.c.StartupProbe, d.c.LivenessProbe, d.c.ReadinessProbe} {
 				if p == nil || p.HTTPGet == nil || ports[p.HTTPGet.Port.StrVal] != ports[config.PortNameHTTP] {

@@ -226,7 +226,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 	if s.confirmed.Load() {
 		return s.stillReady(w, r)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 	defer cancel()
 	cfg := s.engine.Config()
 	if err := s.engine.PingRedis(ctx); err != nil {
@@ -257,7 +257,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
 // half the probe's time, so that a hung server never makes the probe itself
 // time out.
 func (s *Server) stillReady(w http.ResponseWriter, r *http.Request) string {
-	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout/2)
+	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout/2)
 	defer cancel()
 	c, err := s.engine.Campaign(ctx)
 	switch {

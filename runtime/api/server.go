@@ -39,8 +39,10 @@ const (
 	DefaultShutdownTimeout   = 25 * time.Second // inside Kubernetes' default 30 s grace period
 )
 
-// readyTimeout bounds one readiness probe's Redis and ledger checks.
-const readyTimeout = 2 * time.Second
+// ReadyTimeout bounds one readiness probe's Redis and ledger checks: below
+// the operator's probe timeout (2 s), so a slow Redis or ledger is answered
+// 503 and logged here instead of ending as the kubelet's timeout.
+const ReadyTimeout = 1500 * time.Millisecond
 
 // Config configures a Server. Zero durations and sizes take the defaults above.
 type Config struct {

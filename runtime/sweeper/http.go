@@ -15,9 +15,9 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
-// probeTimeout bounds one readiness check: a probe must answer before the
+// ProbeTimeout bounds one readiness check: a probe must answer before the
 // kubelet gives up on it (the operator's pods: 2 s; the kubelet's default 1 s).
-const probeTimeout = 800 * time.Millisecond
+const ProbeTimeout = 800 * time.Millisecond
 
 // Handler serves /healthz (live: the sweep loop comes back, Runner.Live),
 // /readyz (ready: the sweeper's own check, ReadyOnce over Redis and the
@@ -32,7 +32,7 @@ func Handler(g prometheus.Gatherer, live func() error, ready func(context.Contex
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET "+config.PathReadyz, func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), ProbeTimeout)
 		defer cancel()
 		if err := ready(ctx); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
