@@ -19,16 +19,20 @@ package controllers
 // The manager's permissions. controller-gen turns these markers into
 // config/rbac/role.yaml; keep them least-privilege.
 
-// +kubebuilder:rbac:groups=flashsale.dev,resources=flashsales,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=flashsale.dev,resources=flashsales/status,verbs=get;update;patch
+// The finalizer is patched, never updated; status is written through its
+// subresource and read with the object.
+// +kubebuilder:rbac:groups=flashsale.dev,resources=flashsales,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=flashsale.dev,resources=flashsales/status,verbs=update;patch
 // +kubebuilder:rbac:groups=flashsale.dev,resources=flashsales/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;delete
-// The reserve and sweeper pods' container states, for Degraded (read only).
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// The reserve and sweeper pods' container states, for Degraded (read only,
+// from the cache: listed and watched, never got).
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// The event recorder writes events.k8s.io events (leader election has its
+// own Role).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // The metrics endpoint asks the API server who a caller is and whether it may
