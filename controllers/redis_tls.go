@@ -3,7 +3,6 @@ package controllers
 import (
 	"fmt"
 	"hash"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -27,9 +26,8 @@ func readRedisTLS(rs *corev1.Secret, addrs string, out *references) error {
 		CA:      rs.Data[SecretKeyRedisTLSCA],
 		Cert:    rs.Data[SecretKeyRedisTLSCert],
 		Key:     rs.Data[SecretKeyRedisTLSKey],
-		// As the pods read it (config.Secret): a file's trailing newline is
-		// not part of the name.
-		ServerName: strings.TrimRight(string(rs.Data[SecretKeyRedisTLSServerName]), "\r\n"),
+		// As the pods read it: a file's trailing newline is not part of the name.
+		ServerName: config.SecretValue(string(rs.Data[SecretKeyRedisTLSServerName])),
 	}
 	on, err := config.ParseTLSFlag(fmt.Sprintf("key %q", SecretKeyRedisTLS), string(rs.Data[SecretKeyRedisTLS]))
 	if err != nil {

@@ -113,9 +113,8 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 	}
 	out.redis.Mode = s.redisMode
 	out.redis.Username = string(rs.Data[SecretKeyRedisUsername])
-	// Trailing CR and LF are stripped as the pods strip them (config.Secret),
-	// so the operator and the pods log in alike.
-	out.redis.Password = strings.TrimRight(string(rs.Data[SecretKeyRedisPassword]), "\r\n")
+	// Read as the pods read it, so the operator and the pods log in alike.
+	out.redis.Password = config.SecretValue(string(rs.Data[SecretKeyRedisPassword]))
 
 	ps, err := get("ledger", fs.Spec.Postgres.SecretRef.Name)
 	if err != nil {
@@ -124,7 +123,7 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 	if out.postgresDSN, err = key("ledger", ps, s.postgresKey); err != nil {
 		return out, err
 	}
-	out.postgresDSN = strings.TrimRight(out.postgresDSN, "\r\n")
+	out.postgresDSN = config.SecretValue(out.postgresDSN)
 	as, err := get("admission", fs.Spec.Admission.SecretRef.Name)
 	if err != nil {
 		return out, err
@@ -133,7 +132,7 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 	if err != nil {
 		return out, err
 	}
-	if len(strings.TrimRight(k, "\r\n")) < 16 { // as the pods count it
+	if len(config.SecretValue(k)) < 16 { // as the pods count it
 		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey)}
 	}
 	// Kept as stored: reserve pods from before they had an id key derived it

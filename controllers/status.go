@@ -212,7 +212,7 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
 		switch {
 		case errors.Is(f.rebuildErr, engine.ErrCountsDrift):
-			// Retrying cannot help: someone must recount the ledger.
+			// Not an outage: the retries fail until someone recounts the ledger.
 			st.Phase = flashsalev1alpha1.PhaseFailClosed
 			d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionFalse, ReasonCountsDrift, f.rebuildErr.Error())
 		case isLedgerError(f.rebuildErr):

@@ -231,7 +231,12 @@ func Secret(env string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%s%s: %w", env, FileSuffix, err)
 		}
-		return strings.TrimRight(string(b), "\r\n"), nil
+		return SecretValue(string(b)), nil
 	}
-	return strings.TrimRight(v, "\r\n"), nil
+	return SecretValue(v), nil
 }
+
+// SecretValue is a secret's value as every reader of it takes it: without
+// trailing CR and LF. The operator reads its Secrets' keys with it, so that
+// it and the pods (through Secret) see the same values.
+func SecretValue(v string) string { return strings.TrimRight(v, "\r\n") }
