@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"go/ast"
-	"go/parser"
 	"go/token"
 	"mime"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -18,6 +16,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 const openAPIPath = "../../docs/openapi.yaml"
@@ -254,19 +254,8 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 // source, so that a code added to the server cannot be missed here.
 func serverCodes(t *testing.T) []string {
 	t.Helper()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var codes []string
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, f := range testharness.ParseGoFiles(t, ".") {
 		for _, d := range f.Decls {
 			gd, ok := d.(*ast.GenDecl)
 			if !ok || gd.Tok != token.CONST {
@@ -280,7 +269,7 @@ func serverCodes(t *testing.T) []string {
 				for _, v := range vs.Values {
 					lit, ok := v.(*ast.BasicLit)
 					if !ok || lit.Kind != token.STRING {
-						t.Fatalf("%s: a Code constant that is not a string literal: %T", name, v)
+						t.Fatalf("a Code constant that is not a string literal: %T", v)
 					}
 					c, err := strconv.Unquote(lit.Value)
 					if err != nil {

@@ -2,7 +2,6 @@ package chart
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
 	"os"
 	"path/filepath"
@@ -28,18 +27,7 @@ func emittedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
 	for _, dir := range metricSources {
-		files, err := filepath.Glob(filepath.Join(testharness.RepoRoot(), dir, "*.go"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range files {
-			if strings.HasSuffix(name, "_test.go") {
-				continue
-			}
-			f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, f := range testharness.ParseGoFiles(t, filepath.Join(testharness.RepoRoot(), dir)) {
 			ast.Inspect(f, func(n ast.Node) bool {
 				lit, ok := n.(*ast.BasicLit)
 				if !ok || lit.Kind != token.STRING {
