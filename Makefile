@@ -137,7 +137,7 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps bench-rebuild bench-ledger ## Run the benchmarks of docs/benchmarks.md, docs/capacity.md and docs/rebuild-benchmarks.md (about an hour: the reservation storms 25–30 minutes, the rebuild and the ledger beside old sales about 15 each); BENCH_ARGS="--json" for JSON.
+bench: deps bench-rebuild bench-ledger ## Run the benchmarks of docs/benchmarks.md, docs/capacity.md and docs/rebuild-benchmarks.md (about an hour: the reservation storms 25–30 minutes, the rebuild and the ledger beside old sales about 15 each); BENCH_ARGS="--json": the storms' report as JSON (after the rebuild and ledger tables).
 	go run ./hack/bench $(BENCH_ARGS)
 
 .PHONY: bench-rebuild

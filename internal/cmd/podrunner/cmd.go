@@ -2,7 +2,7 @@
 // internal/podrunner/podrunner, not a flashsale subcommand): the local pod
 // runner that plays the kubelet's part for the operator's Deployments and
 // Services where there is an API server but no node (`make demo
-// --node=false`, test/e2e).
+// DEMO_FLAGS=--node=false`, test/e2e).
 package podrunner
 
 import (
@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -70,7 +69,7 @@ SIGKILLs a replica for chaos tests).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: $KUBECONFIG or ~/.kube/config)")
-	f.StringVar(&o.Binary, "binary", "", "executable that stands in for the image's entrypoint (default: this flashsale binary)")
+	f.StringVar(&o.Binary, "binary", "", "the flashsale executable that stands in for the image's entrypoint (required)")
 	f.StringVar(&o.Dir, "dir", o.Dir, "directory for replica logs and working directories")
 	f.StringSliceVar(&o.Namespaces, "namespaces", nil, "comma-separated namespaces to watch (default: all)")
 	f.StringVar(&o.Selector, "selector", o.Selector, "label selector of the Deployments and Services to run")
@@ -84,16 +83,16 @@ SIGKILLs a replica for chaos tests).`,
 
 // Run serves until ctx ends, then stops every replica and returns.
 func Run(ctx context.Context, o Options, log *slog.Logger) error {
+	// The runner is not the flashsale binary, so there is no default: its
+	// own executable would be started as every replica.
+	if o.Binary == "" {
+		return errors.New("--binary is required: the flashsale executable the replicas run")
+	}
 	loading := clientcmd.NewDefaultClientConfigLoadingRules()
 	loading.ExplicitPath = o.Kubeconfig
 	kube, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(loading, nil).ClientConfig()
 	if err != nil {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	if o.Binary == "" {
-		if o.Binary, err = os.Executable(); err != nil {
-			return fmt.Errorf("--binary: %w", err)
-		}
 	}
 	if o.StateFile == "" {
 		o.StateFile = filepath.Join(o.Dir, "state.json")

@@ -1,6 +1,9 @@
 package podrunner
 
 import (
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -34,5 +37,23 @@ func TestAdminListensOnLoopbackOnly(t *testing.T) {
 		} else if !strings.Contains(err.Error(), wantErr) {
 			t.Errorf("%s: %v, want an error containing %q", addr, err, wantErr)
 		}
+	}
+}
+
+// TestBinaryIsRequired: the runner is its own executable, not flashsale, so
+// without --binary it would start itself as every replica. It refuses, and
+// starts nothing (no directory, no listener).
+func TestBinaryIsRequired(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "runner")
+	cmd := NewCmd()
+	cmd.SetArgs([]string{"--dir", dir, "--admin-listen", "127.0.0.1:0"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	err := cmd.Execute()
+	if err == nil || !strings.Contains(err.Error(), "--binary is required") {
+		t.Fatalf("podrunner without --binary: %v, want an error naming --binary", err)
+	}
+	if _, statErr := os.Stat(dir); !os.IsNotExist(statErr) {
+		t.Errorf("podrunner without --binary made %s (%v)", dir, statErr)
 	}
 }

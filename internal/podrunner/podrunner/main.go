@@ -1,5 +1,5 @@
 // Command podrunner is the local pod runner as a binary of its own, for
-// `make demo --node=false` and the end-to-end suite in test/e2e: it is not
+// `make demo DEMO_FLAGS=--node=false` and the end-to-end suite in test/e2e: it is not
 // part of the flashsale binary, so it never ships in the operator's image.
 // Real pods run on the test node (internal/testharness.Cluster); the runner
 // remains where no root is available to run one.
