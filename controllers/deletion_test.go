@@ -128,25 +128,7 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 	pruned := e.openSale("pruned", 10)
 	orphaned := e.openSale("orphaned", 10)
 	ctx := context.Background()
-	cleaned := func(fs *flashsalev1alpha1.FlashSale) bool {
-		t.Helper()
-		rdb := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr()})
-		defer rdb.Close()
-		states, err := stock.New(rdb, string(fs.UID), 4).State(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := ledger.Open(ctx, e.dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		c, err := l.GetCampaign(ctx, string(fs.UID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.Present }) && c.DeletedAt != nil
-	}
+	cleaned := func(fs *flashsalev1alpha1.FlashSale) bool { return cleanedUp(t, e, sharedRedis.Addr(), fs) }
 	for _, name := range []string{"shop-redis", "shop-ledger", "waiting-room"} {
 		if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}); err != nil {
 			t.Fatal(err)
@@ -184,6 +166,56 @@ func TestDeletionWithItsSecrets(t *testing.T) {
 	}
 	if cleaned(orphaned) {
 		t.Fatal("cleaned up without connections")
+	}
+}
+
+// cleanedUp tells whether a deleted sale's Redis keys are gone and its ledger
+// campaign is marked deleted.
+func cleanedUp(t *testing.T, e *env, redisAddr string, fs *flashsalev1alpha1.FlashSale) bool {
+	t.Helper()
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	states, err := stock.New(rdb, string(fs.UID), 4).State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := l.GetCampaign(ctx, string(fs.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.Present }) && c.DeletedAt != nil
+}
+
+// A sale whose admission Secret is gone (a rotation by delete and create, a
+// prune of that one Secret) is still cleaned up after an operator restart:
+// the admission key only lets the pods reserve, and the Redis and ledger
+// Secrets are all the cleanup needs.
+func TestDeletionWithoutItsAdmissionSecret(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	stop := e.startController()
+	fs := e.openSale("keyless", 10)
+	stop()
+	ctx := context.Background()
+	if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "waiting-room", Namespace: e.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+	if err := k8s.Delete(ctx, fs); err != nil {
+		t.Fatal(err)
+	}
+	e.waitGone("keyless", settle)
+	if hasEvent(t, e.ns, "keyless", controllers.ReasonCleanupSkipped) {
+		t.Fatal("CleanupSkipped for a sale whose Redis and ledger Secrets are there")
+	}
+	if !cleanedUp(t, e, sharedRedis.Addr(), fs) {
+		t.Fatal("a sale deleted without its admission Secret kept its Redis keys or ledger campaign")
 	}
 }
 

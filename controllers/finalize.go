@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
-	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
@@ -52,6 +51,13 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	}
 	refs, err := readReferences(ctx, r.secrets, fs)
 	var refErr *referenceError
+	if errors.As(err, &refErr) {
+		// The admission key only lets the pods reserve: without it, the
+		// Redis and ledger Secrets still end the sale and clean it up.
+		if store, serr := readStoreReferences(ctx, r.secrets, fs); serr == nil {
+			refs, err = store, nil
+		}
+	}
 	cached := r.conns.cached(name)
 	if cached != nil && cached.engine.Config().CampaignID != string(fs.UID) {
 		cached = nil // a sale of the same name, deleted since
@@ -78,7 +84,7 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		conn, err := r.conns.get(gctx, name, refs, engine.Config{
 			CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
 			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
-			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: config.DeriveIDSecret(refs.admissionKey),
+			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: idSecret(refs),
 		})
 		var le *ledgerError
 		if errors.As(err, &le) {

@@ -75,33 +75,38 @@ func (e *referenceError) Error() string { return e.message }
 // readReferences reads the three Secrets. A missing Secret or key is a
 // referenceError; other errors are API failures.
 func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale) (references, error) {
-	s := resolve(fs)
-	get := func(what, name string) (*corev1.Secret, error) {
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			// Stored before the CRD refused such names: the API client
-			// cannot ask for it, and would fail every retry the same way.
-			return nil, &referenceError{ReasonSecretNotFound, fmt.Sprintf("%s Secret name %q is not a Secret name: %s", what, name, strings.Join(errs, "; "))}
-		}
-		var sec corev1.Secret
-		err := c.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: name}, &sec)
-		if apierrors.IsNotFound(err) {
-			return nil, &referenceError{ReasonSecretNotFound, fmt.Sprintf("%s Secret %q not found in namespace %q", what, name, fs.Namespace)}
-		}
-		return &sec, err
-	}
-	key := func(what string, sec *corev1.Secret, k string) (string, error) {
-		v, ok := sec.Data[k]
-		if !ok || len(v) == 0 {
-			return "", &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("%s Secret %q has no key %q", what, sec.Name, k)}
-		}
-		return string(v), nil
-	}
-	var out references
-	rs, err := get("Redis", fs.Spec.Redis.SecretRef.Name)
+	out, err := readStoreReferences(ctx, c, fs)
 	if err != nil {
 		return out, err
 	}
-	addrs, err := key("Redis", rs, SecretKeyRedisAddresses)
+	s := resolve(fs)
+	as, err := getSecret(ctx, c, fs, "admission", fs.Spec.Admission.SecretRef.Name)
+	if err != nil {
+		return out, err
+	}
+	k, err := secretKey("admission", as, s.admissionKey)
+	if err != nil {
+		return out, err
+	}
+	if len(config.SecretValue(k)) < 16 { // as the pods count it
+		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey)}
+	}
+	// Kept as stored: reserve pods from before they had an id key derived it
+	// from these bytes as they got them (see idsecret.go).
+	out.admissionKey = []byte(k)
+	return out, nil
+}
+
+// readStoreReferences reads the Redis and ledger Secrets only: all that
+// ending a sale and deleting its keys and campaign needs.
+func readStoreReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale) (references, error) {
+	s := resolve(fs)
+	var out references
+	rs, err := getSecret(ctx, c, fs, "Redis", fs.Spec.Redis.SecretRef.Name)
+	if err != nil {
+		return out, err
+	}
+	addrs, err := secretKey("Redis", rs, SecretKeyRedisAddresses)
 	if err != nil {
 		return out, err
 	}
@@ -116,29 +121,48 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 	// Read as the pods read it, so the operator and the pods log in alike.
 	out.redis.Password = config.SecretValue(string(rs.Data[SecretKeyRedisPassword]))
 
-	ps, err := get("ledger", fs.Spec.Postgres.SecretRef.Name)
+	ps, err := getSecret(ctx, c, fs, "ledger", fs.Spec.Postgres.SecretRef.Name)
 	if err != nil {
 		return out, err
 	}
-	if out.postgresDSN, err = key("ledger", ps, s.postgresKey); err != nil {
+	if out.postgresDSN, err = secretKey("ledger", ps, s.postgresKey); err != nil {
 		return out, err
 	}
 	out.postgresDSN = config.SecretValue(out.postgresDSN)
-	as, err := get("admission", fs.Spec.Admission.SecretRef.Name)
-	if err != nil {
-		return out, err
-	}
-	k, err := key("admission", as, s.admissionKey)
-	if err != nil {
-		return out, err
-	}
-	if len(config.SecretValue(k)) < 16 { // as the pods count it
-		return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey)}
-	}
-	// Kept as stored: reserve pods from before they had an id key derived it
-	// from these bytes as they got them (see idsecret.go).
-	out.admissionKey = []byte(k)
 	return out, nil
+}
+
+// getSecret reads one of the sale's Secrets; a missing one is a referenceError.
+func getSecret(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale, what, name string) (*corev1.Secret, error) {
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		// Stored before the CRD refused such names: the API client
+		// cannot ask for it, and would fail every retry the same way.
+		return nil, &referenceError{ReasonSecretNotFound, fmt.Sprintf("%s Secret name %q is not a Secret name: %s", what, name, strings.Join(errs, "; "))}
+	}
+	var sec corev1.Secret
+	err := c.Get(ctx, types.NamespacedName{Namespace: fs.Namespace, Name: name}, &sec)
+	if apierrors.IsNotFound(err) {
+		return nil, &referenceError{ReasonSecretNotFound, fmt.Sprintf("%s Secret %q not found in namespace %q", what, name, fs.Namespace)}
+	}
+	return &sec, err
+}
+
+// secretKey is a key's value; a missing or empty key is a referenceError.
+func secretKey(what string, sec *corev1.Secret, k string) (string, error) {
+	v, ok := sec.Data[k]
+	if !ok || len(v) == 0 {
+		return "", &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("%s Secret %q has no key %q", what, sec.Name, k)}
+	}
+	return string(v), nil
+}
+
+// idSecret is the engine's reservation id key, none without an admission key
+// (an engine that only cleans up never reserves).
+func idSecret(refs references) []byte {
+	if len(refs.admissionKey) == 0 {
+		return nil
+	}
+	return config.DeriveIDSecret(refs.admissionKey)
 }
 
 func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
