@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -72,16 +73,26 @@ func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st reb
 	eng := s.conn.engine
 	obj := &flashsalev1alpha1.FlashSale{}
 	obj.Namespace, obj.Name = s.fs.Namespace, s.fs.Name
-	spec := st.spec
+	uid, spec := s.fs.UID, st.spec
 	failpoint := r.rebuildFailpoint
 	r.rebuilds.add(run)
 	go func() {
 		defer r.rebuilds.remove(run)
 		opts := engine.RebuildOptions{
-			// The shards open in the state of the moment they open (applyGates
-			// recomputes the window too): a rebuild of a large ledger may run
-			// across a schedule edge.
-			Gate:  func() string { return saleWindow(&spec, r.now()).Gate },
+			// The shards open in the state of the moment they open, from the
+			// spec of that moment: a rebuild of a large ledger may run across
+			// a schedule edge, or an on-call may pause the sale meanwhile (a
+			// rebuilding shard has no open gate for applyGates to close).
+			Gate: func() string {
+				cur := &flashsalev1alpha1.FlashSale{}
+				if err := r.Get(rctx, client.ObjectKeyFromObject(obj), cur); err == nil && cur.UID == uid {
+					if !cur.DeletionTimestamp.IsZero() {
+						return engine.StateEnded
+					}
+					spec = cur.Spec
+				}
+				return saleWindow(&spec, r.now()).Gate
+			},
 			Begun: run.epoch.Store,
 		}
 		if failpoint != nil {
