@@ -41,10 +41,14 @@ func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (in
 				// commit.lua takes the mark away with the reservation.
 				n, err := e.store.MarkCommitted(ctx, shard, p.Key)
 				if err == nil && n == stock.CommitLedgerNeeded {
-					err = e.markCommittedFromLedger(ctx, shard, p.Key)
+					n, err = e.markCommittedFromLedger(ctx, shard, p.Key)
 				}
 				if err != nil {
 					return settled, err
+				}
+				if n == stock.CommitRebuilding {
+					offset++ // the mark stays for a pass after the rebuild
+					continue
 				}
 				settled++
 			case !missing && o.Status == ledger.StatusPending && now.Sub(time.UnixMilli(p.AtMs)) < PayingHold:

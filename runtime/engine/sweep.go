@@ -240,10 +240,14 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 		case s == ledger.StatusCommitted:
 			n, err := e.store.MarkCommitted(ctx, shard, k)
 			if err == nil && n == stock.CommitLedgerNeeded {
-				err = e.markCommittedFromLedger(ctx, shard, k)
+				n, err = e.markCommittedFromLedger(ctx, shard, k)
 			}
 			if err != nil {
 				return st, err
+			}
+			if n == stock.CommitRebuilding {
+				st.Skipped++
+				continue
 			}
 			st.Committed++
 		default: // PENDING: not past expiry + grace by the database clock yet
@@ -274,11 +278,10 @@ func (e *Engine) releaseFromLedger(ctx context.Context, shard int, key string) (
 
 // markCommittedFromLedger is the sold counterpart of releaseFromLedger: the
 // units of a sold reservation whose hash is gone leave the reserved count.
-func (e *Engine) markCommittedFromLedger(ctx context.Context, shard int, key string) error {
+func (e *Engine) markCommittedFromLedger(ctx context.Context, shard int, key string) (int, error) {
 	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, key))
 	if err != nil {
-		return err
+		return 0, err
 	}
-	_, err = e.store.MarkCommittedFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli())
-	return err
+	return e.store.MarkCommittedFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli())
 }

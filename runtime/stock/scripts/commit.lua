@@ -2,7 +2,7 @@
 -- and take it out of the expiry index so the sweeper leaves it alone. Best effort:
 -- the sweeper repairs a missed mark when it finds the ledger row COMMITTED.
 --
--- KEYS[1] meta  KEYS[2] index  KEYS[3] res  KEYS[4] paying (pay.lua; every outcome
+-- KEYS[1] meta  KEYS[2] index  KEYS[3] res  KEYS[4] paying (pay.lua; every outcome but 5
 --         takes the reservation out of it: nothing is left for the sweeper to settle)
 -- ARGV[1] reservation key
 -- ARGV[2], ARGV[3] (optional) the ledger row's quantity and expiry ms, for a reservation
@@ -11,9 +11,14 @@
 --
 -- Returns 1 marked now, 2 already committed, 0 no reservation hash (index cleaned),
 --   3 no hash: counted as sold from the ledger row (ARGV[2..3]),
---   4 no hash but an index entry: call again with the ledger row; nothing changed
+--   4 no hash but an index entry: call again with the ledger row; nothing changed,
+--   5 the shard is being rebuilt: nothing changed (the rebuild owns its reserved
+--     count, from the ledger; the sweeper marks the reservation once it is done)
 --
 -- Run twice: safe. The second run finds the hash committed and answers 2.
+if redis.call('HGET', KEYS[1], 'state') == 'REBUILDING' then
+  return 5
+end
 local key = ARGV[1]
 redis.call('ZREM', KEYS[4], key)
 local r = redis.call('HMGET', KEYS[3], 's', 'q')
