@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 
 	"github.com/redis/go-redis/v9"
 
@@ -54,6 +55,9 @@ var (
 	ErrBadDSN = ledger.ErrBadDSN
 	// ErrCampaignNotFound: the ledger has no row for the campaign.
 	ErrCampaignNotFound = ledger.ErrCampaignNotFound
+	// ErrServerChanged: a Redis server holding shards restarted, or was
+	// replaced by a failover, while a rebuild wrote them; it opened nothing.
+	ErrServerChanged = errors.New("redis server changed")
 )
 
 // Record is what the ledger keeps of the campaign for the operator: the

@@ -409,3 +409,42 @@ func TestRebuildProgressFromTheWorld(t *testing.T) {
 		t.Fatalf("progress once over: %+v %v", p, err)
 	}
 }
+
+// A Redis server that restarts during a rebuild, from a snapshot taken while
+// the rebuild was writing, holds what the snapshot kept of it: the rebuild
+// must not open it, whatever its remaining steps found there. Here it
+// restarts (its data saved) just before the shard is finished: the finish
+// goes through on the new process, and the open does not. The next rebuild
+// opens it.
+func TestRebuildDoesNotOpenAServerThatRestartedDuringIt(t *testing.T) {
+	r := testharness.RedisT(t)
+	rdb := standaloneClient(t, r.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(1))
+	ctx := context.Background()
+	f.reserve("u-1", "r", 1)
+	if _, err := f.e.Store().DeleteAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.e.RebuildWith(ctx, engine.RebuildOptions{Gate: openGate, BeforeFinish: func(int) {
+		if err := r.RestartWithData(); err != nil {
+			t.Error(err)
+		}
+	}})
+	if !errors.Is(err, engine.ErrServerChanged) {
+		t.Fatalf("a rebuild across a server restart: %v, want ErrServerChanged", err)
+	}
+	states, err := f.e.Store().State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if states[0].State != stock.StateFailClosed {
+		t.Fatalf("the restarted server's shard is %s after the rebuild, want %s", states[0].State, stock.StateFailClosed)
+	}
+	rep, err := f.e.Rebuild(ctx, openGate)
+	if err != nil || rep.Reserved != 1 || rep.Available != 9 {
+		t.Fatalf("the rebuild after: %+v %v", rep, err)
+	}
+	if states, err := f.e.Store().State(ctx); err != nil || states[0].State != stock.StateOpen {
+		t.Fatalf("after the next rebuild: %+v %v", states, err)
+	}
+}
