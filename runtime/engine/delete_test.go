@@ -8,7 +8,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 func TestDeleteKeepsLedger(t *testing.T) {
@@ -70,5 +72,41 @@ func TestDeleteOfACampaignNeverCreated(t *testing.T) {
 	}
 	if _, err := f.l.GetCampaign(context.Background(), cfg.CampaignID); !errors.Is(err, ledger.ErrCampaignNotFound) {
 		t.Fatalf("Delete created the campaign: %v", err)
+	}
+}
+
+// A sale whose ledger Secret points at another database is not cleaned up
+// through it: that ledger has no campaign to mark, and the one that has it
+// would keep the campaign live, with pending orders nobody sweeps. Delete
+// ends the sale, refuses, and deletes nothing; on its own ledger it cleans up.
+func TestDeleteRefusesALedgerThatDoesNotKnowTheSale(t *testing.T) {
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(2))
+	reserveMany(t, f, "held", 2)
+	ctx := context.Background()
+	wrong := openEngine(t, f.cfg, rdb, newLedger(t, sharedPG))
+	if err := wrong.Delete(ctx); !errors.Is(err, engine.ErrLedgerMismatch) {
+		t.Fatalf("delete through a ledger without the sale: %v, want ErrLedgerMismatch", err)
+	}
+	states, err := f.e.Store().State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range states {
+		if !s.Present || s.State != stock.StateEnded {
+			t.Fatalf("shard %d after the refused delete: %+v, want present and %s", s.Index, s, stock.StateEnded)
+		}
+	}
+	if c := f.counts(); c.Reserved != 2 || c.Available != 8 {
+		t.Fatalf("the refused delete changed the stock: %+v", c)
+	}
+	if c, err := f.l.GetCampaign(ctx, f.cfg.CampaignID); err != nil || c.DeletedAt != nil {
+		t.Fatalf("the sale's own campaign after the refused delete: %+v %v", c, err)
+	}
+	if err := f.e.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := f.l.GetCampaign(ctx, f.cfg.CampaignID); err != nil || c.DeletedAt == nil {
+		t.Fatalf("the sale's own campaign after its delete: %+v %v", c, err)
 	}
 }

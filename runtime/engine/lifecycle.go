@@ -53,12 +53,7 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBef
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("redis: %w", err)
 	}
-	present := 0
-	for _, s := range states {
-		if s.Present {
-			present++
-		}
-	}
+	present := presentShards(states)
 	c, err := e.ledger.GetCampaign(ctx, e.cfg.CampaignID)
 	created := false
 	switch {
@@ -153,7 +148,9 @@ func (e *Engine) SetGate(ctx context.Context, state string, epoch int64) error {
 // Delete closes the gates and removes every Redis key of the campaign, then marks
 // the ledger campaign deleted. Orders stay: they are the book of record. A
 // campaign the ledger never had (the sale was deleted before it was ever
-// seeded) has nothing to mark.
+// seeded) has nothing to mark. A ledger without the campaign while Redis holds
+// its shards is ErrLedgerMismatch: the ledger that does hold it would keep a
+// live campaign and pending orders nobody sweeps, so nothing is deleted.
 func (e *Engine) Delete(ctx context.Context) error {
 	// Marked deleted only after its keys were: a deletion retried (the
 	// children's deletion failed) does not scan a big shared Redis again.
@@ -171,6 +168,16 @@ func (e *Engine) Delete(ctx context.Context) error {
 		// of a deletion that cannot mark the campaign would scan it again.
 		return ledgerFailure("read campaign", err)
 	}
+	if err != nil { // not found
+		states, serr := e.store.State(ctx)
+		if serr != nil {
+			return fmt.Errorf("redis: %w", serr)
+		}
+		if present := presentShards(states); present > 0 {
+			return fmt.Errorf("%w, though Redis holds %d of its %d shards: the ledger DSN points at another database, or the ledger lost data; the sale is ended, and its keys and campaign are left for the ledger that holds it",
+				ErrLedgerMismatch, present, len(states))
+		}
+	}
 	if _, err := e.store.DeleteAll(ctx); err != nil {
 		return err
 	}
@@ -179,6 +186,17 @@ func (e *Engine) Delete(ctx context.Context) error {
 		return ledgerFailure("mark campaign deleted", err)
 	}
 	return nil
+}
+
+// presentShards counts the shards Redis holds a meta of.
+func presentShards(states []stock.ShardState) int {
+	n := 0
+	for _, s := range states {
+		if s.Present {
+			n++
+		}
+	}
+	return n
 }
 
 // shardList names shards in a message, the first few only: a sale may have a
