@@ -149,11 +149,12 @@ bench-ledger: deps ## A new sale's ledger queries beside 10 finished sales of 1M
 	go run ./hack/ledgerbench $(LEDGER_ARGS)
 
 .PHONY: tools
-tools: ## Build helm, promtool, crd-ref-docs and golangci-lint from their Go modules (cached).
+tools: ## Build helm, promtool, crd-ref-docs and golangci-lint from their Go modules, and fetch the Prometheus Operator's CRDs (cached).
 	hack/build-tool.sh helm
 	hack/build-tool.sh promtool
 	hack/build-tool.sh crd-ref-docs
 	hack/build-tool.sh golangci-lint
+	hack/build-tool.sh monitoring-crds
 
 # -timeout: go test's default, 10 minutes a package, is shorter than test/node's
 # first run (its image build alone took 263 s on two busy cores, then ~10 cases).

@@ -11,6 +11,11 @@
 #   crd-ref-docs  github.com/elastic/crd-ref-docs          CRD_REF_DOCS_VERSION
 #   golangci-lint hack/tools/golangci-kal (golangci-lint v2 with kube-api-linter
 #                 linked in as a module plugin; versions pinned in its go.mod)
+#   monitoring-crds  the Prometheus Operator's ServiceMonitor, PodMonitor and
+#                 PrometheusRule CRDs, from github.com/prometheus-operator/prometheus-operator
+#                 (PROMETHEUS_OPERATOR_VERSION): files, not a binary; the last
+#                 line is their directory. The chart's apply test validates
+#                 against them.
 #
 # When the binary is cached the script only prints its path. Environment:
 #   FLASHSALE_CACHE  cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/flashsale-operator)
@@ -20,6 +25,7 @@ set -euo pipefail
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 CRD_REF_DOCS_VERSION="${CRD_REF_DOCS_VERSION:-v0.3.0}"
+PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 
 log() { printf '[build-tool] %s\n' "$*" >&2; }
 die() {
@@ -27,7 +33,7 @@ die() {
 	exit 1
 }
 
-[[ $# -eq 1 ]] || die "usage: $0 helm|promtool|crd-ref-docs|golangci-lint"
+[[ $# -eq 1 ]] || die "usage: $0 helm|promtool|crd-ref-docs|golangci-lint|monitoring-crds"
 name="$1"
 ldflags="-s -w"
 tags=""
@@ -60,14 +66,23 @@ golangci-lint)
 	[[ -n "${version}" ]] || die "no ${pkg} version in ${src}/go.mod"
 	version+="-kal-$(cat "${src}/go.mod" "${src}/go.sum" "${src}"/*.go | sha256sum | cut -c1-12)"
 	;;
-*) die "unknown tool '${name}' (helm, promtool, crd-ref-docs or golangci-lint)" ;;
+monitoring-crds)
+	pkg=github.com/prometheus-operator/prometheus-operator version="${PROMETHEUS_OPERATOR_VERSION}"
+	;;
+*) die "unknown tool '${name}' (helm, promtool, crd-ref-docs, golangci-lint or monitoring-crds)" ;;
 esac
 
 CACHE_ROOT="${FLASHSALE_CACHE:-${XDG_CACHE_HOME:-${HOME:?HOME is not set}/.cache}/flashsale-operator}"
 DIR="${CACHE_ROOT}/tools/${name}-${version}${tags:+-${tags}}"
 BIN="${DIR}/${name}"
+if [[ "${name}" == monitoring-crds ]]; then
+	# Files: the directory stands for the binary, and a marker written last
+	# for its executable bit.
+	BIN="${DIR}"
+	[[ -f "${DIR}/.complete" ]] && { printf '%s\n' "${DIR}"; exit 0; }
+fi
 
-if [[ -x "${BIN}" ]]; then
+if [[ "${name}" != monitoring-crds && -x "${BIN}" ]]; then
 	printf '%s\n' "${BIN}"
 	exit 0
 fi
@@ -78,7 +93,7 @@ mkdir -p "${CACHE_ROOT}/tools"
 if command -v flock >/dev/null 2>&1; then
 	exec 9>"${DIR}.lock"
 	flock 9
-	if [[ -x "${BIN}" ]]; then
+	if [[ -x "${BIN}" && ( "${name}" != monitoring-crds || -f "${DIR}/.complete" ) ]]; then
 		printf '%s\n' "${BIN}"
 		exit 0
 	fi
@@ -87,6 +102,22 @@ fi
 STAGE="$(mktemp -d "${DIR}.tmp.XXXXXX")"
 trap 'rm -rf "${STAGE}"' EXIT
 start="${SECONDS}"
+if [[ "${name}" == monitoring-crds ]]; then
+	log "fetching ${pkg}@${version} for its CRDs (first time only)"
+	mod="$(cd "${STAGE}" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "${pkg}@${version}" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')" || die "downloading ${pkg}@${version} failed"
+	[[ -d "${mod}" ]] || die "go mod download gave no directory for ${pkg}@${version}"
+	for kind in servicemonitors podmonitors prometheusrules; do
+		cp "${mod}/example/prometheus-operator-crd/monitoring.coreos.com_${kind}.yaml" "${STAGE}/" ||
+			die "${pkg}@${version} has no ${kind} CRD"
+	done
+	touch "${STAGE}/.complete"
+	rm -rf "${DIR}"
+	mv -T "${STAGE}" "${DIR}"
+	log "fetched ${name} in $((SECONDS - start))s: ${DIR}"
+	printf '%s\n' "${DIR}"
+	exit 0
+fi
 if [[ -n "${src}" ]]; then
 	log "building ${name} ${version} from ${src} (first time only)"
 	(cd "${src}" && GOWORK=off CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -trimpath -mod=readonly" \

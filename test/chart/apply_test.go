@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -60,30 +61,25 @@ func (w *warnings) take() []string {
 	return out
 }
 
-// monitoringCRDs are stand-ins for the Prometheus Operator's CRDs, which a
-// bare API server lacks: the kinds and scope are the real ones, the schema
-// accepts any spec (the rules themselves are checked by promtool).
-func monitoringCRDs() []*apiextensionsv1.CustomResourceDefinition {
+// monitoringCRDs are the Prometheus Operator's own ServiceMonitor, PodMonitor
+// and PrometheusRule CRDs (hack/build-tool.sh monitoring-crds, from its
+// module at a pinned version), so the API server checks the chart's objects
+// against their real schemas: a misspelt or misplaced field is refused or
+// warned about, as on a cluster running the operator.
+func monitoringCRDs(t *testing.T) []*apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	dir := tool(t, "monitoring-crds")
 	var out []*apiextensionsv1.CustomResourceDefinition
-	for kind, plural := range map[string]string{"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"} {
-		preserve := true
-		out = append(out, &apiextensionsv1.CustomResourceDefinition{
-			ObjectMeta: metav1.ObjectMeta{Name: plural + ".monitoring.coreos.com"},
-			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-				Group: "monitoring.coreos.com",
-				Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: kind, ListKind: kind + "List", Plural: plural, Singular: strings.ToLower(kind)},
-				Scope: apiextensionsv1.NamespaceScoped,
-				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-					Name: "v1", Served: true, Storage: true,
-					Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
-						Type: "object",
-						Properties: map[string]apiextensionsv1.JSONSchemaProps{
-							"spec": {Type: "object", XPreserveUnknownFields: &preserve},
-						},
-					}},
-				}},
-			},
-		})
+	for _, kind := range []string{"servicemonitors", "podmonitors", "prometheusrules"} {
+		raw, err := os.ReadFile(filepath.Join(dir, "monitoring.coreos.com_"+kind+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := utilyaml.Unmarshal(raw, crd); err != nil {
+			t.Fatalf("the %s CRD: %v", kind, err)
+		}
+		out = append(out, crd)
 	}
 	return out
 }
@@ -114,7 +110,8 @@ func startApplyEnv(t *testing.T) *applyEnv {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, crd := range monitoringCRDs() {
+	crds := monitoringCRDs(t)
+	for _, crd := range crds {
 		if err := c.Create(ctx, crd); err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +126,7 @@ func startApplyEnv(t *testing.T) *applyEnv {
 	}
 	// The CRDs become servable a moment after they are created.
 	testharness.Eventually(t, 30*time.Second, "the monitoring CRDs to be established", func() bool {
-		for _, crd := range monitoringCRDs() {
+		for _, crd := range crds {
 			var got apiextensionsv1.CustomResourceDefinition
 			if c.Get(ctx, client.ObjectKeyFromObject(crd), &got) != nil || !established(&got) {
 				return false
@@ -196,6 +193,7 @@ func TestManifestsApplyServerSide(t *testing.T) {
 		{"chart with monitoring", render(t, "monitoring.serviceMonitor.enabled=true", "monitoring.podMonitors.enabled=true",
 			"monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true",
 			"metrics.readerSubjects[0].kind=ServiceAccount", "metrics.readerSubjects[0].name=prometheus", "metrics.readerSubjects[0].namespace=monitoring")},
+		{"chart with monitoring, a token Secret", render(t, "monitoring.serviceMonitor.enabled=true", "monitoring.serviceMonitor.tokenSecret.name=scraper-token")},
 		{"dist/install.yaml", withoutNamespaceObject(t, decode(t, string(install)))},
 	} {
 		errs, warns := e.dryRunApply(t, c.objs)
@@ -240,5 +238,25 @@ func TestApplyCatchesPodSecurityViolations(t *testing.T) {
 	_, warns := e.dryRunApply(t, deployment)
 	if len(warns) == 0 || !strings.Contains(strings.Join(warns, "\n"), "allowPrivilegeEscalation") {
 		t.Fatalf("a manager allowing privilege escalation applied with warnings %q, want a Pod Security warning", warns)
+	}
+}
+
+// TestApplyCatchesMonitoringSchemaErrors: the monitoring CRDs are the real
+// ones, so a ServiceMonitor with an interval that is no duration and a field
+// the Prometheus Operator does not have is refused or warned about: what
+// TestManifestsApplyServerSide passes, a cluster running the operator takes.
+func TestApplyCatchesMonitoringSchemaErrors(t *testing.T) {
+	e := startApplyEnv(t)
+	for field, value := range map[string]string{"interval": "soon", "bearerTokenPath": "/token"} {
+		sm := find(t, render(t, "monitoring.serviceMonitor.enabled=true"), "ServiceMonitor", "-manager")
+		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		eps[0].(map[string]any)[field] = value
+		if err := unstructured.SetNestedSlice(sm.Object, eps, "spec", "endpoints"); err != nil {
+			t.Fatal(err)
+		}
+		errs, warns := e.dryRunApply(t, []*unstructured.Unstructured{sm})
+		if all := strings.Join(append(errs, warns...), "\n"); !strings.Contains(all, field) {
+			t.Errorf("a ServiceMonitor with %s %q applied: errors %q, warnings %q", field, value, errs, warns)
+		}
 	}
 }

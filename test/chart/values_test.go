@@ -121,6 +121,8 @@ func TestBadValuesAreRefused(t *testing.T) {
 		// A ServiceAccount subject without a namespace would only be refused
 		// by the API server, at install.
 		{[]string{"metrics.readerSubjects[0].kind=ServiceAccount", "metrics.readerSubjects[0].name=prometheus"}, "/metrics/readerSubjects/0"},
+		{[]string{"monitoring.serviceMonitor.tokenSecret.name=Scraper_Token"}, "/monitoring/serviceMonitor/tokenSecret/name"},
+		{[]string{"monitoring.serviceMonitor.tokenSecret.key="}, "/monitoring/serviceMonitor/tokenSecret/key"},
 	} {
 		out, err := template(t, c.set...)
 		if err == nil {
@@ -264,6 +266,18 @@ func TestMonitoringToggles(t *testing.T) {
 	ep := eps[0].(map[string]any)
 	if ep["scheme"] != "https" || ep["honorLabels"] != true {
 		t.Errorf("ServiceMonitor endpoint %v: want https (secure metrics) and honorLabels (the sales' namespace label)", ep)
+	}
+	if ep["bearerTokenFile"] == nil || ep["authorization"] != nil {
+		t.Errorf("ServiceMonitor endpoint %v: want Prometheus's own token (bearerTokenFile) by default", ep)
+	}
+	// A token from a Secret instead, for a Prometheus Operator that denies
+	// ServiceMonitors file access.
+	sm = find(t, render(t, "monitoring.serviceMonitor.enabled=true", "monitoring.serviceMonitor.tokenSecret.name=scraper-token"), "ServiceMonitor", "-manager")
+	eps, _, _ = unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	ep = eps[0].(map[string]any)
+	cred, _, _ := unstructured.NestedStringMap(ep, "authorization", "credentials")
+	if kind, _, _ := unstructured.NestedString(ep, "authorization", "type"); kind != "Bearer" || cred["name"] != "scraper-token" || cred["key"] != "token" || ep["bearerTokenFile"] != nil {
+		t.Errorf("tokenSecret.name=scraper-token: ServiceMonitor endpoint %v, want authorization Bearer from scraper-token/token and no bearerTokenFile", ep)
 	}
 	for component, port := range map[string]string{"reserve": "metrics", "sweeper": "http"} {
 		pm := find(t, objs, "PodMonitor", "-"+component)
