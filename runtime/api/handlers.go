@@ -211,69 +211,6 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) string {
 	return okOK
 }
 
-// readyz: ready once Redis answered and the ledger has this campaign as
-// configured (the controller creates it; this process never does), until the
-// campaign is deleted or the process drains. Once ready, Redis or the ledger
-// not answering, or answering slowly, leaves it ready: every replica shares
-// those servers, so failing readiness would take all of them out of the
-// Service at once, and buyers would get refused connections instead of 503
-// UNAVAILABLE with Retry-After, and no checkout (which needs only the
-// ledger) during a Redis outage.
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) string {
-	if s.draining.Load() {
-		return unavailable("shutting down").write(w)
-	}
-	if s.confirmed.Load() {
-		return s.stillReady(w, r)
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
-	defer cancel()
-	cfg := s.engine.Config()
-	if err := s.engine.PingRedis(ctx); err != nil {
-		s.log.Warn("not ready: redis does not answer", "err", err)
-		return unavailable("redis does not answer").write(w)
-	}
-	c, err := s.engine.Campaign(ctx)
-	switch {
-	case errors.Is(err, ledger.ErrCampaignNotFound):
-		return unavailable("the campaign is not in the ledger yet").write(w)
-	case err != nil:
-		s.log.Warn("not ready: the ledger does not answer", "err", err)
-		return unavailable("the ledger does not answer").write(w)
-	case c.DeletedAt != nil:
-		return unavailable("the campaign is deleted").write(w)
-	case c.SKU != cfg.SKU || c.Shards != cfg.Shards:
-		s.log.Error("not ready: configuration disagrees with the ledger",
-			"sku", cfg.SKU, "ledgerSku", c.SKU, "shards", cfg.Shards, "ledgerShards", c.Shards)
-		return unavailable("the configuration disagrees with the ledger").write(w)
-	}
-	s.confirmed.Store(true)
-	writeJSON(w, http.StatusOK, StatusBody{Status: "ready"})
-	return okOK
-}
-
-// stillReady answers readyz once the campaign was confirmed: only its
-// deletion takes the replica out. Redis is not asked, and the ledger gets
-// half the probe's time, so that a hung server never makes the probe itself
-// time out.
-func (s *Server) stillReady(w http.ResponseWriter, r *http.Request) string {
-	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout/2)
-	defer cancel()
-	c, err := s.engine.Campaign(ctx)
-	switch {
-	case errors.Is(err, ledger.ErrCampaignNotFound):
-		return unavailable("the campaign is not in the ledger").write(w)
-	case err == nil && c.DeletedAt != nil:
-		return unavailable("the campaign is deleted").write(w)
-	case err != nil:
-		if ok, suppressed := s.failureLogs.allow("readyz", time.Now()); ok {
-			s.log.Warn("the ledger does not answer; still ready", "err", err, "alikeSuppressed", suppressed)
-		}
-	}
-	writeJSON(w, http.StatusOK, StatusBody{Status: "ready"})
-	return okOK
-}
-
 // admit checks the admission token, its SKU and the user's rate. It touches
 // neither Redis nor the ledger.
 func (s *Server) admit(r *http.Request) (admission.Claims, *apiError) {

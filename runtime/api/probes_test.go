@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -159,4 +161,42 @@ func TestMetricsElsewhere(t *testing.T) {
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
 		t.Fatalf("MetricsHandler: %d %.300s", rec.Code, rec.Body.String())
 	}
+}
+
+// Anyone can reach readyz through the sale's Service: a confirmed replica
+// asks the ledger at most once per readyRecheck, whatever the number of
+// requests, and requests that arrive while a query is out take the last
+// answer instead of queueing more queries. A deleted campaign still takes
+// the replica out once the answer it kept is that old.
+func TestReadyzAsksTheLedgerOncePerRecheck(t *testing.T) {
+	f := newFixture(t)
+	if r := f.call(http.MethodGet, "/readyz", "", nil); r.status != http.StatusOK {
+		t.Fatalf("readyz: %d %s", r.status, r.body)
+	}
+	before, start := f.srv.readyChecks.Load(), time.Now()
+	const requests = 200
+	var wg sync.WaitGroup
+	var notReady atomic.Int64
+	for range requests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := f.call(http.MethodGet, "/readyz", "", nil); r.status != http.StatusOK {
+				notReady.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	queries := f.srv.readyChecks.Load() - before
+	// One per readyRecheck that the requests spanned, and one more for the
+	// period they began in.
+	if limit := int64(time.Since(start)/readyRecheck) + 2; queries > limit || notReady.Load() != 0 {
+		t.Fatalf("%d readyz requests made %d ledger queries (at most %d), %d not ready", requests, queries, limit, notReady.Load())
+	}
+	if err := f.l.MarkCampaignDeleted(context.Background(), f.e.Config().CampaignID); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, 10*readyRecheck, "readyz to see the campaign deleted", func() bool {
+		return f.call(http.MethodGet, "/readyz", "", nil).status == http.StatusServiceUnavailable
+	})
 }

@@ -132,6 +132,10 @@ type Server struct {
 	draining atomic.Bool
 	// confirmed: the ledger has shown the campaign as configured (readyz).
 	confirmed atomic.Bool
+	// ready keeps the ledger's last answer to a confirmed replica's readyz;
+	// readyChecks counts the queries it made.
+	ready       readyMemo
+	readyChecks atomic.Int64
 	// failureLogs keeps failed requests from flooding the log in an outage.
 	failureLogs logSampler
 
