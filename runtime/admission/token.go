@@ -152,8 +152,14 @@ func parse(token string, now time.Time, mac func(signed string, into []byte) []b
 }
 
 // decodeClaims reads any payload with encoding/json: exactly one object of
-// known fields; false for anything else.
+// sku, sub and exp, each spelled so and given once; false for anything else.
+// encoding/json alone would match "SUB" to sub and keep the last of two
+// subs, so a signer that templated a buyer's name into the payload could be
+// made to sign another buyer's token.
 func decodeClaims(payload []byte) (Claims, bool) {
+	if !exactKeys(payload) {
+		return Claims{}, false
+	}
 	var c Claims
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
@@ -161,6 +167,29 @@ func decodeClaims(payload []byte) (Claims, bool) {
 		return Claims{}, false
 	}
 	return c, true
+}
+
+// exactKeys tells whether payload is an object whose keys are among sku, sub
+// and exp, each at most once (a missing one is validate's to refuse).
+func exactKeys(payload []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		k, ok := t.(string)
+		if err != nil || !ok || seen[k] || (k != "sku" && k != "sub" && k != "exp") {
+			return false
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // plainClaims reads a payload in the plain form Mint writes (one object of

@@ -96,6 +96,12 @@ func TestVerify(t *testing.T) {
 		{"signed exp as string", key, forge(key, `{"sku":"itm-1","sub":"alice","exp":"1800000600"}`), "itm-1", "alice", t0, ErrMalformed},
 		{"signed two objects", key, forge(key, `{"sku":"itm-1","sub":"alice","exp":1800000600}{}`), "itm-1", "alice", t0, ErrMalformed},
 		{"signed long sub", key, forge(key, `{"sku":"itm-1","sub":"`+strings.Repeat("a", MaxFieldLen+1)+`","exp":1800000600}`), "itm-1", "alice", t0, ErrMalformed},
+		// A signer that templates the buyer's name into the payload must not
+		// be made to sign another buyer's token: a second sub, or one spelt
+		// in other case, is no sub.
+		{"signed duplicate sub", key, forge(key, `{"sku":"itm-1","sub":"x","sub":"alice","exp":1800000600}`), "itm-1", "alice", t0, ErrMalformed},
+		{"signed upper-case SUB", key, forge(key, `{"sku":"itm-1","SUB":"alice","exp":1800000600}`), "itm-1", "alice", t0, ErrMalformed},
+		{"signed escaped sub", key, forge(key, `{"sku":"itm-1","sub":"al\u0069ce","exp":1800000060}`), "itm-1", "alice", t0, nil},
 		{"short key", key[:8], good, "itm-1", "alice", t0, ErrKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
