@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 
 	"github.com/redis/go-redis/v9"
 
@@ -55,9 +54,9 @@ var (
 	ErrBadDSN = ledger.ErrBadDSN
 	// ErrCampaignNotFound: the ledger has no row for the campaign.
 	ErrCampaignNotFound = ledger.ErrCampaignNotFound
-	// ErrServerChanged: a Redis server holding shards restarted, or was
-	// replaced by a failover, while a rebuild wrote them; it opened nothing.
-	ErrServerChanged = errors.New("redis server changed")
+	// ErrServerChanged: a Redis server holding a shard restarted, or was
+	// replaced by a failover, while a rebuild wrote it; it opened nothing.
+	ErrServerChanged = stock.ErrRebuildServerChanged
 )
 
 // Record is what the ledger keeps of the campaign for the operator: the

@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -91,13 +89,8 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	// Failed or not, the report says how long it ran.
 	defer func() { rep.Duration = e.now().Sub(start) }()
 	// Before the epoch is bumped: stock rebuilt where it may be evicted again
-	// would not stay what the ledger says. The servers are the ones the
-	// rebuild must end on (see sameServers).
-	before, err := e.store.Servers(ctx)
-	if err == nil {
-		err = before.Evicting
-	}
-	if err != nil {
+	// would not stay what the ledger says.
+	if err := e.store.CheckEviction(ctx); err != nil {
 		return RebuildReport{}, fmt.Errorf("redis: %w", err)
 	}
 	snap, err := e.ledger.BeginRebuild(ctx, e.cfg.CampaignID, e.cfg.Grace)
@@ -156,9 +149,6 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	}); err != nil {
 		return rep, fmt.Errorf("rebuild: %w", err)
 	}
-	if err := e.sameServers(ctx, before.RunIDs); err != nil {
-		return rep, fmt.Errorf("rebuild: %w", err)
-	}
 	rep.Gate = o.Gate()
 	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
 		// Shards are written one by one: close again those that opened, on
@@ -169,27 +159,6 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 		return rep, fmt.Errorf("rebuild: setting the gate: %w", err)
 	}
 	return rep, nil
-}
-
-// sameServers checks, once every shard is finished and still closed, that
-// the servers holding them are the processes the rebuild began on. A server
-// that restarted from a snapshot or an AOF, or a replica promoted, during the
-// rebuild holds a state the rebuild did not write all of (a restore batch
-// lost, a wipe step undone): it must not be opened. Its shards stay failed
-// closed, and the rebuild that follows starts over on it. A server that
-// changes after this check is refused by the reserve script, since
-// rebuild_finish recorded the process that ran it.
-func (e *Engine) sameServers(ctx context.Context, before map[string]string) error {
-	now, err := e.store.Servers(ctx)
-	if err != nil {
-		return fmt.Errorf("reading the servers before opening: %w", err)
-	}
-	for _, addr := range slices.Sorted(maps.Keys(now.RunIDs)) {
-		if was, ok := before[addr]; !ok || was != now.RunIDs[addr] {
-			return fmt.Errorf("%w: Redis server %s changed during the rebuild (run id %q, now %q): the shards stay failed closed", ErrServerChanged, addr, was, now.RunIDs[addr])
-		}
-	}
-	return nil
 }
 
 // RebuildProgress is how far the last rebuild to start got, as the ledger

@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -17,6 +18,12 @@ func (s *Store) RebuildBegin(ctx context.Context, n int, epoch int64) error {
 		}
 	}
 }
+
+// ErrRebuildServerChanged: the server process finishing a shard's rebuild is
+// not the one that began it (a restart from a snapshot or an AOF, or a
+// replica promoted, in between). The shard stays closed; a rebuild at a new
+// epoch starts over on it.
+var ErrRebuildServerChanged = errors.New("the Redis server holding the shard changed during the rebuild")
 
 // rebuildWipeBatch bounds the reservations one rebuild_begin call deletes.
 const rebuildWipeBatch = 1000
@@ -98,7 +105,11 @@ func (s *Store) RebuildUsers(ctx context.Context, n int, epoch int64, fields []s
 func (s *Store) RebuildFinish(ctx context.Context, n int, units, epoch int64, gate string, alloc, lastChange int64) error {
 	k := s.shards[n]
 	got, err := rebuildFinishScript.Run(ctx, s.rdb, []string{k.Stock(), k.Meta()}, units, epoch, gate, alloc, lastChange).Int()
-	if err == nil && got != 1 {
+	switch {
+	case err != nil:
+	case got == -2:
+		err = fmt.Errorf("finish shard %d: %w: it holds what a snapshot or a replica kept of the rebuild, not all of it", n, ErrRebuildServerChanged)
+	case got != 1:
 		err = fmt.Errorf("finish shard %d: shard is not being rebuilt under epoch %d", n, epoch)
 	}
 	return err

@@ -14,12 +14,17 @@
 --
 -- Returns the reservations still indexed (0: the shard is wiped)
 --
+-- The meta records this server's run_id (srv): rebuild_finish opens nothing on
+-- another process (one restarted from a snapshot or an AOF taken meanwhile, or a
+-- replica promoted, holds only part of the rebuild's writes).
+--
 -- Run twice: safe. A shard already REBUILDING under this epoch keeps its meta,
 -- and deleting what is already gone changes nothing.
 local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0)
+  local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0, 'srv', srv)
 end
 local members = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
 for _, key in ipairs(members) do
