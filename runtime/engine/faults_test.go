@@ -2,9 +2,12 @@ package engine_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -213,5 +217,29 @@ func (f *fixture) assertQuotaCovers() {
 		if err != nil || q < n {
 			f.t.Fatalf("%s holds %d reserved units in Redis, its quota on shard %d counts %d (%v)", user, n, home, q, err)
 		}
+	}
+}
+
+// isScript matches a call of the named script of runtime/stock/scripts: by its
+// SHA1 (EVALSHA), or by its body (EVAL, after a NOSCRIPT).
+func isScript(t testing.TB, name string) func(args []any) bool {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), "runtime", "stock", "scripts", name+".lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha1.Sum(src)
+	sha := hex.EncodeToString(sum[:])
+	return func(args []any) bool {
+		if len(args) < 2 {
+			return false
+		}
+		switch strings.ToLower(fmt.Sprint(args[0])) {
+		case "evalsha":
+			return fmt.Sprint(args[1]) == sha
+		case "eval":
+			return fmt.Sprint(args[1]) == string(src)
+		}
+		return false
 	}
 }

@@ -308,3 +308,93 @@ func testLostConfirm(t *testing.T, b backend, ran bool) {
 	}
 	f.assertQuotaCovers()
 }
+
+// Break: a steal probe whose reply is lost finds the request's reservation on
+// its target, but an earlier attempt placed it there, and it is sold (its
+// checkout committed the ledger row; the Redis mark did not land and the
+// home shard's pointer was forgotten, checkout's own steps). The probe had
+// answered REPLAY: the engine must answer the retry from that reservation,
+// not take it for one this attempt placed and, its ledger row being a
+// duplicate, give the sold unit back to the stock (I1).
+func TestLostStealReplyOfAnEarlierAttemptIsAReplay(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, lost := withLostReplies(t, b)
+			f := newFixture(t, rdb, withAllocation(6), withShards(3), withMaxPerUser(2))
+			ctx := context.Background()
+			s := f.e.Store()
+			f.sellOutShard(0)
+			buyer := userHomedOn("buyer", 0, 3)
+			first := f.reserve(buyer, "r", 1)
+			target := first.Reservation.Shard
+			if first.Outcome != engine.OutcomeReserved || target == 0 {
+				t.Fatalf("first reserve: %+v, want a unit stolen from shard 1 or 2", first)
+			}
+			f.sellOutShard(3 - target)
+			key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, buyer, "r")
+			if out, _, err := f.l.Checkout(ctx, f.cfg.CampaignID, first.Reservation.ID, buyer, "pay"); err != nil || out != ledger.CheckoutCommitted {
+				t.Fatalf("ledger checkout: %v %v", out, err)
+			}
+			if _, err := s.Quota(ctx, 0, stock.QuotaForget, buyer, key, 1, target, first.Reservation.ExpiresAt.UnixMilli()); err != nil {
+				t.Fatal(err)
+			}
+			availableBefore := f.counts().Shards[target].Available
+
+			lost.arm(1, func(args []any) bool {
+				return isReserveMode(stock.ModeSteal)(args) && strings.Contains(fmt.Sprint(args[3]), s.Keys(target).Meta()[:strings.Index(s.Keys(target).Meta(), "}")+1])
+			})
+			r, err := f.e.Reserve(ctx, buyer, "r", 1)
+			if lost.count() != 1 {
+				t.Fatalf("%d steal replies lost, want 1", lost.count())
+			}
+			if err != nil || r.Outcome != engine.OutcomeReplayed || r.Reservation.ID != first.Reservation.ID {
+				t.Fatalf("the retry with its steal reply lost: %+v %v, want REPLAYED %s", r, err, first.Reservation.ID)
+			}
+			if got := f.counts().Shards[target].Available; got != availableBefore {
+				t.Fatalf("shard %d holds %d units in stock after the retry, %d before: the sold unit went back", target, got, availableBefore)
+			}
+			if n := requestRows(t, f, buyer, "r"); n != 1 {
+				t.Fatalf("%d ledger rows for the request, want 1", n)
+			}
+		})
+	}
+}
+
+// Break: a retried request is placed on another shard (its home sold out),
+// its ledger row is a duplicate (the request's first reservation, cancelled
+// since, holds the row), so the engine gives the unit back; the release runs
+// and its reply is lost. The buyer's quota on the home shard must go back
+// too: nothing in the expiry index is left for the sweeper to find, and the
+// buyer, holding nothing, would be refused LIMIT_EXCEEDED for the rest of
+// the sale.
+func TestLostReleaseReplyGivesTheQuotaBack(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, lost := withLostReplies(t, b)
+			f := newFixture(t, rdb, withAllocation(6), withShards(3), withMaxPerUser(1))
+			ctx := context.Background()
+			buyer := userHomedOn("buyer", 0, 3)
+			first := f.reserve(buyer, "r", 1)
+			if first.Outcome != engine.OutcomeReserved || first.Reservation.Shard != 0 {
+				t.Fatalf("first reserve: %+v, want it on the home shard", first)
+			}
+			if c, err := f.e.Cancel(ctx, buyer, first.Reservation.ID); err != nil || c.Outcome != ledger.CancelCancelled {
+				t.Fatalf("cancel: %+v %v", c, err)
+			}
+			f.sellOutShard(0)
+			lost.arm(1, isScript(t, "release"))
+			r, err := f.e.Reserve(ctx, buyer, "r", 1)
+			if lost.count() != 1 {
+				t.Fatalf("%d release replies lost, want 1 (the retry: %+v %v)", lost.count(), r, err)
+			}
+			if err != nil || r.Outcome != engine.OutcomeExpired {
+				t.Fatalf("the retry of a cancelled request: %+v %v, want EXPIRED", r, err)
+			}
+			if other := f.reserve(buyer, "other", 1); other.Outcome != engine.OutcomeReserved {
+				t.Fatalf("another request of the buyer, who holds nothing: %s, want RESERVED", other.Outcome)
+			}
+			f.assertQuotaCovers()
+			f.assertConserved()
+		})
+	}
+}

@@ -342,11 +342,23 @@ func (e *Engine) answerFromOrder(res ReserveResult, o ledger.Order, user string)
 
 // release gives a reservation's units back (and the user's quota on the home shard
 // when the reservation was stolen). Errors are left to the sweeper, which finds the
-// reservation in the expiry index and decides from the ledger.
+// reservation in the expiry index and decides from the ledger. A release that ran
+// and lost its reply leaves nothing there, though, and the home shard would hold
+// the buyer's quota for the rest of the sale: so a stolen reservation is read
+// first, and when its release's answer is lost and it is gone, the quota goes back
+// from what was read (exact, so never twice).
 func (e *Engine) release(ctx context.Context, shard int, key string) {
 	cctx, cancel := detached(ctx)
 	defer cancel()
-	_, _ = e.releaseNow(cctx, shard, key)
+	r, found, err := e.store.GetReservation(cctx, shard, key)
+	stolen := err == nil && found && r.Status == stock.ResReserved && r.Home >= 0 && r.Home != shard
+	if _, err := e.releaseNow(cctx, shard, key); err == nil || !stolen {
+		return
+	}
+	if now, found, err := e.store.GetReservation(cctx, shard, key); err != nil || (found && now.Status != "") {
+		return // not released, or cannot tell: the sweeper's
+	}
+	_, _ = e.store.Quota(cctx, r.Home, stock.QuotaRelease, r.User, key, r.Quantity, shard, r.ExpiryMs)
 }
 
 func (e *Engine) releaseNow(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {

@@ -3,9 +3,11 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -73,7 +75,8 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		res.Calls++
 		if err != nil {
 			// The script may have run and its reply been lost: what it did is
-			// on shard t. A unit it took there belongs to this claim.
+			// on shard t. A unit it took there belongs to this claim; one an
+			// earlier attempt took is a replay (placedBy).
 			placed, found, lerr := e.placedBy(ctx, t, req)
 			switch {
 			case lerr != nil:
@@ -139,10 +142,15 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 
 // placedBy looks at shard t for the reservation a steal call of req made
 // there, after that call's reply was lost: found with the script's answer as
-// if it had arrived (RESERVED), or not found when there is none of this
-// buyer's placed under this home shard. When there is no reservation of the
-// key at all, the call is fenced (stock.Store.Resolve): arriving late, it
-// takes nothing on t.
+// if it had arrived, or not found when there is none of this buyer's placed
+// under this home shard. When there is no reservation of the key at all, the
+// call is fenced (stock.Store.Resolve): arriving late, it takes nothing on t.
+//
+// A reservation found is this call's (RESERVED) or an earlier attempt's, and
+// then the call answered REPLAY. Only an earlier attempt can have written its
+// ledger row, since this one writes it after the answer: a row says REPLAY.
+// Taken for this call's, it would meet that row as a duplicate and be given
+// back, though it may be paid for.
 func (e *Engine) placedBy(ctx context.Context, t int, req stock.ReserveRequest) (stock.ShardResult, bool, error) {
 	cctx, cancel := detached(ctx)
 	defer cancel()
@@ -151,5 +159,12 @@ func (e *Engine) placedBy(ctx context.Context, t int, req stock.ReserveRequest) 
 	if err != nil || !l.Placed || r.Status != stock.ResReserved || r.User != req.User || r.Home != req.Home || r.Quantity != req.Quantity {
 		return stock.ShardResult{}, false, err
 	}
-	return stock.ShardResult{Code: stock.Reserved, ExpiryMs: r.ExpiryMs, Epoch: r.Epoch, Status: stock.ResReserved}, true, nil
+	placed := stock.ShardResult{Code: stock.Reserved, ExpiryMs: r.ExpiryMs, Epoch: r.Epoch, Status: stock.ResReserved}
+	switch _, err := e.ledger.GetOrder(cctx, e.cfg.CampaignID, stock.FormatID(t, req.Key)); {
+	case err == nil:
+		placed.Code, placed.Extra = stock.Replay, -1
+	case !errors.Is(err, ledger.ErrNotFound):
+		return stock.ShardResult{}, false, fmt.Errorf("ledger: %w", err)
+	}
+	return placed, true, nil
 }
