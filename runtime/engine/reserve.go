@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +76,12 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	}
 	if user == "" || requestID == "" {
 		return ReserveResult{}, fmt.Errorf("%w: user and request id are required", ErrInvalid)
+	}
+	if strings.HasPrefix(user, stock.PointerFieldPrefix) {
+		// A shard's users hash holds the buyers' units under their ids and the
+		// stolen reservations' pointers under this prefix: such a buyer's
+		// units and a request's pointer would share one field.
+		return ReserveResult{}, fmt.Errorf("%w: user ids starting with %q are reserved", ErrInvalid, stock.PointerFieldPrefix)
 	}
 	if quantity < 1 || quantity > e.cfg.MaxPerUser {
 		return ReserveResult{}, fmt.Errorf("%w: quantity must be 1..%d, got %d", ErrInvalid, e.cfg.MaxPerUser, quantity)

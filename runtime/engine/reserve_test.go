@@ -88,6 +88,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"negative quantity", "u", "r", -1},
 		{"no user", "", "r", 1},
 		{"no request id", "u", "", 1},
+		// The prefix of the pointers in a shard's users hash: a buyer so named
+		// would share a field with a request's pointer.
+		{"user id with the pointer prefix", stock.PointerFieldPrefix + "k", "r", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := f.e.Reserve(ctx, tc.user, tc.req, tc.qty)

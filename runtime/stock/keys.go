@@ -135,6 +135,11 @@ func ParseID(id string, shards int) (int, string, error) {
 	return n, key, nil
 }
 
+// PointerFieldPrefix begins the users-hash fields that hold pointers
+// ("p:<reservation key>", see quota.lua); the other fields are buyer ids, so
+// no buyer id may begin with it.
+const PointerFieldPrefix = "p:"
+
 // Pointer is the users-hash value on the home shard that names a reservation
 // placed on another shard: "<shard>|<expiry ms>". The expiry tells one
 // placement of a request from another, so a give-back acts only on its own.
