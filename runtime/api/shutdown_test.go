@@ -78,7 +78,9 @@ func TestGracefulShutdown(t *testing.T) {
 	stopped := time.Now()
 	done.Store(true)
 	wg.Wait()
-	send() // the listener is closed
+	if !send() {
+		t.Fatal("a request sent after the stop was answered: the listener is still open")
+	}
 
 	ctx := context.Background()
 	acked, afterStop, refused := 0, 0, 0
@@ -102,9 +104,6 @@ func TestGracefulShutdown(t *testing.T) {
 		acked, afterStop, refused, stopped.Sub(time.Unix(0, stopAt.Load())))
 	if afterStop == 0 {
 		t.Fatal("no request was in flight at the stop signal: the test proves nothing")
-	}
-	if refused == 0 {
-		t.Fatal("no request arrived after the listener closed: the test proves nothing")
 	}
 	// Nothing is held in Redis without its row, and nothing else was written.
 	c := f.assertConserved()

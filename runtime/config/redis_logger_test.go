@@ -13,11 +13,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 // TestRedisLogsAreRoutedAndLimited: with Redis down, go-redis's own lines
-// (dial failures) reach the structured logger as JSON, a burst at most,
-// the next one counting those dropped; none goes to standard error raw.
+// (dial failures) reach the sink RouteRedisLogs names, not standard error;
+// the logger passes a burst at most, as structured JSON warnings, and the
+// next line counts those dropped.
 func TestRedisLogsAreRoutedAndLimited(t *testing.T) {
 	var buf syncWriter
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
@@ -29,17 +32,22 @@ func TestRedisLogsAreRoutedAndLimited(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 
-	l := newRedisLogger(SlogRedisSink(log), time.Hour, 3)
-	redis.SetLogger(l)
+	// go-redis's own lines reach the sink RouteRedisLogs names.
+	var routed syncWriter
+	RouteRedisLogs(func(msg string, _ int) { routed.WriteString(msg + "\n") })
 	t.Cleanup(func() { RouteRedisLogs(func(string, int) {}) })
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, PoolSize: 4, MinIdleConns: 2})
+	_ = c.Ping(context.Background()).Err()
+	testharness.Eventually(t, 30*time.Second, "go-redis's dial failure to reach the sink", func() bool {
+		return strings.Contains(routed.String(), "failed to dial")
+	})
+	c.Close()
+
+	// A burst at most, as structured warnings.
+	l := newRedisLogger(SlogRedisSink(log), time.Hour, 3)
 	for range 20 {
 		l.Printf(context.Background(), "redis: %s:%d: dial failed %d", "pool.go", 770, 1)
 	}
-	// And go-redis's own calls through the routed logger.
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, PoolSize: 4, MinIdleConns: 2})
-	_ = c.Ping(context.Background()).Err()
-	c.Close()
-
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 3 {
 		t.Fatalf("%d lines logged, want the burst of 3:\n%s", len(lines), buf.String())

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 // readRebuild streams a rebuild's snapshot into memory, batch rows at a time.
@@ -171,13 +173,13 @@ func TestRebuildAndSweeperCancelInOneLockOrder(t *testing.T) {
 		_, err := sweeper.CancelExpired(ctx, c.ID, []string{b.ReservationID, a.ReservationID}, 0)
 		sweep <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // the sweeper waits for A
+	testharness.WaitForLockWaiters(t, dsn, 1, 30*time.Second, "the sweeper to wait for A")
 	rebuild := make(chan error, 1)
 	go func() {
 		_, err := l.BeginRebuild(ctx, c.ID, 0)
 		rebuild <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // the rebuild waits too
+	testharness.WaitForLockWaiters(t, dsn, 2, 30*time.Second, "the rebuild to wait too")
 	if err := blocker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
