@@ -140,6 +140,7 @@ func campaignEnv(fs *flashsalev1alpha1.FlashSale, s settings, withAdmissionKey b
 	if withAdmissionKey {
 		env = append(env,
 			secret(config.EnvAdmissionKey, fs.Spec.Admission.SecretRef.Name, s.admissionKey, false),
+			secret(config.EnvAdmissionKeyPrevious, fs.Spec.Admission.SecretRef.Name, s.admissionKey+AdmissionPreviousSuffix, true),
 			secret(config.EnvIDKey, ChildName(fs, ComponentIDs), SecretKeyIDKey, false))
 	}
 	return env

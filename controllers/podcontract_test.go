@@ -85,8 +85,11 @@ var secretReads = map[string]func(c *config.Campaign, v string) bool{
 	config.EnvRedisPassword: func(c *config.Campaign, v string) bool { return c.Redis.Password == v },
 	config.EnvPostgresDSN:   func(c *config.Campaign, v string) bool { return c.PostgresDSN == v },
 	config.EnvAdmissionKey:  func(c *config.Campaign, v string) bool { return string(c.AdmissionKey) == v },
-	config.EnvIDKey:         func(c *config.Campaign, v string) bool { return base64.RawURLEncoding.EncodeToString(c.IDKey) == v },
-	config.EnvRedisTLS:      func(c *config.Campaign, v string) bool { return c.Redis.TLS != nil && v == "true" },
+	config.EnvAdmissionKeyPrevious: func(c *config.Campaign, v string) bool {
+		return string(c.AdmissionKeyPrevious) == v
+	},
+	config.EnvIDKey:    func(c *config.Campaign, v string) bool { return base64.RawURLEncoding.EncodeToString(c.IDKey) == v },
+	config.EnvRedisTLS: func(c *config.Campaign, v string) bool { return c.Redis.TLS != nil && v == "true" },
 	config.EnvRedisTLSServerName: func(c *config.Campaign, v string) bool {
 		return c.Redis.TLS != nil && c.Redis.TLS.ServerName == v
 	},
@@ -220,9 +223,12 @@ func TestPodContract(t *testing.T) {
 			SecretKeyRedisPassword: "redis-secret", SecretKeyRedisTLS: "true", SecretKeyRedisTLSCA: certPEM,
 			SecretKeyRedisTLSCert: certPEM, SecretKeyRedisTLSKey: keyPEM, SecretKeyRedisTLSServerName: "redis.shop",
 		},
-		fs.Spec.Postgres.SecretRef.Name:  {flashsalev1alpha1.DefaultPostgresSecretKey: "postgres://ledger@db.shop/flashsale"},
-		fs.Spec.Admission.SecretRef.Name: {fs.Spec.Admission.SecretRef.Key: "0123456789abcdef-admission"},
-		ChildName(fs, ComponentIDs):      {SecretKeyIDKey: base64.RawURLEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))},
+		fs.Spec.Postgres.SecretRef.Name: {flashsalev1alpha1.DefaultPostgresSecretKey: "postgres://ledger@db.shop/flashsale"},
+		fs.Spec.Admission.SecretRef.Name: {
+			fs.Spec.Admission.SecretRef.Key:                           "0123456789abcdef-admission",
+			fs.Spec.Admission.SecretRef.Key + AdmissionPreviousSuffix: "0123456789abcdef-previous",
+		},
+		ChildName(fs, ComponentIDs): {SecretKeyIDKey: base64.RawURLEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))},
 	}
 	for _, d := range []*struct {
 		name string

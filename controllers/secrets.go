@@ -18,6 +18,11 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
+// AdmissionPreviousSuffix names the admission Secret's optional key that holds
+// the key a rotation replaces: "<key>.previous" ("hmac-key.previous" by
+// default). The reserve pods take tokens signed with either.
+const AdmissionPreviousSuffix = ".previous"
+
 // Keys of the Redis Secret.
 const (
 	SecretKeyRedisAddresses = "addresses"
@@ -41,6 +46,9 @@ type references struct {
 	redisTLS     config.RedisTLS // as the Secret holds it; redis.TLS is its tls.Config
 	postgresDSN  string
 	admissionKey []byte
+	// admissionKeyPrevious is the admission Secret's optional "<key>.previous":
+	// the key a rotation replaces, which the reserve pods still take.
+	admissionKeyPrevious []byte
 }
 
 // fingerprint changes when any referenced value changes, so open connections are
@@ -63,6 +71,9 @@ func (r references) podFingerprint(idKey []byte, withAdmissionKey bool) string {
 	writeRedisTLS(m, r.redisTLS)
 	if withAdmissionKey {
 		fmt.Fprintf(m, "\x00%s", r.admissionKey)
+		if len(r.admissionKeyPrevious) > 0 {
+			fmt.Fprintf(m, "\x00%s", r.admissionKeyPrevious)
+		}
 	}
 	return hex.EncodeToString(m.Sum(nil)[:12])
 }
@@ -94,6 +105,12 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 	// Kept as stored: reserve pods from before they had an id key derived it
 	// from these bytes as they got them (see idsecret.go).
 	out.admissionKey = []byte(k)
+	if prev, ok := as.Data[s.admissionKey+AdmissionPreviousSuffix]; ok {
+		if len(config.SecretValue(string(prev))) < 16 {
+			return out, &referenceError{ReasonSecretKeyMissing, fmt.Sprintf("admission Secret %q key %q must hold at least 16 bytes", as.Name, s.admissionKey+AdmissionPreviousSuffix)}
+		}
+		out.admissionKeyPrevious = prev
+	}
 	return out, nil
 }
 

@@ -158,6 +158,37 @@ func TestSecretChangeRollsThePodsThatReadIt(t *testing.T) {
 	if s1 != s0 {
 		t.Fatal("a rotated admission key rolled the sweeper, which does not read it")
 	}
+	// The key it replaced is kept for the tokens signed with it: the reserve
+	// pods roll onto both; a previous key too short to be one is named.
+	e.setSecret("waiting-room", "hmac-key"+controllers.AdmissionPreviousSuffix, "short")
+	e.waitFor("rolled", settle, "SecretKeyMissing naming the previous key", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
+		return c != nil && c.Reason == controllers.ReasonSecretKeyMissing && strings.Contains(c.Message, `"hmac-key.previous"`)
+	})
+	e.setSecret("waiting-room", "hmac-key"+controllers.AdmissionPreviousSuffix, admissionKey)
+	testharness.Eventually(t, settle, "the reserve pods rolled onto the previous key too", func() bool {
+		r, s := fingerprints()
+		if s != s0 {
+			t.Fatal("the previous admission key rolled the sweeper, which does not read it")
+		}
+		if r == r1 {
+			return false
+		}
+		r1 = r
+		return true
+	})
+	var previous *corev1.EnvVar
+	for _, v := range e.deployment("rolled-reserve").Spec.Template.Spec.Containers[0].Env {
+		if v.Name == config.EnvAdmissionKeyPrevious {
+			previous = &v
+		}
+	}
+	if previous == nil || previous.ValueFrom == nil || previous.ValueFrom.SecretKeyRef == nil {
+		t.Fatalf("the reserve pods have no %s from a Secret", config.EnvAdmissionKeyPrevious)
+	}
+	if ref := previous.ValueFrom.SecretKeyRef; ref.Name != "waiting-room" || ref.Key != "hmac-key.previous" || ref.Optional == nil || !*ref.Optional {
+		t.Fatalf("the reserve pods' %s: %+v, want the optional key hmac-key.previous of waiting-room", config.EnvAdmissionKeyPrevious, previous)
+	}
 
 	e.setSecret("shop-ledger", "dsn", e.dsn+"&application_name=flashsale-rolled")
 	testharness.Eventually(t, settle, "both rolled", func() bool {

@@ -219,9 +219,12 @@ func (s *Server) admit(r *http.Request) (admission.Claims, *apiError) {
 		return admission.Claims{}, unauthorized("an admission token is required: Authorization: Bearer <token>")
 	}
 	now := s.cfg.Now()
-	c, err := s.verifier.Parse(strings.TrimSpace(token), now)
-	if errors.Is(err, admission.ErrBadSignature) && s.verifierAlt != nil {
-		c, err = s.verifierAlt.Parse(strings.TrimSpace(token), now)
+	var c admission.Claims
+	var err error
+	for _, v := range s.verifiers {
+		if c, err = v.Parse(strings.TrimSpace(token), now); !errors.Is(err, admission.ErrBadSignature) {
+			break
+		}
 	}
 	switch {
 	case errors.Is(err, admission.ErrExpired):

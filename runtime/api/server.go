@@ -51,6 +51,9 @@ type Config struct {
 	// AdmissionKeyAlt, when set, is taken too: the key with the trailing
 	// newline a Secret made from a file keeps (config.AdmissionKeyAsSet).
 	AdmissionKeyAlt []byte
+	// AdmissionKeyPrevious, when set, is taken too: the key a rotation
+	// replaces (config.AdmissionKeyPrevious).
+	AdmissionKeyPrevious []byte
 	Metrics         *Metrics     // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
 	Logger          *slog.Logger // nil: discard
 
@@ -123,8 +126,9 @@ type Server struct {
 	log     *slog.Logger
 	limiter *limiter
 	// verifiers check admission tokens with the key and, when set, the
-	// alternative key, without keying an HMAC per request.
-	verifier, verifierAlt *admission.Verifier
+	// alternative and the previous key, in that order, without keying an
+	// HMAC per request.
+	verifiers []*admission.Verifier
 	mux                   *http.ServeMux
 	handler               http.Handler // mux behind canonicalOnly
 	routes                []Route
@@ -174,14 +178,15 @@ func New(cfg Config) (*Server, error) {
 		snapSem:   make(chan struct{}, 1),
 		deadlines: newRequestDeadlines(cfg.RequestTimeout),
 	}
-	var err error
-	if s.verifier, err = admission.NewVerifier(cfg.AdmissionKey); err != nil {
-		return nil, err
-	}
-	if len(cfg.AdmissionKeyAlt) > 0 {
-		if s.verifierAlt, err = admission.NewVerifier(cfg.AdmissionKeyAlt); err != nil {
-			return nil, fmt.Errorf("api: the alternative admission key: %w", err)
+	for i, key := range [][]byte{cfg.AdmissionKey, cfg.AdmissionKeyAlt, cfg.AdmissionKeyPrevious} {
+		if i > 0 && len(key) == 0 {
+			continue
 		}
+		v, err := admission.NewVerifier(key)
+		if err != nil {
+			return nil, fmt.Errorf("api: the %s: %w", [...]string{"admission key", "alternative admission key", "previous admission key"}[i], err)
+		}
+		s.verifiers = append(s.verifiers, v)
 	}
 	s.routes = []Route{
 		{"reserve", http.MethodPost, "/api/v1/flash-sale/reserve", s.reserve},

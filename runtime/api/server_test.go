@@ -412,3 +412,40 @@ func TestAdmissionKeyWithAndWithoutItsNewline(t *testing.T) {
 		t.Fatalf("another key: %d %s", r.status, r.body)
 	}
 }
+
+// During a rotation the previous key is taken too: a buyer who reserved with
+// a token signed with it checks out after the reserve pods rolled onto the
+// new key. A key that is neither is refused; an expired token signed with the
+// previous key is expired, not a bad signature.
+func TestPreviousAdmissionKeyIsTakenDuringARotation(t *testing.T) {
+	previous := []byte("the-previous-key-0123456789")
+	f := newFixture(t, func(c *fixtureConfig) { c.api.AdmissionKeyPrevious = previous })
+	for name, key := range map[string][]byte{"current": testKey, "previous": previous} {
+		tok, err := admission.Mint(key, testSKU, "rosa-"+name, time.Minute, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := f.call(http.MethodPost, reservePath, tok, reserveBody("rosa-"+name, "k", 1)); r.status != http.StatusCreated {
+			t.Fatalf("a token signed with the %s key: %d %s", name, r.status, r.body)
+		}
+	}
+	for name, c := range map[string]struct {
+		key  []byte
+		ttl  time.Duration
+		want string
+	}{
+		"another key":           {[]byte("another-key-0123456789"), 2 * time.Hour, "signature is invalid"},
+		"previous key, expired": {previous, time.Second, "expired"},
+	} {
+		tok, err := admission.Mint(c.key, testSKU, "rosa", c.ttl, time.Now().Add(-time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := f.call(http.MethodPost, reservePath, tok, reserveBody("rosa", "k2", 1)); r.status != http.StatusUnauthorized || !strings.Contains(string(r.body), c.want) {
+			t.Fatalf("%s: %d %s, want 401 saying %q", name, r.status, r.body, c.want)
+		}
+	}
+	if _, err := New(Config{Engine: f.e, AdmissionKey: testKey, AdmissionKeyPrevious: []byte("short")}); err == nil || !strings.Contains(err.Error(), "previous admission key") {
+		t.Fatalf("a short previous key: %v, want an error naming it", err)
+	}
+}

@@ -39,6 +39,9 @@ const (
 	EnvRedisPassword  = "FLASHSALE_REDIS_PASSWORD" // secret
 	EnvPostgresDSN    = "FLASHSALE_POSTGRES_DSN"   // secret
 	EnvAdmissionKey   = "FLASHSALE_ADMISSION_KEY"  // secret
+	// EnvAdmissionKeyPrevious is a key tokens may still be signed with during
+	// a rotation (optional secret).
+	EnvAdmissionKeyPrevious = "FLASHSALE_ADMISSION_KEY_PREVIOUS"
 	// EnvIDKey is the key of reservation ids (secret), unpadded base64url
 	// (an environment variable cannot hold any byte). Without it the ids are
 	// keyed by a key derived from the admission key, which then must not change
@@ -105,7 +108,10 @@ type Campaign struct {
 	// the stripping used it so, so tokens signed with it are still taken and
 	// ids derived from it stay the same.
 	AdmissionKeyAsSet []byte
-	IDKey             []byte // the reservation ids' key; none: derived from the admission key
+	// AdmissionKeyPrevious, when set, is taken too: the key a rotation
+	// replaces, for the tokens the waiting room signed with it.
+	AdmissionKeyPrevious []byte
+	IDKey                []byte // the reservation ids' key; none: derived from the admission key
 
 	// WithoutAdmissionKey is set by roles that neither check admission tokens nor
 	// make reservations (the sweeper): Complete does not read the key, so their
@@ -171,6 +177,14 @@ func (c *Campaign) Complete() error {
 		}
 		if len(c.AdmissionKey) < 16 {
 			errs = append(errs, fmt.Errorf("the admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKey, EnvAdmissionKey, FileSuffix))
+		}
+		previous, err := Secret(EnvAdmissionKeyPrevious)
+		errs = append(errs, err)
+		if previous != "" {
+			c.AdmissionKeyPrevious = []byte(previous)
+			if len(previous) < 16 {
+				errs = append(errs, fmt.Errorf("the previous admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKeyPrevious, EnvAdmissionKeyPrevious, FileSuffix))
+			}
 		}
 		idKey, err := Secret(EnvIDKey)
 		errs = append(errs, err)

@@ -107,6 +107,23 @@ func TestFlagsOverrideEnvironment(t *testing.T) {
 	}
 }
 
+// The previous admission key, during a rotation, is optional, and read as
+// the key is: from the variable or a file, without a trailing newline.
+func TestPreviousAdmissionKey(t *testing.T) {
+	if c, err := parse(t, validEnv()); err != nil || c.AdmissionKeyPrevious != nil {
+		t.Fatalf("without one: %q %v", c.AdmissionKeyPrevious, err)
+	}
+	env := validEnv()
+	f := filepath.Join(t.TempDir(), "previous")
+	if err := os.WriteFile(f, []byte("the-previous-key-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env[EnvAdmissionKeyPrevious+FileSuffix] = f
+	if c, err := parse(t, env); err != nil || string(c.AdmissionKeyPrevious) != "the-previous-key-0123456789" {
+		t.Fatalf("from a file: %q %v", c.AdmissionKeyPrevious, err)
+	}
+}
+
 func TestSecretFromFile(t *testing.T) {
 	env := validEnv()
 	delete(env, EnvAdmissionKey)
@@ -155,6 +172,7 @@ func TestBadConfigurationIsNamed(t *testing.T) {
 		{"zero ttl", EnvTTL, "0s", "ttl"},
 		{"bad mode", EnvRedisMode, "sentinel", "redis-mode"},
 		{"short key", EnvAdmissionKey, "short", EnvAdmissionKey},
+		{"short previous key", EnvAdmissionKeyPrevious, "short", EnvAdmissionKeyPrevious},
 		{"short id key", EnvIDKey, "c2hvcnQ", EnvIDKey},
 		{"id key not base64url", EnvIDKey, "not base64url: 0123456789abcdef", EnvIDKey},
 		{"no dsn", EnvPostgresDSN, "", EnvPostgresDSN},
