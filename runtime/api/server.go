@@ -54,8 +54,8 @@ type Config struct {
 	// AdmissionKeyPrevious, when set, is taken too: the key a rotation
 	// replaces (config.AdmissionKeyPrevious).
 	AdmissionKeyPrevious []byte
-	Metrics         *Metrics     // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
-	Logger          *slog.Logger // nil: discard
+	Metrics              *Metrics     // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
+	Logger               *slog.Logger // nil: discard
 
 	Addr string // for Start; default ":8080"
 	// MetricsElsewhere leaves /metrics off the API's routes: the caller serves
@@ -129,9 +129,9 @@ type Server struct {
 	// alternative and the previous key, in that order, without keying an
 	// HMAC per request.
 	verifiers []*admission.Verifier
-	mux                   *http.ServeMux
-	handler               http.Handler // mux behind canonicalOnly
-	routes                []Route
+	mux       *http.ServeMux
+	handler   http.Handler // mux behind canonicalOnly
+	routes    []Route
 
 	draining atomic.Bool
 	// confirmed: the ledger has shown the campaign as configured (readyz).

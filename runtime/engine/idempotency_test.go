@@ -28,11 +28,11 @@ func liveUnits(t *testing.T, f *fixture, user string) (units int64) {
 	return units
 }
 
-// requestRows counts the ledger rows of user's request req, on any shard: I4
+// requestRows counts the ledger rows of user's request "r", on any shard: I4
 // allows one.
-func requestRows(t *testing.T, f *fixture, user, req string) int64 {
+func requestRows(t *testing.T, f *fixture, user string) int64 {
 	t.Helper()
-	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, req)
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
 	var n int64
 	err := f.l.Pool().QueryRow(context.Background(),
 		`SELECT count(*) FROM flashsale_orders WHERE campaign_id=$1 AND split_part(reservation_id, '.', 2) = $2`,
@@ -176,7 +176,7 @@ func TestRetryOfACancelledRequestOnAnotherShard(t *testing.T) {
 		if again := f.reserve(buyer, "r", 1); again.Outcome != engine.OutcomeExpired {
 			t.Fatalf("retry of the cancelled request: %+v, want EXPIRED", again)
 		}
-		if n := requestRows(t, f, buyer, "r"); n != 1 {
+		if n := requestRows(t, f, buyer); n != 1 {
 			t.Fatalf("%d ledger rows for one request", n)
 		}
 		if units := liveUnits(t, f, buyer); units != 0 {
@@ -208,7 +208,7 @@ func TestRetryOfACancelledStolenRequest(t *testing.T) {
 		if again := f.reserve(buyer, "r", 1); again.Outcome != engine.OutcomeExpired {
 			t.Fatalf("retry of the cancelled stolen request: %+v, want EXPIRED", again)
 		}
-		if n := requestRows(t, f, buyer, "r"); n != 1 {
+		if n := requestRows(t, f, buyer); n != 1 {
 			t.Fatalf("%d ledger rows for one request", n)
 		}
 		f.assertQuotaCovers()
@@ -246,7 +246,7 @@ func testRetryOfAPaidRequest(t *testing.T, rdb redis.UniversalClient, max int) {
 	if again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != r.Reservation.ID {
 		t.Fatalf("maxPerUser %d: retry of the paid request: %+v, want REPLAYED %s", max, again, r.Reservation.ID)
 	}
-	if n := requestRows(t, f, buyer, "r"); n != 1 {
+	if n := requestRows(t, f, buyer); n != 1 {
 		t.Fatalf("maxPerUser %d: %d ledger rows for one request", max, n)
 	}
 	if units := liveUnits(t, f, buyer); units != 1 {
@@ -353,7 +353,7 @@ func TestLostStealReplyOfAnEarlierAttemptIsAReplay(t *testing.T) {
 			if got := f.counts().Shards[target].Available; got != availableBefore {
 				t.Fatalf("shard %d holds %d units in stock after the retry, %d before: the sold unit went back", target, got, availableBefore)
 			}
-			if n := requestRows(t, f, buyer, "r"); n != 1 {
+			if n := requestRows(t, f, buyer); n != 1 {
 				t.Fatalf("%d ledger rows for the request, want 1", n)
 			}
 		})
