@@ -121,3 +121,27 @@ func monitorRedis(t *testing.T, addr string) func() []string {
 	t.Cleanup(func() { stop() })
 	return stop
 }
+
+// Shards failed closed with no record of it in the ledger (the operator
+// closed them on a loss, and the ledger did not answer when it recorded it)
+// are rebuilt before they open again: reopened as they were, they would sell
+// from the data the loss made suspect, which a failback to the server that
+// held it before may since have made look verified.
+func TestFailedClosedShardsAreRebuiltNotReopened(t *testing.T) {
+	t.Parallel()
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	e.startController()
+	fs := e.openSale("closed", 20)
+	eng := e.engineFor(fs, r.Addr())
+	e.reserve(eng, "held")
+	if err := eng.FailClose(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fs = e.waitFor("closed", settle, "Open after a rebuild", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && fs.Status.LastRebuild != nil
+	})
+	if fs.Status.Epoch != 2 || fs.Status.Reserved != 1 || fs.Status.Available != 19 {
+		t.Fatalf("after the rebuild: epoch %d, reserved %d, available %d; want 2, 1, 19", fs.Status.Epoch, fs.Status.Reserved, fs.Status.Available)
+	}
+}

@@ -102,6 +102,13 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBef
 		if unverified := stock.Unverified(states); len(unverified) > 0 {
 			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, shardList(unverified))
 		}
+		// Only a loss fails a shard closed, and a rebuild is what opens it
+		// again: opened as it is (the loss's record lost with a ledger
+		// that did not answer), it would sell from the data the loss made
+		// suspect, which a failback may since have made look verified.
+		if closed := failedClosed(states); len(closed) > 0 {
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s were failed closed and not rebuilt since", ErrNeedsRebuild, shardList(closed))
+		}
 		return SeedResult{Campaign: c, Live: true}, nil
 	}
 	if present > 0 || !created {
@@ -186,6 +193,17 @@ func (e *Engine) Delete(ctx context.Context) error {
 		return ledgerFailure("mark campaign deleted", err)
 	}
 	return nil
+}
+
+// failedClosed lists the shards whose gate is FAIL_CLOSED.
+func failedClosed(states []stock.ShardState) []int {
+	var out []int
+	for _, s := range states {
+		if s.Present && s.State == stock.StateFailClosed {
+			out = append(out, s.Index)
+		}
+	}
+	return out
 }
 
 // presentShards counts the shards Redis holds a meta of.

@@ -189,3 +189,25 @@ func TestRedisThatMayEvictIsRefused(t *testing.T) {
 		t.Fatalf("no maxmemory: %v", err)
 	}
 }
+
+// A shard failed closed opens again only through a rebuild: when the loss's
+// record did not reach the ledger (it did not answer), Seed still says a
+// rebuild is needed, instead of the sale being reopened on the data the loss
+// made suspect (a failback may since have made it look verified).
+func TestSeedOfAFailedClosedShardIsARebuild(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(4), withShards(2))
+	ctx := context.Background()
+	f.reserve("u", "r", 1)
+	if err := f.e.FailClose(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) || !strings.Contains(err.Error(), "failed closed") {
+		t.Fatalf("seed of failed-closed shards: %v, want ErrNeedsRebuild", err)
+	}
+	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.e.Seed(ctx, stock.StateOpen); err != nil || !res.Live {
+		t.Fatalf("seed after the rebuild: %+v %v", res, err)
+	}
+}
