@@ -44,9 +44,13 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		}
 	}
 	s.rebuildChecked = true
-	lost, why := false, ""
+	lost, why, failedClosed := false, "", false
 	res, err := eng.SeedSale(ctx, s.window.Gate, r.setUpBefore(s))
 	switch {
+	case errors.Is(err, engine.ErrFailedClosed):
+		// Closed on a loss that is already known: its rebuild is due (below),
+		// though the ledger may have missed the record of it.
+		failedClosed = true
 	case errors.Is(err, engine.ErrNeedsRebuild):
 		lost, why = true, err.Error()
 	case errors.Is(err, engine.ErrLedgerMismatch):
@@ -96,7 +100,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	firstSeed := lost && rec.Servers == nil && rec.LastRebuild == nil
 	// Redis and the ledger decide, never the status: a loss found now, or
 	// shards failed closed before and not rebuilt since.
-	due := rec.RebuildDue()
+	due := rec.RebuildDue() || failedClosed
 	needsRebuild := lost || due
 	if needsRebuild && !firstSeed && !due {
 		// Close every shard at once (shards without meta already refuse), say

@@ -15,6 +15,11 @@ import (
 // never seeded afresh.
 var ErrNeedsRebuild = errors.New("redis lost campaign state: rebuild from the ledger required")
 
+// ErrFailedClosed (with ErrNeedsRebuild) means shards were failed closed on a
+// loss and not rebuilt since: the rebuild is due, whatever the ledger
+// recorded of the loss.
+var ErrFailedClosed = errors.New("failed closed and not rebuilt since")
+
 // ErrLedgerMismatch means the ledger has no record of a sale that was seeded
 // before (Redis holds its shards, or the caller knows it ran): the ledger's
 // DSN now points at another database, or the ledger lost data. Nothing is
@@ -107,7 +112,7 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBef
 		// that did not answer), it would sell from the data the loss made
 		// suspect, which a failback may since have made look verified.
 		if closed := failedClosed(states); len(closed) > 0 {
-			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s were failed closed and not rebuilt since", ErrNeedsRebuild, shardList(closed))
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: %w: shards %s", ErrNeedsRebuild, ErrFailedClosed, shardList(closed))
 		}
 		return SeedResult{Campaign: c, Live: true}, nil
 	}

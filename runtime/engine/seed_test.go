@@ -201,7 +201,7 @@ func TestSeedOfAFailedClosedShardIsARebuild(t *testing.T) {
 	if err := f.e.FailClose(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) || !strings.Contains(err.Error(), "failed closed") {
+	if _, err := f.e.Seed(ctx, stock.StateOpen); !errors.Is(err, engine.ErrNeedsRebuild) || !errors.Is(err, engine.ErrFailedClosed) {
 		t.Fatalf("seed of failed-closed shards: %v, want ErrNeedsRebuild", err)
 	}
 	if _, err := f.e.Rebuild(ctx, openGate); err != nil {
