@@ -101,3 +101,35 @@ func TestAdvisoryLockUnreachable(t *testing.T) {
 		t.Fatalf("leading without a database: %v %v", ok, err)
 	}
 }
+
+// The server probes the lock's session, so a holder whose node vanished
+// loses the lock within about half a minute rather than the kernel's two
+// hours; values the DSN sets are its own.
+func TestAdvisoryLockSessionIsProbed(t *testing.T) {
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dsn  string
+		want map[string]string
+	}{
+		{dsn, map[string]string{"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3", "tcp_user_timeout": "20000"}},
+		{dsn + "&tcp_keepalives_idle=30", map[string]string{"tcp_keepalives_idle": "30", "tcp_keepalives_interval": "5"}},
+	} {
+		a := newLock(t, c.dsn, "c-probed")
+		if !acquire(t, a) {
+			t.Fatal("no leader")
+		}
+		for name, want := range c.want {
+			var got string
+			// In the setting's own unit (s, or ms for tcp_user_timeout).
+			if err := a.conn.QueryRow(context.Background(), "SELECT setting FROM pg_settings WHERE name = $1", name).Scan(&got); err != nil || got != want {
+				t.Errorf("%s: the lock's session has %s = %q (%v), want %q", c.dsn, name, got, err, want)
+			}
+		}
+		if err := a.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
