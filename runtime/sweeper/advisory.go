@@ -23,11 +23,13 @@ const (
 	// default keepalive time, two hours, while every other replica waits.
 	// Probed after 10 s idle, every 5 s, 3 misses, and unacknowledged data
 	// given up after 20 s: the lock goes within about half a minute. A DSN
-	// that sets any of these keeps its own values (they are sent at connect).
+	// that sets any of these keeps its own values (they are sent at connect),
+	// and a server without one (tcp_user_timeout is PostgreSQL 12's) is not
+	// asked to set it.
 	sqlProbeSession = `SELECT set_config(name, value, false)
 FROM (VALUES ('tcp_keepalives_idle', '10'), ('tcp_keepalives_interval', '5'),
              ('tcp_keepalives_count', '3'), ('tcp_user_timeout', '20000')) AS s(name, value)
-WHERE NOT name = ANY($1::text[])`
+WHERE NOT name = ANY($1::text[]) AND name IN (SELECT name FROM pg_settings)`
 )
 
 // lockTimeout bounds connecting, pinging and locking: a sweeper that cannot
