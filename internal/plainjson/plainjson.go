@@ -7,7 +7,11 @@
 // reference. A no says nothing about whether the input is valid JSON.
 package plainjson
 
-import "unicode/utf8"
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+)
 
 // Value is one member's value: a string, or an integer when IsInt.
 type Value struct {
@@ -138,4 +142,33 @@ func integer(raw []byte, i int) (int64, int, bool) {
 		n = -n
 	}
 	return n, i, true
+}
+
+// ObjectKeys lists the top-level keys of raw, any JSON object (not only the
+// plain form), in order and with repeats, through encoding/json's tokens: for
+// callers that refuse unknown, repeated or mis-cased keys in what Object did
+// not take, which encoding/json's decoder matches case-insensitively and
+// keeps the last of. ok is false when raw is not one well-formed object;
+// keys then holds those read before the fault.
+func ObjectKeys(raw []byte) (keys []string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		k, isKey := t.(string)
+		if err != nil || !isKey {
+			return keys, false
+		}
+		keys = append(keys, k)
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return keys, false
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return keys, false
+	}
+	return keys, true
 }

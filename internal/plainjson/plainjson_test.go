@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -113,4 +114,25 @@ func FuzzObjectAgreesWithEncodingJSON(f *testing.F) {
 			t.Fatalf("Object(%q) = %v, encoding/json %v", raw, got, want)
 		}
 	})
+}
+
+func TestObjectKeys(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		keys []string
+		ok   bool
+	}{
+		{`{"a":1,"b":{"c":[1,2]},"a":"x"}`, []string{"a", "b", "a"}, true},
+		{` {"A\u0062":null} `, []string{"Ab"}, true},
+		{`{}`, nil, true},
+		{`[1]`, nil, false},
+		{`not json`, nil, false},
+		{`{"a":1,"b"`, []string{"a", "b"}, false},
+		{`{"a":1,"b":}`, []string{"a", "b"}, false},
+	} {
+		keys, ok := ObjectKeys([]byte(c.raw))
+		if ok != c.ok || !slices.Equal(keys, c.keys) {
+			t.Errorf("ObjectKeys(%s) = %q, %v; want %q, %v", c.raw, keys, ok, c.keys, c.ok)
+		}
+	}
 }

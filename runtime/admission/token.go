@@ -172,24 +172,15 @@ func decodeClaims(payload []byte) (Claims, bool) {
 // exactKeys tells whether payload is an object whose keys are among sku, sub
 // and exp, each at most once (a missing one is validate's to refuse).
 func exactKeys(payload []byte) bool {
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return false
-	}
+	keys, ok := plainjson.ObjectKeys(payload)
 	seen := map[string]bool{}
-	for dec.More() {
-		t, err := dec.Token()
-		k, ok := t.(string)
-		if err != nil || !ok || seen[k] || (k != "sku" && k != "sub" && k != "exp") {
+	for _, k := range keys {
+		if seen[k] || (k != "sku" && k != "sub" && k != "exp") {
 			return false
 		}
 		seen[k] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return false
-		}
 	}
-	return true
+	return ok
 }
 
 // plainClaims reads a payload in the plain form Mint writes (one object of

@@ -195,20 +195,9 @@ func decodeGeneral(raw []byte, v any) *apiError {
 // that comes twice. A body that is not an object, or not JSON, is left to
 // the decoder's own messages.
 func checkKeys(raw []byte, fields []string) *apiError {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil
-	}
+	keys, _ := plainjson.ObjectKeys(raw) // the keys before any fault: the rest is the decoder's
 	seen := make(map[string]bool, len(fields))
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil
-		}
-		k, ok := t.(string)
-		if !ok {
-			return nil
-		}
+	for _, k := range keys {
 		name := clip(strconv.Quote(k))
 		if !slices.Contains(fields, k) {
 			for _, f := range fields {
@@ -222,10 +211,6 @@ func checkKeys(raw []byte, fields []string) *apiError {
 			return badRequest("duplicate field " + name)
 		}
 		seen[k] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return nil
-		}
 	}
 	return nil
 }
