@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,4 +165,21 @@ func reconcileTimeouts(t *testing.T) float64 {
 		}
 	}
 	return 0
+}
+
+// holdRebuild holds the rebuilds of sale name before each shard from the
+// first'th on is finished (its failpoint; set it before startController).
+// held is closed when one is first held; let lets them go, at most once:
+// register it with t.Cleanup after startController, so that it runs before
+// the manager stops, which waits for its rebuilds.
+func (e *env) holdRebuild(name string, first int) (held <-chan struct{}, let func()) {
+	h, release := make(chan struct{}), make(chan struct{})
+	var holdOnce, releaseOnce sync.Once
+	e.rebuildFailpoint = func(_, sale string, shard int) {
+		if sale == name && shard >= first {
+			holdOnce.Do(func() { close(h) })
+			<-release
+		}
+	}
+	return h, func() { releaseOnce.Do(func() { close(release) }) }
 }

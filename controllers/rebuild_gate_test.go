@@ -27,17 +27,9 @@ func TestPauseDuringARebuildIsKept(t *testing.T) {
 	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
-	held, release := make(chan struct{}), make(chan struct{})
-	var holdOnce, releaseOnce sync.Once
-	e.rebuildFailpoint = func(_, name string, shard int) {
-		if name == "pausing" {
-			holdOnce.Do(func() { close(held) })
-			<-release
-		}
-	}
+	held, let := e.holdRebuild("pausing", 0)
 	e.startController()
-	let := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(let)
+	t.Cleanup(let) // before the manager stops, which waits for the rebuild
 	fs := e.openSale("pausing", 20)
 	if err := r.RestartEmpty(); err != nil {
 		t.Fatal(err)

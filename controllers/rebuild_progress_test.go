@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -23,17 +22,9 @@ func TestRebuildProgressInStatus(t *testing.T) {
 	t.Parallel()
 	r := testharness.RedisT(t)
 	e := newEnv(t, r.Addr(), sharedPG)
-	held, release := make(chan struct{}), make(chan struct{})
-	var holdOnce, releaseOnce sync.Once
-	e.rebuildFailpoint = func(_, name string, shard int) {
-		if name == "progress" && shard >= 2 {
-			holdOnce.Do(func() { close(held) })
-			<-release
-		}
-	}
+	held, let := e.holdRebuild("progress", 2)
 	e.startController()
 	// Before the manager stops (cleanups run last first): it waits for the rebuild.
-	let := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(let)
 	fs := e.openSale("progress", 40)
 	eng := e.engineFor(fs, r.Addr())
