@@ -105,7 +105,7 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBef
 			return SeedResult{Campaign: c}, fmt.Errorf("%w: shard %d was left being rebuilt", ErrNeedsRebuild, i)
 		}
 		if unverified := stock.Unverified(states); len(unverified) > 0 {
-			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s hold data written by another Redis server process (restarted from a snapshot, or a promoted replica): it may be older than the ledger", ErrNeedsRebuild, shardList(unverified))
+			return SeedResult{Campaign: c}, fmt.Errorf("%w: shards %s hold data written by another Redis server process or replication history (restarted from a snapshot, a promoted replica, or a master promoted back): it may be older than the ledger", ErrNeedsRebuild, shardList(unverified))
 		}
 		// Only a loss fails a shard closed, and a rebuild is what opens it
 		// again: opened as it is (the loss's record lost with a ledger

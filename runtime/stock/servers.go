@@ -38,23 +38,23 @@ func runIDFrom(addr, info string) (string, error) {
 	return id, nil
 }
 
-// Stamp records the run id of the server holding each shard in the metas that
-// have none (shards seeded before metas recorded it), so that the reserve
-// script can tell from then on when their data comes from another server
-// process. Call it only after checking that the servers did not restart. It
-// returns how many shards it stamped.
+// Stamp records the run id and master_replid of the server holding each shard
+// in the metas that lack them (shards seeded before metas recorded them), so
+// that the reserve script can tell from then on when their data comes from
+// another server process or replication history. Call it only after checking
+// that the servers did not restart. It returns how many shards it stamped.
 func (s *Store) Stamp(ctx context.Context) (int, error) {
 	pipe := s.rdb.Pipeline()
-	has := make([]*redis.BoolCmd, len(s.shards))
+	has := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
-		has[i] = pipe.HExists(ctx, k.Meta(), "srv")
+		has[i] = pipe.HMGet(ctx, k.Meta(), "srv", "lin")
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err
 	}
 	stamped := 0
 	for i, k := range s.shards {
-		if has[i].Val() {
+		if v := has[i].Val(); len(v) == 2 && v[0] != nil && v[1] != nil {
 			continue
 		}
 		n, err := stampScript.Run(ctx, s.rdb, []string{k.Meta()}).Int()
@@ -67,11 +67,11 @@ func (s *Store) Stamp(ctx context.Context) (int, error) {
 }
 
 // verifyServers sets Unverified on the states whose meta records another
-// server process than the one holding the shard now. Each server's run id is
-// read once, now: the reserve path's cached ids would miss a restart that no
-// reserve call has run into yet.
+// server process than the one holding the shard now, or another replication
+// history of it. Each server is read once, now: the reserve path's cached ids
+// would miss a restart that no reserve call has run into yet.
 func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
-	now := map[string]string{} // address -> run id
+	now := map[string]serverID{} // by address
 	for i := range states {
 		st := &states[i]
 		if st.Server == "" {
@@ -84,14 +84,47 @@ func (s *Store) verifyServers(ctx context.Context, states []ShardState) error {
 		addr := node.Options().Addr
 		id, ok := now[addr]
 		if !ok {
-			if id, err = runID(ctx, node); err != nil {
+			if id, err = identify(ctx, node); err != nil {
 				return err
 			}
 			now[addr] = id
 		}
-		st.Unverified = st.Server != id
+		st.Unverified = st.Server != id.run || (st.Lineage != "" && st.Lineage != id.lineage && id.promoted)
 	}
 	return nil
+}
+
+// serverID names a server process (run id) and the replication history its
+// data comes from (master_replid). A promotion starts a new history and keeps
+// the one before (master_replid2); a master starting a backlog for its first
+// replica starts one too, with none before it (see reserve.lua).
+type serverID struct {
+	run, lineage string
+	promoted     bool // master_replid2 is set
+}
+
+// identify reads node's run id and master_replid, and refuses a server older
+// than 7.0.
+func identify(ctx context.Context, node *redis.Client) (serverID, error) {
+	info, err := node.Info(ctx, "server", "replication").Result()
+	if err != nil {
+		// A server before 7.0 refuses two sections: INFO server alone
+		// names it (ErrRedisTooOld).
+		if _, verr := runID(ctx, node); verr != nil {
+			return serverID{}, verr
+		}
+		return serverID{}, err
+	}
+	run, err := runIDFrom(node.Options().Addr, info)
+	if err != nil {
+		return serverID{}, err
+	}
+	lineage := infoField(info, "master_replid")
+	if lineage == "" {
+		return serverID{}, fmt.Errorf("%s: INFO replication has no master_replid", node.Options().Addr)
+	}
+	prev := infoField(info, "master_replid2")
+	return serverID{run: run, lineage: lineage, promoted: strings.Trim(prev, "0") != ""}, nil
 }
 
 // shardServers returns the servers holding the campaign's shards, each once: in a

@@ -9,8 +9,9 @@ import (
 )
 
 // Unverified lists the shards of states (from State) whose meta was written
-// by another server process than the one holding them now (see reserve.lua):
-// restarted from a snapshot, or a replica promoted by a failover. Their stock
+// by another server process than the one holding them now, or under another
+// replication history (see reserve.lua): restarted from a snapshot, a replica
+// promoted by a failover, or a master promoted back after one. Their stock
 // may be older than the ledger; the reserve script refuses them until they are
 // rebuilt.
 func Unverified(states []ShardState) []int {
@@ -40,14 +41,16 @@ type ShardState struct {
 	LastChange int64
 	Withdrawn  int64  // units taken out of stock for an allocation decrease not yet settled
 	Server     string // run id of the server the shard was seeded or rebuilt on ("": not recorded)
+	Lineage    string // that server's master_replid then ("": not recorded)
 	// Unverified: the meta names another server process than the one holding
-	// the shard now (its run id read by State), so the reserve script refuses
-	// it (see reserve.lua). A meta that records no server is never unverified.
+	// the shard now, or another replication history of it (its run id and
+	// master_replid read by State), so the reserve script refuses it (see
+	// reserve.lua). A meta that records no server is never unverified.
 	Unverified bool
 }
 
-// State reads every shard's stock and meta in one pipeline, then the run id of
-// each server holding a meta that records one (one INFO per server): cheap
+// State reads every shard's stock and meta in one pipeline, then the run id and
+// master_replid of each server holding a meta that records one (one INFO per server): cheap
 // enough to run every few seconds during a storm.
 func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 	pipe := s.rdb.Pipeline()
@@ -55,7 +58,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 	metas := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
 		stocks[i] = pipe.Get(ctx, k.Stock())
-		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv")
+		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv", "lin")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
@@ -67,7 +70,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Available = v
 		}
 		m := metas[i].Val()
-		if len(m) == 7 && m[0] != nil {
+		if len(m) == 8 && m[0] != nil {
 			st.Present = true
 			st.State = toString(m[0])
 			st.Epoch = atoi64(toString(m[1]))
@@ -76,6 +79,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.LastChange = atoi64(toString(m[4]))
 			st.Withdrawn = atoi64(toString(m[5]))
 			st.Server = toString(m[6])
+			st.Lineage = toString(m[7])
 		}
 		out[i] = st
 	}

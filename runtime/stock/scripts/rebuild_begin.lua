@@ -14,17 +14,20 @@
 --
 -- Returns the reservations still indexed (0: the shard is wiped)
 --
--- The meta records this server's run_id (srv): rebuild_finish opens nothing on
--- another process (one restarted from a snapshot or an AOF taken meanwhile, or a
--- replica promoted, holds only part of the rebuild's writes).
+-- The meta records this server's run_id (srv) and master_replid (lin):
+-- rebuild_finish opens nothing on another process (one restarted from a snapshot
+-- or an AOF taken meanwhile, or a replica promoted, holds only part of the
+-- rebuild's writes), nor on this one if it was a replica since (a failback: it
+-- holds the copy it resynced).
 --
 -- Run twice: safe. A shard already REBUILDING under this epoch keeps its meta,
 -- and deleting what is already gone changes nothing.
 local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   redis.call('DEL', KEYS[2])
-  local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
-  redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0, 'srv', srv)
+  local info = redis.call('INFO', 'server', 'replication')
+  local srv, lin = string.match(info, 'run_id:(%x+)'), string.match(info, 'master_replid:(%x+)')
+  redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0, 'srv', srv, 'lin', lin)
 end
 local members = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
 for _, key in ipairs(members) do

@@ -3,7 +3,7 @@
 -- touches one Redis Cluster slot.
 --
 -- KEYS[1] stock  string: units available on this shard
--- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg, srv (see below)
+-- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg, srv, lin, chk (see below)
 -- KEYS[3] index  zset: reservation key -> expiry (ms since the epoch, Redis clock)
 -- KEYS[4] res    hash of this reservation: u user, q qty, s status (R reserved | C committed),
 --                e expiry ms, p epoch, h home shard of the user
@@ -42,6 +42,19 @@
 -- connection, which cannot outlive its server process: a body is never loaded
 -- into a process other than the one whose run_id it carries.
 --
+-- A run id names a process, not its data: a master cut off by a failover that
+-- rejoins as a replica of the promoted one (a resync: it now holds that
+-- replica's copy, older than its own) and is promoted back keeps its run_id and
+-- its script cache. meta.lin is the master_replid (INFO replication) the shard
+-- was seeded or rebuilt under. A promotion gives a master a new one and keeps
+-- the one before as master_replid2; a master that starts a backlog for its first
+-- replica also takes a new one, but clears master_replid2 (nothing was
+-- promoted: the new id is recorded). Before it takes stock or quota the script
+-- compares them, at most once per 10 ms of the server's clock (meta.chk, the
+-- last check): a copy carries the check time of its source, older than a
+-- failover and failback can be, so the first call after a failback checks. A
+-- promotion since refuses (CLOSED UNVERIFIED), like srv.
+--
 -- Returns {code, expiry, epoch, extra, status}
 --   1 RESERVED  extra = stock left on this shard
 --   2 REPLAY    the same request was reserved before; extra = its shard (-1: here),
@@ -67,7 +80,7 @@
 -- NoRetry command, see stock.Store.runReserve); a NOSCRIPT answer means it did
 -- not run, and the caller loads it and runs it (once).
 local server = 'SERVER_RUN_ID'
-local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv')
+local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv', 'lin', 'chk')
 if not state[1] then
   return {5, 0, 0, 0, 'NO_META'}
 end
@@ -80,6 +93,23 @@ if state[3] and state[3] ~= server then
 end
 if epoch < tonumber(ARGV[7]) then
   return {5, 0, epoch, 0, 'STALE_EPOCH'}
+end
+
+-- stale: the shard's data came from another replication history (see above).
+-- now is TIME's answer; returns stale and now in ms.
+local function stale(now)
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local chk = tonumber(state[5] or '0')
+  if not state[4] or (ms >= chk and ms < chk + 10) then
+    return false, ms
+  end
+  local info = redis.call('INFO', 'replication')
+  local lin = string.match(info, 'master_replid:(%x+)')
+  if lin ~= state[4] and string.match(info, 'master_replid2:(%x+)') ~= string.rep('0', 40) then
+    return true, ms
+  end
+  redis.call('HSET', KEYS[2], 'lin', lin, 'chk', ms)
+  return false, ms
 end
 
 local user, key, mode = ARGV[1], ARGV[2], ARGV[8]
@@ -115,8 +145,11 @@ end
 local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
 if stock < qty then
   if mode == 'claim' then
-    local t = redis.call('TIME')
-    local at = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    local old, ms = stale(redis.call('TIME'))
+    if old then
+      return {5, 0, epoch, 0, 'UNVERIFIED'}
+    end
+    local at = string.format('%.0f', ms)
     local stamp = at
     if tag ~= '' then
       stamp = at .. '.' .. tag
@@ -129,10 +162,13 @@ if stock < qty then
   return {3, 0, epoch, held, ''}
 end
 
-local now = redis.call('TIME')
+local old, ms = stale(redis.call('TIME'))
+if old then
+  return {5, 0, epoch, 0, 'UNVERIFIED'}
+end
 -- A Lua number goes to redis.call as its digits (an integer below 2^53 has
 -- no exponent), so the expiry needs no string.format.
-local expiry = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[5])
+local expiry = ms + tonumber(ARGV[5])
 redis.call('DECRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'rsv', qty)
 redis.call('HSET', KEYS[4], 'u', user, 'q', qty, 's', 'R', 'e', expiry, 'p', epoch, 'h', ARGV[9])
