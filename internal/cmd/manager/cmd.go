@@ -186,6 +186,11 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if opts.PhaseTimeout < time.Second {
 		return fmt.Errorf("--phase-timeout must be at least 1s, got %s", opts.PhaseTimeout)
 	}
+	// Above a minute, a quiet sale's counts would read stale (the
+	// FlashSaleCountsStale alert, at two minutes) between two refreshes.
+	if opts.StatusRefresh < 100*time.Millisecond || opts.StatusRefresh > time.Minute {
+		return fmt.Errorf("--status-refresh must be between 100ms and 1m, got %s", opts.StatusRefresh)
+	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),

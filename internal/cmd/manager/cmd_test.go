@@ -374,4 +374,11 @@ func TestRunRefusesBadConcurrencySettings(t *testing.T) {
 			t.Fatalf("Run with --phase-timeout %s = %v", phase, err)
 		}
 	}
+	for _, refresh := range []time.Duration{0, -time.Second, time.Millisecond, 2 * time.Minute} {
+		opts := DefaultOptions()
+		opts.StatusRefresh = refresh
+		if err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts); err == nil || !strings.Contains(err.Error(), "--status-refresh must be between 100ms and 1m") {
+			t.Fatalf("Run with --status-refresh %s = %v", refresh, err)
+		}
+	}
 }
