@@ -18,7 +18,9 @@ import (
 // connections. A missing Secret or key stops here with a condition naming it,
 // unless the sale's connections are already open: a Secret deleted or broken
 // during the sale (a rotation by delete and recreate, a GitOps prune) must not
-// stop the pause switch and the schedule's end from closing it.
+// stop the pause switch and the schedule's end from closing it. Without them
+// (an operator restarted, or another one leading since), the closing gate is
+// written through Redis alone, which is all it needs.
 func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, error) {
 	refs, err := readReferences(ctx, r.secrets, s.fs)
 	var refErr *referenceError
@@ -30,6 +32,11 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 			s.conn = c
 			s.refsKept = true // the spec's Secrets are not what these connections use
 			return false, nil
+		}
+		if refs, err := readRedisReferences(ctx, r.secrets, s.fs); err == nil {
+			store, done := redisOnly(s.fs, &refs)
+			s.closed = r.closeShards(ctx, s, store)
+			done()
 		}
 		return true, nil
 	}

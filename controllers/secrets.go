@@ -117,6 +117,24 @@ func readReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.
 // readStoreReferences reads the Redis and ledger Secrets only: all that
 // ending a sale and deleting its keys and campaign needs.
 func readStoreReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale) (references, error) {
+	out, err := readRedisReferences(ctx, c, fs)
+	if err != nil {
+		return out, err
+	}
+	ps, err := getSecret(ctx, c, fs, "ledger", fs.Spec.Postgres.SecretRef.Name)
+	if err != nil {
+		return out, err
+	}
+	if out.postgresDSN, err = secretKey("ledger", ps, resolve(fs).postgresKey); err != nil {
+		return out, err
+	}
+	out.postgresDSN = config.SecretValue(out.postgresDSN)
+	return out, nil
+}
+
+// readRedisReferences reads the Redis Secret only: all that closing a sale's
+// shards needs.
+func readRedisReferences(ctx context.Context, c *secretReader, fs *flashsalev1alpha1.FlashSale) (references, error) {
 	s := resolve(fs)
 	var out references
 	rs, err := getSecret(ctx, c, fs, "Redis", fs.Spec.Redis.SecretRef.Name)
@@ -137,15 +155,6 @@ func readStoreReferences(ctx context.Context, c *secretReader, fs *flashsalev1al
 	out.redis.Username = string(rs.Data[SecretKeyRedisUsername])
 	// Read as the pods read it, so the operator and the pods log in alike.
 	out.redis.Password = config.SecretValue(string(rs.Data[SecretKeyRedisPassword]))
-
-	ps, err := getSecret(ctx, c, fs, "ledger", fs.Spec.Postgres.SecretRef.Name)
-	if err != nil {
-		return out, err
-	}
-	if out.postgresDSN, err = secretKey("ledger", ps, s.postgresKey); err != nil {
-		return out, err
-	}
-	out.postgresDSN = config.SecretValue(out.postgresDSN)
 	return out, nil
 }
 

@@ -310,3 +310,33 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 		})
 	}
 }
+
+// An operator that starts while a sale's admission or ledger Secret is
+// missing has no connections to go on with, yet the pause switch still
+// closes the sale: closing needs only the Redis Secret.
+func TestSecretMissingAfterARestartStillPauses(t *testing.T) {
+	t.Parallel()
+	for _, secret := range []string{"waiting-room", "shop-ledger"} {
+		t.Run(secret, func(t *testing.T) {
+			e := newEnv(t, sharedRedis.Addr(), sharedPG)
+			stop := e.startController()
+			fs := e.openSale("restarted", 10)
+			eng := e.engineFor(fs, sharedRedis.Addr())
+			ctx := context.Background()
+			if err := k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secret, Namespace: e.ns}}); err != nil {
+				t.Fatal(err)
+			}
+			e.waitFor("restarted", settle, "SecretNotFound", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonSecretNotFound))
+			stop()
+			e.startController()
+			updateSpec(t, e.ns, "restarted", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
+			fs = e.waitFor("restarted", settle, "Paused", phaseIs(flashsalev1alpha1.PhasePaused))
+			if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != controllers.ReasonSecretNotFound {
+				t.Fatalf("Ready while the Secret is missing: %+v", c)
+			}
+			if r, err := eng.Reserve(ctx, "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
+				t.Fatalf("reserve while paused: %+v %v", r, err)
+			}
+		})
+	}
+}
