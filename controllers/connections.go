@@ -25,6 +25,7 @@ const controllerLedgerConns = 4
 // ledger, reused across reconciles and replaced when a Secret or the spec changes.
 type campaignConn struct {
 	key    string // fingerprint of the references and engine config
+	stores string // fingerprint of the Redis and ledger references alone
 	rdb    redis.UniversalClient
 	engine *engine.Engine
 	runIDs map[string]string // Redis run ids seen at the last healthy check
@@ -118,10 +119,16 @@ type connections struct {
 // get returns the open connection for a FlashSale, opening (or replacing) it when
 // needed. Opening the ledger applies its migrations. A connection being
 // replaced stays (see cached) until its successor is open.
+//
+// A rebuild running on the connection keeps it while the sale's Redis and
+// ledger stay the same: an edit of the spec or of the admission key would
+// otherwise stop the rebuild and start it over, the sale closed all along.
+// The change is taken once the rebuild ends, and its outcome is handed to the
+// new connection, so that it is reported and recorded.
 func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs references, cfg engine.Config) (*campaignConn, error) {
-	key := refs.fingerprint() + "|" + cfgKey(cfg)
+	key, stores := refs.fingerprint()+"|"+cfgKey(cfg), refs.storeFingerprint()
 	cs.mu.Lock()
-	if c, ok := cs.byKey[name]; ok && c.key == key {
+	if c, ok := cs.byKey[name]; ok && (c.key == key || c.stores == stores && c.rebuilding()) {
 		cs.mu.Unlock()
 		return c, nil
 	}
@@ -141,7 +148,7 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 		}
 		return nil, err
 	}
-	c := &campaignConn{key: key, rdb: rdb, engine: e}
+	c := &campaignConn{key: key, stores: stores, rdb: rdb, engine: e}
 	cs.mu.Lock()
 	old := cs.byKey[name]
 	if cs.byKey == nil {
@@ -155,8 +162,17 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 	// rebuild starts before the old one has stopped.
 	if old != nil {
 		old.close()
+		if run := old.rebuild.Load(); run != nil && old.stores == stores {
+			c.rebuild.Store(run)
+		}
 	}
 	return c, nil
+}
+
+// rebuilding reports a rebuild running on the connection.
+func (c *campaignConn) rebuilding() bool {
+	run := c.rebuild.Load()
+	return run != nil && !run.over()
 }
 
 // cached returns the FlashSale's open connection, if any, whatever its Secrets

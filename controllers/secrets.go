@@ -61,6 +61,15 @@ func (r references) fingerprint() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// storeFingerprint is fingerprint for the Redis and ledger references alone.
+func (r references) storeFingerprint() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s", r.redis.Mode, strings.Join(r.redis.Addresses, ","),
+		r.redis.Username, r.redis.Password, r.postgresDSN)
+	writeRedisTLS(h, r.redisTLS)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // podFingerprint is what a pod template carries so that a change to the Secret
 // values its pods read (env is fixed at start) rolls them: an HMAC keyed with
 // the sale's own id key, so it tells nothing about the values. The reserve pods
