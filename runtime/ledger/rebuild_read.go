@@ -73,6 +73,9 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 	}
 	var out []ShardCounts
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlUntimedRead); err != nil {
+			return err
+		}
 		counted, err := countsByShard(ctx, tx, campaignID, shards)
 		if err != nil {
 			return err
@@ -108,6 +111,17 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 	}
 	return out, nil
 }
+
+// sqlUntimedRead lifts, for one transaction of the rebuild's read, the time
+// limits a database or role may set: each query streams while Redis is
+// written, so it outlives a statement_timeout, and the transaction that
+// exported the snapshot waits idle for the other readers, past an
+// idle_in_transaction_session_timeout. Cut, the read would fail every retry
+// and the sale stay closed. The caller's context bounds the read instead.
+// Settings a server lacks (transaction_timeout is PostgreSQL 17's) are not
+// asked for.
+const sqlUntimedRead = `SELECT set_config(name, '0', true) FROM pg_settings
+WHERE name IN ('statement_timeout', 'idle_in_transaction_session_timeout', 'transaction_timeout')`
 
 // readTask is one stream of ReadRebuild, read with q.
 type readTask func(ctx context.Context, q querier) error
@@ -146,6 +160,9 @@ func (l *Ledger) readShared(ctx context.Context, tx pgx.Tx, readers int, tasks <
 			return pgx.BeginTxFunc(gctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(rtx pgx.Tx) error {
 				if _, err := rtx.Exec(gctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`); err != nil {
 					return fmt.Errorf("importing the rebuild's snapshot: %w", err)
+				}
+				if _, err := rtx.Exec(gctx, sqlUntimedRead); err != nil {
+					return err
 				}
 				return runTasks(gctx, rtx, tasks)
 			})

@@ -133,3 +133,38 @@ func TestReadRebuildStopsOnTheReadersError(t *testing.T) {
 		t.Fatalf("holders: err %v after %d calls", err, calls)
 	}
 }
+
+// A database or role may set statement and idle-in-transaction timeouts that
+// a rebuild's read outlives: it streams its orders while Redis is written,
+// its snapshot's transaction idle meanwhile. Cut, the read would fail each
+// retry and the sale stay closed; it lifts them for its own transactions.
+// Here the server has sent every order before the first batch is written
+// (a few small rows), so the session waits idle in its transaction while
+// the batches take longer than the limit.
+func TestReadRebuildOutlivesTheServersTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	l := openLedger(t, newDSN(t, testPG)+"&idle_in_transaction_session_timeout=200&statement_timeout=200")
+	c := newCampaign(t, l, 100, 2)
+	for i := range 4 {
+		insertOrder(t, l, pendingOrder(c, fmt.Sprintf("u%d", i), i%2, time.Hour), time.Hour)
+	}
+	if _, err := l.BeginRebuild(ctx, c.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	streamed := 0
+	counts, err := l.ReadRebuild(ctx, c.ID, c.Shards, RebuildReader{
+		Batch: 1, Readers: 1,
+		Pending: func(context.Context, []Order) error {
+			streamed++
+			time.Sleep(300 * time.Millisecond) // a slow Redis write
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("read under the server's timeouts: %v", err)
+	}
+	if streamed != 4 || counts[0].Pending+counts[1].Pending != 4 {
+		t.Fatalf("streamed %d orders, counts %+v", streamed, counts)
+	}
+}
