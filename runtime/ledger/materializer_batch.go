@@ -219,21 +219,31 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 	}
 	// Skipped rows were certainly not written by this statement; tell
 	// duplicates from fenced rows.
+	// A lookup that fails leaves them a plain refusal: called fenced, they
+	// would read as a rebuild's fence nobody ran.
 	existing := map[string]bool{}
+	var lookup error
 	if len(skipped) > 0 {
-		if ex, err := conn.Query(ctx, sqlExistingOrders, skipped, first.CampaignID); err == nil {
+		if testHookLookupDuplicates != nil {
+			testHookLookupDuplicates(conn.Conn().PgConn().PID())
+		}
+		ex, err := conn.Query(ctx, sqlExistingOrders, skipped, first.CampaignID)
+		if err == nil {
 			var id string
-			_, _ = pgx.ForEachRow(ex, []any{&id}, func() error {
+			_, err = pgx.ForEachRow(ex, []any{&id}, func() error {
 				existing[id] = true
 				return nil
 			})
 		}
+		lookup = err
 	}
 	for _, i := range idx {
 		id := rows[i].o.ReservationID
 		switch {
 		case returned[id]:
 			results[i] = nil
+		case lookup != nil:
+			results[i] = fmt.Errorf("ledger: materialize %s: not written, and whether it was a duplicate is unknown: %w", id, lookup)
 		case existing[id]:
 			results[i] = fmt.Errorf("%w: %s", ErrDuplicate, id)
 		default:
@@ -241,3 +251,8 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 		}
 	}
 }
+
+// testHookLookupDuplicates, when set by a test, runs before the lookup that
+// tells skipped rows' duplicates from fenced ones, with the server process id
+// of the connection it runs on.
+var testHookLookupDuplicates func(pid uint32)

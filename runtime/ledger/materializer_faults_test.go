@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,5 +186,31 @@ func TestMaterializerBusyPoolIsNotAmbiguous(t *testing.T) {
 	}
 	if orderExists(t, l, o.ReservationID) {
 		t.Fatalf("%s failed but exists", o.ReservationID)
+	}
+}
+
+// A row the insert skipped was not written; when the lookup that tells a
+// duplicate from a fenced row fails (here its connection is terminated), the
+// row is refused as such, not called fenced: a fence is a rebuild's, and
+// nobody ran one. Not parallel: the hook is the package's.
+func TestMaterializerLookupFailureIsNotAFence(t *testing.T) {
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10, 1)
+	m := l.NewMaterializer(MaterializerConfig{})
+	defer m.Close()
+	o := pendingOrder(c, "u", 0, time.Hour)
+	if err := m.Submit(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	testHookLookupDuplicates = func(pid uint32) {
+		if _, err := l.Pool().Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { testHookLookupDuplicates = nil }()
+	err := m.Submit(ctx, o)
+	if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrDuplicate) || !strings.Contains(err.Error(), "whether it was a duplicate is unknown") {
+		t.Fatalf("Submit of a duplicate whose lookup failed: %v", err)
 	}
 }
