@@ -141,6 +141,9 @@ func TestCRDValidationRules(t *testing.T) {
 		{[]string{"reservation", "ttl"}, "duration(self) >= duration('1s')", "reservation.ttl must be at least 1s"},
 		{[]string{"reservation", "gracePeriod"}, "duration(self) >= duration('0s')", "reservation.gracePeriod must not be negative"},
 		{[]string{"sweeper", "interval"}, "duration(self) >= duration('1s')", "sweeper.interval must be at least 1s"},
+		{[]string{"reservation", "ttl"}, "duration(self) <= duration('24h')", "reservation.ttl must be at most 24h"},
+		{[]string{"reservation", "gracePeriod"}, "duration(self) <= duration('1h')", "reservation.gracePeriod must be at most 1h"},
+		{[]string{"sweeper", "interval"}, "duration(self) <= duration('1h')", "sweeper.interval must be at most 1h"},
 	}
 	for _, w := range want {
 		s := spec
@@ -346,6 +349,18 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"sweeper.interval must be at least 1s"},
 		{"nanosecond sweeper interval", nil, with("1ns", "sweeper", "interval"),
 			"sweeper.interval must be at least 1s"},
+		// TTL plus grace past int64 nanoseconds (292 years) wrapped around:
+		// claims reaped at once, reservation hashes dropped while held.
+		{"ttl of centuries", nil, with("2562047h", "reservation", "ttl"),
+			"reservation.ttl must be at most 24h"},
+		{"ttl over a day", nil, with("24h1s", "reservation", "ttl"),
+			"reservation.ttl must be at most 24h"},
+		{"grace period over an hour", nil, with("61m", "reservation", "gracePeriod"),
+			"reservation.gracePeriod must be at most 1h"},
+		{"sweeper interval over an hour", nil, with("2h", "sweeper", "interval"),
+			"sweeper.interval must be at most 1h"},
+		{"reserve replicas past 10000", nil, with(int64(10001), "reservation", "replicas"),
+			"spec.reservation.replicas in body should be less than or equal to 10000"},
 		{"missing sku", nil, with(nil, "sku"),
 			"spec.sku: Required value"},
 		{"empty sku", nil, with("", "sku"),
@@ -403,6 +418,9 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 		"pause":            with(true, "paused"),
 		"longer ttl":       with("15m", "reservation", "ttl"),
 		"zero grace":       with("0s", "reservation", "gracePeriod"),
+		"a day's ttl":      with("24h", "reservation", "ttl"),
+		"an hour's grace":  with("1h", "reservation", "gracePeriod"),
+		"hourly sweeps":    with("60m", "sweeper", "interval"),
 		"no steal probes":  with(int64(0), "reservation", "stealProbes"),
 		"cluster mode":     with("cluster", "redis", "mode"),
 		"open-ended start": with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),

@@ -219,23 +219,26 @@ type ScheduleSpec struct {
 type ReservationSpec struct {
 	// ttl is how long a reservation holds its units before it expires and
 	// the sweeper may release them. It must be at least 1s (expiries are kept
-	// in milliseconds).
+	// in milliseconds) and at most 24h.
 	// +optional
 	// +kubebuilder:default="10m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="reservation.ttl must be at least 1s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('24h')",message="reservation.ttl must be at most 24h"
 	TTL *metav1.Duration `json:"ttl,omitempty"`
 
 	// gracePeriod is how long after expiry a reservation is still left
-	// alone, to absorb clock skew and in-flight checkouts. It may be 0s.
+	// alone, to absorb clock skew and in-flight checkouts. It may be 0s, and
+	// at most 1h.
 	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="reservation.gracePeriod must not be negative"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1h')",message="reservation.gracePeriod must be at most 1h"
 	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
 
 	// stealProbes is how many other shards, at most, a reservation tries
@@ -250,6 +253,7 @@ type ReservationSpec struct {
 	// +optional
 	// +kubebuilder:default=2
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
 	Replicas *int32 `json:"replicas,omitempty"`
 
 	// resources are the compute resources of each reservation API pod.
@@ -261,13 +265,14 @@ type ReservationSpec struct {
 type SweeperSpec struct {
 	// interval is the time between two sweeps. It must be at least 1s: a
 	// shorter one would keep the sweeper querying PostgreSQL and Redis
-	// without a pause.
+	// without a pause; and at most 1h, as expired reservations wait for it.
 	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="sweeper.interval must be at least 1s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1h')",message="sweeper.interval must be at most 1h: expired reservations wait for it to be given back"
 	Interval *metav1.Duration `json:"interval,omitempty"`
 }
 
