@@ -130,6 +130,8 @@ func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
 	case errors.As(err, &le) && errors.Is(err, engine.ErrBadDSN):
 		return onLedger(ReasonInvalid, ReasonLedgerSecretInvalid,
 			fmt.Sprintf("ledger Secret %q key %q: %s", fs.Spec.Postgres.SecretRef.Name, resolve(fs).postgresKey, le.err.Error()))
+	case errors.As(err, &le) && errors.Is(err, engine.ErrMigrating):
+		return onLedger(ReasonMigrating, ReasonLedgerMigrating, err.Error())
 	case errors.As(err, &le) && pgForbidden(err):
 		return onLedger(ReasonForbidden, ReasonLedgerForbidden, "PostgreSQL ledger refused the operator: "+le.err.Error())
 	case errors.As(err, &le):

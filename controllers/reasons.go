@@ -19,7 +19,11 @@ const (
 	ReasonReachable          = "Reachable"
 	ReasonUnreachable        = "Unreachable"
 	ReasonLedgerUnreachable  = "LedgerUnreachable"
-	ReasonRedisUnreachable   = "RedisUnreachable"
+	// ReasonMigrating: the ledger's schema is being upgraded (LedgerHealthy);
+	// ReasonLedgerMigrating is Ready's reason for the same.
+	ReasonMigrating        = "Migrating"
+	ReasonLedgerMigrating  = "LedgerMigrating"
+	ReasonRedisUnreachable = "RedisUnreachable"
 	// Events: Redis or the ledger healthy again after a failure.
 	ReasonRedisRecovered   = "RedisRecovered"
 	ReasonLedgerRecovered  = "LedgerRecovered"

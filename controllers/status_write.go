@@ -77,7 +77,7 @@ func (s *scope) healthEvents(before []metav1.Condition) {
 		{flashsalev1alpha1.ConditionRedisHealthy, ReasonRedisRecovered, map[string]string{
 			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported}},
 		{flashsalev1alpha1.ConditionLedgerHealthy, ReasonLedgerRecovered, map[string]string{
-			ReasonUnreachable: ReasonLedgerUnreachable, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid,
+			ReasonUnreachable: ReasonLedgerUnreachable, ReasonMigrating: ReasonLedgerMigrating, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid,
 			ReasonCountsDrift: ReasonLedgerCountsDrift}},
 	} {
 		was := meta.FindStatusCondition(before, h.typ)

@@ -33,6 +33,8 @@ func TestUnhealthyReasons(t *testing.T) {
 			flashsalev1alpha1.ConditionLedgerHealthy, ReasonUnreachable, ReasonLedgerUnreachable, "PostgreSQL ledger unreachable: connection refused"},
 		{"ledger refuses the password", &ledgerError{fmt.Errorf("ledger: connect: %w", &pgconn.PgError{Severity: "FATAL", Code: "28P01", Message: "password authentication failed"})},
 			flashsalev1alpha1.ConditionLedgerHealthy, ReasonForbidden, ReasonLedgerForbidden, "refused the operator: ledger: connect: FATAL: password authentication failed"},
+		{"ledger schema being upgraded", &ledgerError{fmt.Errorf("ledger: migrate: %w (migration 0003_request_key, for 42s; it goes on): context deadline exceeded", ledger.ErrMigrating)},
+			flashsalev1alpha1.ConditionLedgerHealthy, ReasonMigrating, ReasonLedgerMigrating, "migration 0003_request_key, for 42s"},
 		{"ledger DSN that does not parse", &ledgerError{fmt.Errorf("%w: invalid port", ledger.ErrBadDSN)},
 			flashsalev1alpha1.ConditionLedgerHealthy, ReasonInvalid, ReasonLedgerSecretInvalid, `key "dsn": ledger: the DSN cannot be parsed: invalid port`},
 		{"redis too old", fmt.Errorf("redis: %w", fmt.Errorf("%w: 10.0.0.7:6379 runs 6.2.14", stock.ErrRedisTooOld)),

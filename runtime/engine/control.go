@@ -52,6 +52,9 @@ var (
 	ErrRedisTooOld = stock.ErrRedisTooOld
 	// ErrBadDSN: the ledger's connection string cannot be parsed (Dial).
 	ErrBadDSN = ledger.ErrBadDSN
+	// ErrMigrating: Dial stopped waiting for the ledger's schema upgrade,
+	// which goes on.
+	ErrMigrating = ledger.ErrMigrating
 	// ErrCampaignNotFound: the ledger has no row for the campaign.
 	ErrCampaignNotFound = ledger.ErrCampaignNotFound
 	// ErrServerChanged: a Redis server holding a shard restarted, or was

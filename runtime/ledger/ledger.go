@@ -81,6 +81,8 @@ func WithMaxConns(n int32) Option {
 
 // Open connects to dsn, checks the connection and applies migrations. The
 // pool holds defaultMaxConns connections unless the DSN sets pool_max_conns.
+// A schema upgrade outlives ctx (see migrateDetached): a ledger of millions of
+// orders takes minutes, and ctx's end then fails Open with ErrMigrating.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -108,7 +110,16 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 		pool.Close()
 		return nil, fmt.Errorf("ledger: ping: %w", err)
 	}
-	if err := Migrate(ctx, pool); err != nil {
+	migs, err := loadMigrations()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	current, err := upToDate(ctx, pool, migs)
+	if err == nil && !current {
+		err = migrateDetached(ctx, cfg)
+	}
+	if err != nil {
 		pool.Close()
 		return nil, err
 	}

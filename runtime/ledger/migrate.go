@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -81,15 +82,23 @@ func loadMigrations() ([]migration, error) {
 }
 
 // Migrate applies the embedded migrations that flashsale_schema_migrations
-// does not list yet, all in one transaction under an advisory lock, so any
-// number of processes may call it at once: the first applies, the rest wait
-// and find nothing to do. An applied migration whose file has since changed
-// is an error, not something to paper over.
+// does not list yet, each in a transaction of its own under an advisory lock,
+// so any number of processes may call it at once: the first applies, the
+// rest wait and find nothing to do, and one cut short keeps the migrations it
+// finished. An applied migration whose file has since changed is an error, not
+// something to paper over.
+//
+// A migration waits at most migrationLockTimeout for a table's lock: queued
+// behind a long transaction, its request would hold up every write of a live
+// sale until it got the lock. It then fails, and the next call retries.
 //
 // A schema that is already up to date is only read: a role without CREATE on
 // the schema (the least privilege the reserve and sweeper pods need) can
 // start once another has migrated.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error { return migrate(ctx, pool, nil) }
+
+// migrate is Migrate, reporting the migration it applies to run (nil: none).
+func migrate(ctx context.Context, pool *pgxpool.Pool, run *migrationRun) error {
 	migs, err := loadMigrations()
 	if err != nil {
 		return err
@@ -97,8 +106,26 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if current, err := upToDate(ctx, pool, migs); err != nil || current {
 		return err
 	}
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	for _, m := range migs {
+		if err := migrateOne(ctx, pool, m, run); err != nil {
+			return fmt.Errorf("ledger: migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+// migrationLockTimeout bounds each migration's wait for a table lock.
+var migrationLockTimeout = 5 * time.Second
+
+// migrateOne applies m unless it is applied already.
+func migrateOne(ctx context.Context, pool *pgxpool.Pool, m migration, run *migrationRun) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		// The advisory lock first: another process's migration is waited
+		// for as long as the caller's context allows.
 		if _, err := tx.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrationLockTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, sqlCreateMigrationsTable); err != nil {
@@ -108,29 +135,31 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if err != nil {
 			return err
 		}
-		for _, m := range migs {
-			if sum, ok := applied[m.version]; ok {
-				if sum != m.checksum {
-					return changedMigration(m)
-				}
-				continue
+		if sum, ok := applied[m.version]; ok {
+			if sum != m.checksum {
+				return changedMigration(m)
 			}
-			// No arguments: pgx uses the simple protocol, which runs a
-			// multi-statement file as written.
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
-				return fmt.Errorf("migration %04d_%s: %w", m.version, m.name, err)
-			}
-			if _, err := tx.Exec(ctx, sqlRecordMigration, m.version, m.name, m.checksum); err != nil {
+			return nil
+		}
+		run.applying(m)
+		if testHookMigration != nil {
+			if err := testHookMigration(m.version); err != nil {
 				return err
 			}
 		}
-		return nil
+		// No arguments: pgx uses the simple protocol, which runs a
+		// multi-statement file as written.
+		if _, err := tx.Exec(ctx, m.sql); err != nil {
+			return fmt.Errorf("migration %04d_%s: %w", m.version, m.name, err)
+		}
+		_, err = tx.Exec(ctx, sqlRecordMigration, m.version, m.name, m.checksum)
+		return err
 	})
-	if err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	return nil
 }
+
+// testHookMigration, when set by a test, runs before each migration is
+// applied; an error it returns fails that migration.
+var testHookMigration func(version int) error
 
 // upToDate reports, without locking or writing anything, whether every
 // migration is applied as it is now; an applied one that changed is an error.

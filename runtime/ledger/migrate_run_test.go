@@ -1,0 +1,140 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// These tests set the package's migration hook: none is parallel.
+
+// newPool is a pool on dsn that does not migrate, closed with the test.
+func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(testCtx(t), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// A schema upgrade outlives the Open that started it: cut at each caller's
+// limit (a reconcile's phase, a pod's start), the migration of a large ledger
+// would start over at every call and never finish. The caller gets
+// ErrMigrating, naming the migration; the next Open waits for the same run
+// instead of starting another.
+func TestOpenLeavesAnUpgradeRunning(t *testing.T) {
+	dsn := newDSN(t, testPG)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	calls := map[int]int{}
+	testHookMigration = func(version int) error {
+		mu.Lock()
+		calls[version]++
+		mu.Unlock()
+		if version == 3 {
+			// Bounded, so that a run the caller's limit cuts shows it.
+			select {
+			case <-release:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return nil
+	}
+	defer func() { testHookMigration = nil }()
+	ctx, cancel := context.WithTimeout(testCtx(t), 500*time.Millisecond)
+	defer cancel()
+	if _, err := Open(ctx, dsn); !errors.Is(err, ErrMigrating) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Open cut during an upgrade: %v, want ErrMigrating", err)
+	} else if want := "migration 0003_request_key"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open cut during an upgrade: %v, want it to name %q", err, want)
+	}
+	opened := make(chan error, 1)
+	go func() {
+		l, err := Open(testCtx(t), dsn)
+		if err == nil {
+			l.Close()
+		}
+		opened <- err
+	}()
+	close(release)
+	if err := <-opened; err != nil {
+		t.Fatalf("Open after the upgrade went on: %v", err)
+	}
+	l := openLedger(t, dsn)
+	migs, err := loadMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countVersions(t, l.Pool()); n != len(migs) {
+		t.Fatalf("%d versions recorded, want %d", n, len(migs))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls[3] != 1 {
+		t.Fatalf("migration 3 was started %d times, want once: %v", calls[3], calls)
+	}
+}
+
+// Each migration commits on its own: one that fails keeps those before it.
+func TestMigrationsCommitOneByOne(t *testing.T) {
+	pool := newPool(t, newDSN(t, testPG))
+	boom := errors.New("boom")
+	testHookMigration = func(version int) error {
+		if version == 4 {
+			return boom
+		}
+		return nil
+	}
+	defer func() { testHookMigration = nil }()
+	if err := Migrate(testCtx(t), pool); !errors.Is(err, boom) {
+		t.Fatalf("Migrate: %v, want the hook's error", err)
+	}
+	if n := countVersions(t, pool); n != 3 {
+		t.Fatalf("%d versions recorded after migration 4 failed, want 3", n)
+	}
+}
+
+// A migration that cannot get a table's lock (a long transaction holds it)
+// gives up after migrationLockTimeout instead of queueing: every write of a
+// live sale would queue behind its request.
+func TestMigrationGivesUpWaitingForATableLock(t *testing.T) {
+	pool := newPool(t, newDSN(t, testPG))
+	testHookMigration = func(version int) error {
+		if version == 6 {
+			return errors.New("not yet")
+		}
+		return nil
+	}
+	if err := Migrate(testCtx(t), pool); err == nil {
+		t.Fatal("the migrations up to 5 only: want the hook's error")
+	}
+	testHookMigration = nil
+	reader, err := pool.Begin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback(context.Background()) }()
+	if _, err := reader.Exec(testCtx(t), `SELECT count(*) FROM flashsale_orders`); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { migrationLockTimeout = d }(migrationLockTimeout)
+	migrationLockTimeout = 200 * time.Millisecond
+	var pgErr *pgconn.PgError
+	if err := Migrate(testCtx(t), pool); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("Migrate behind a reader: %v, want lock_not_available (55P03)", err)
+	}
+	if err := reader.Rollback(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(testCtx(t), pool); err != nil {
+		t.Fatalf("Migrate once the reader is done: %v", err)
+	}
+}
