@@ -90,7 +90,8 @@ func loadMigrations() ([]migration, error) {
 //
 // A migration waits at most migrationLockTimeout for a table's lock: queued
 // behind a long transaction, its request would hold up every write of a live
-// sale until it got the lock. It then fails, and the next call retries.
+// sale until it got the lock. It then fails (ErrLockNotAvailable); the
+// upgrade Open runs tries again later (migrateDetached).
 //
 // A schema that is already up to date is only read: a role without CREATE on
 // the schema (the least privilege the reserve and sweeper pods need) can
@@ -114,8 +115,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, run *migrationRun) error {
 	return nil
 }
 
-// migrationLockTimeout bounds each migration's wait for a table lock.
-var migrationLockTimeout = 5 * time.Second
+// migrationLockTimeout bounds each migration's wait for a table lock: the
+// writes that queue behind its request wait as long (a reserve pod's ledger
+// stall alarm is at 2 s).
+var migrationLockTimeout = time.Second
 
 // migrateOne applies m unless it is applied already.
 func migrateOne(ctx context.Context, pool *pgxpool.Pool, m migration, run *migrationRun) error {
@@ -123,6 +126,11 @@ func migrateOne(ctx context.Context, pool *pgxpool.Pool, m migration, run *migra
 		// The advisory lock first: another process's migration is waited
 		// for as long as the caller's context allows.
 		if _, err := tx.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+			return err
+		}
+		// A database's or role's statement and idle limits would cut a
+		// migration of millions of rows at every try (see sqlUntimedRead).
+		if _, err := tx.Exec(ctx, sqlUntimedRead); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrationLockTimeout.Milliseconds())); err != nil {
@@ -143,7 +151,7 @@ func migrateOne(ctx context.Context, pool *pgxpool.Pool, m migration, run *migra
 		}
 		run.applying(m)
 		if testHookMigration != nil {
-			if err := testHookMigration(m.version); err != nil {
+			if err := testHookMigration(ctx, tx, m.version); err != nil {
 				return err
 			}
 		}
@@ -157,9 +165,9 @@ func migrateOne(ctx context.Context, pool *pgxpool.Pool, m migration, run *migra
 	})
 }
 
-// testHookMigration, when set by a test, runs before each migration is
-// applied; an error it returns fails that migration.
-var testHookMigration func(version int) error
+// testHookMigration, when set by a test, runs in each migration's
+// transaction before the migration; an error it returns fails that migration.
+var testHookMigration func(ctx context.Context, tx pgx.Tx, version int) error
 
 // upToDate reports, without locking or writing anything, whether every
 // migration is applied as it is now; an applied one that changed is an error.

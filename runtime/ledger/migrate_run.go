@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -28,6 +29,7 @@ type migrationRun struct {
 	err     error // once done is closed
 	started time.Time
 	step    atomic.Pointer[string] // the migration being applied
+	waiting atomic.Pointer[string] // why it waits to try again, if it does
 }
 
 func (r *migrationRun) applying(m migration) {
@@ -58,7 +60,7 @@ func migrateDetached(ctx context.Context, cfg *pgxpool.Config) error {
 			pcfg.MaxConns = 2 // the read of what is applied, and the migration's transaction
 			pool, err := pgxpool.NewWithConfig(mctx, pcfg)
 			if err == nil {
-				err = migrate(mctx, pool, run)
+				err = migrateRetrying(mctx, pool, run)
 				pool.Close()
 			}
 			run.err = err
@@ -74,7 +76,40 @@ func migrateDetached(ctx context.Context, cfg *pgxpool.Config) error {
 		if s := run.step.Load(); s != nil {
 			step = "migration " + *s
 		}
+		if w := run.waiting.Load(); w != nil {
+			step += ", " + *w
+		}
 		return fmt.Errorf("ledger: migrate: %w (%s, for %s; it goes on): %w",
 			ErrMigrating, step, time.Since(run.started).Round(time.Second), ctx.Err())
+	}
+}
+
+// lockNotAvailable is the SQLSTATE of a lock_timeout.
+const lockNotAvailable = "55P03"
+
+// lockRetry is how long an upgrade waits before it tries again a migration
+// that could not get a table's lock, doubling up to lockRetryMax: each try
+// holds up the table's writes for up to migrationLockTimeout.
+var lockRetry, lockRetryMax = 5 * time.Second, time.Minute
+
+// migrateRetrying is migrate, tried again while a migration cannot get a
+// table's lock (a long transaction holds it), until ctx ends.
+func migrateRetrying(ctx context.Context, pool *pgxpool.Pool, run *migrationRun) error {
+	wait := lockRetry
+	for {
+		err := migrate(ctx, pool, run)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+			return err
+		}
+		w := fmt.Sprintf("waiting for a transaction that holds its table's lock (tried again every %s)", wait)
+		run.waiting.Store(&w)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		run.waiting.Store(nil)
+		wait = min(2*wait, lockRetryMax)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -35,7 +36,7 @@ func TestOpenLeavesAnUpgradeRunning(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	calls := map[int]int{}
-	testHookMigration = func(version int) error {
+	testHookMigration = func(_ context.Context, _ pgx.Tx, version int) error {
 		mu.Lock()
 		calls[version]++
 		mu.Unlock()
@@ -87,7 +88,7 @@ func TestOpenLeavesAnUpgradeRunning(t *testing.T) {
 func TestMigrationsCommitOneByOne(t *testing.T) {
 	pool := newPool(t, newDSN(t, testPG))
 	boom := errors.New("boom")
-	testHookMigration = func(version int) error {
+	testHookMigration = func(_ context.Context, _ pgx.Tx, version int) error {
 		if version == 4 {
 			return boom
 		}
@@ -107,7 +108,7 @@ func TestMigrationsCommitOneByOne(t *testing.T) {
 // live sale would queue behind its request.
 func TestMigrationGivesUpWaitingForATableLock(t *testing.T) {
 	pool := newPool(t, newDSN(t, testPG))
-	testHookMigration = func(version int) error {
+	testHookMigration = func(_ context.Context, _ pgx.Tx, version int) error {
 		if version == 6 {
 			return errors.New("not yet")
 		}
@@ -128,7 +129,7 @@ func TestMigrationGivesUpWaitingForATableLock(t *testing.T) {
 	defer func(d time.Duration) { migrationLockTimeout = d }(migrationLockTimeout)
 	migrationLockTimeout = 200 * time.Millisecond
 	var pgErr *pgconn.PgError
-	if err := Migrate(testCtx(t), pool); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+	if err := Migrate(testCtx(t), pool); !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
 		t.Fatalf("Migrate behind a reader: %v, want lock_not_available (55P03)", err)
 	}
 	if err := reader.Rollback(testCtx(t)); err != nil {
@@ -136,5 +137,76 @@ func TestMigrationGivesUpWaitingForATableLock(t *testing.T) {
 	}
 	if err := Migrate(testCtx(t), pool); err != nil {
 		t.Fatalf("Migrate once the reader is done: %v", err)
+	}
+}
+
+// A database's statement_timeout does not cut a migration (one of millions
+// of rows takes minutes): here migration 6 runs a statement longer than it.
+func TestMigrationOutlivesAStatementTimeout(t *testing.T) {
+	dsn := newDSN(t, testPG) + "&statement_timeout=200"
+	testHookMigration = func(ctx context.Context, tx pgx.Tx, version int) error {
+		if version == 6 {
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(0.5)`)
+			return err
+		}
+		return nil
+	}
+	defer func() { testHookMigration = nil }()
+	l := openLedger(t, dsn)
+	if n := countVersions(t, l.Pool()); n != 6 {
+		t.Fatalf("%d versions recorded, want 6", n)
+	}
+}
+
+// An upgrade whose migration cannot get its table's lock (a long
+// transaction holds it) tries again on its own, every lockRetry and longer:
+// the callers that time out meanwhile do not start new runs, and it finishes
+// once the transaction ends.
+func TestOpenWaitsOutALongTransaction(t *testing.T) {
+	dsn := newDSN(t, testPG)
+	pool := newPool(t, dsn)
+	var mu sync.Mutex
+	tries := 0
+	testHookMigration = func(_ context.Context, _ pgx.Tx, version int) error {
+		if version != 6 {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if tries++; tries == 1 {
+			return errors.New("not yet")
+		}
+		return nil
+	}
+	defer func() { testHookMigration = nil }()
+	if err := Migrate(testCtx(t), pool); err == nil {
+		t.Fatal("the migrations up to 5 only: want the hook's error")
+	}
+	reader, err := pool.Begin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback(context.Background()) }()
+	if _, err := reader.Exec(testCtx(t), `SELECT count(*) FROM flashsale_orders`); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d, r time.Duration) { migrationLockTimeout, lockRetry = d, r }(migrationLockTimeout, lockRetry)
+	migrationLockTimeout, lockRetry = 100*time.Millisecond, 100*time.Millisecond
+	ctx, cancel := context.WithTimeout(testCtx(t), time.Second)
+	defer cancel()
+	if _, err := Open(ctx, dsn); !errors.Is(err, ErrMigrating) {
+		t.Fatalf("Open behind a long transaction: %v, want ErrMigrating", err)
+	}
+	if err := reader.Rollback(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l := openLedger(t, dsn)
+	if n := countVersions(t, l.Pool()); n != 6 {
+		t.Fatalf("%d versions recorded, want 6", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if tries < 3 {
+		t.Fatalf("migration 6 was tried %d times, want the refused one and at least two of the run", tries)
 	}
 }
