@@ -124,11 +124,14 @@ type connections struct {
 // ledger stay the same: an edit of the spec or of the admission key would
 // otherwise stop the rebuild and start it over, the sale closed all along.
 // The change is taken once the rebuild ends, and its outcome is handed to the
-// new connection, so that it is reported and recorded.
+// new connection, so that it is reported and recorded: also when the stores'
+// references changed (a rotated password or certificate), whose new
+// connection would otherwise rebuild again what was just rebuilt.
 func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs references, cfg engine.Config) (*campaignConn, error) {
 	key, stores := refs.fingerprint()+"|"+cfgKey(cfg), refs.storeFingerprint()
 	cs.mu.Lock()
-	if c, ok := cs.byKey[name]; ok && (c.key == key || c.stores == stores && c.rebuilding()) {
+	if c, ok := cs.byKey[name]; ok && (c.key == key ||
+		c.stores == stores && c.rebuilding() && c.engine.Config().CampaignID == cfg.CampaignID) {
 		cs.mu.Unlock()
 		return c, nil
 	}
@@ -162,7 +165,10 @@ func (cs *connections) get(ctx context.Context, name types.NamespacedName, refs 
 	// rebuild starts before the old one has stopped.
 	if old != nil {
 		old.close()
-		if run := old.rebuild.Load(); run != nil && old.stores == stores {
+		// Stopped or ended, the run is reported on the new connections (a
+		// failure is retried; a success recorded, not run again), unless
+		// they are another sale's of the same name.
+		if run := old.rebuild.Load(); run != nil && old.engine.Config().CampaignID == cfg.CampaignID {
 			c.rebuild.Store(run)
 		}
 	}

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,12 +76,20 @@ func TestReplacingConnectionsHoldsUpNoOtherSale(t *testing.T) {
 	}
 	// A rebuild on the old connections that stops only when the test says.
 	stopping, release := make(chan struct{}), make(chan struct{})
-	run := &rebuildRun{cancel: func() { close(stopping) }, done: release}
+	var once sync.Once // a rebuild is stopped by each connection that holds it
+	run := &rebuildRun{cancel: func() { once.Do(func() { close(stopping) }) }, done: release}
 	old.rebuild.Store(run)
 
+	// Another ledger: a change of the spec alone would keep the connections
+	// until the rebuild ends (TestEditDuringARebuildDoesNotRestartIt).
+	moved, err := pg.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs.postgresDSN = moved
 	replaced := make(chan error, 1)
 	go func() {
-		_, err := cs.get(context.Background(), sale, refs, cfg(20)) // the spec changed
+		_, err := cs.get(context.Background(), sale, refs, cfg(20))
 		replaced <- err
 	}()
 	<-stopping // the replacement waits for the old rebuild to stop
