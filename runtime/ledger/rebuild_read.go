@@ -117,11 +117,17 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 // written, so it outlives a statement_timeout, and the transaction that
 // exported the snapshot waits idle for the other readers, past an
 // idle_in_transaction_session_timeout. Cut, the read would fail every retry
-// and the sale stay closed. The caller's context bounds the read instead.
-// Settings a server lacks (transaction_timeout is PostgreSQL 17's) are not
-// asked for.
-const sqlUntimedRead = `SELECT set_config(name, '0', true) FROM pg_settings
-WHERE name IN ('statement_timeout', 'idle_in_transaction_session_timeout', 'transaction_timeout')`
+// and the sale stay closed. What bounds it instead is the peers' liveness:
+// the server probes the session (its snapshot would otherwise be held for the
+// kernel's two hours of keepalive idle time after the operator vanished), as
+// the client probes the server (Open's dialer). Settings a server lacks
+// (transaction_timeout is PostgreSQL 17's) are not asked for.
+const sqlUntimedRead = `SELECT set_config(name, value, true)
+FROM (VALUES ('statement_timeout', '0'), ('idle_in_transaction_session_timeout', '0'),
+             ('transaction_timeout', '0'), ('tcp_keepalives_idle', '10'),
+             ('tcp_keepalives_interval', '5'), ('tcp_keepalives_count', '3'),
+             ('tcp_user_timeout', '20000')) AS s(name, value)
+WHERE name IN (SELECT name FROM pg_settings)`
 
 // readTask is one stream of ReadRebuild, read with q.
 type readTask func(ctx context.Context, q querier) error

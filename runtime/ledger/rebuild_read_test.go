@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -166,5 +168,55 @@ func TestReadRebuildOutlivesTheServersTimeouts(t *testing.T) {
 	}
 	if streamed != 4 || counts[0].Pending+counts[1].Pending != 4 {
 		t.Fatalf("streamed %d orders, counts %+v", streamed, counts)
+	}
+}
+
+// The rebuild's transactions have the server probe their session and lift
+// its time limits (see sqlUntimedRead); the ledger's connections probe the
+// server (Open's dialer).
+func TestRebuildReadSessionIsProbedBothWays(t *testing.T) {
+	t.Parallel()
+	l := openLedger(t, newDSN(t, testPG)+"&statement_timeout=200")
+	ctx := testCtx(t)
+	conn, err := l.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tcp, ok := conn.Conn().PgConn().Conn().(*net.TCPConn)
+	if !ok {
+		t.Fatalf("the ledger's connection is a %T, not TCP", conn.Conn().PgConn().Conn())
+	}
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for opt, want := range map[int]int{syscall.TCP_KEEPIDLE: 10, syscall.TCP_KEEPINTVL: 5, syscall.TCP_KEEPCNT: 3} {
+		var got int
+		var gerr error
+		if err := raw.Control(func(fd uintptr) { got, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt) }); err != nil || gerr != nil {
+			t.Fatal(err, gerr)
+		}
+		if got != want {
+			t.Errorf("TCP option %d is %d, want %d", opt, got, want)
+		}
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, sqlUntimedRead); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"statement_timeout": "0", "idle_in_transaction_session_timeout": "0",
+		"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3", "tcp_user_timeout": "20000"} {
+		var got string
+		if err := tx.QueryRow(ctx, `SELECT setting FROM pg_settings WHERE name = $1`, name).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s is %s in the rebuild's transaction, want %s", name, got, want)
+		}
 	}
 }
