@@ -139,6 +139,10 @@ type Engine struct {
 	// countsBetweenReads, set by tests only, runs in Counts between its
 	// ledger read and its Redis read.
 	countsBetweenReads func()
+	// sweepBudget (0: sweepShardBatches) and sweptBatch, set by tests only:
+	// a pass's batches per shard, and a call after each batch.
+	sweepBudget int
+	sweptBatch  func()
 }
 
 // New builds an engine on a Redis client (standalone or cluster) and an open ledger.

@@ -15,3 +15,10 @@ func (e *Engine) Ledger() *ledger.Ledger { return e.ledger }
 // SetCountsBetweenReads makes Counts run f between its ledger read and its
 // Redis read, for the tests that move units in that moment.
 func (e *Engine) SetCountsBetweenReads(f func()) { e.countsBetweenReads = f }
+
+// SetSweepBudget sets the batches a pass sweeps on a shard (0: the default).
+func (e *Engine) SetSweepBudget(batches int) { e.sweepBudget = batches }
+
+// SetSweptBatch makes the sweep run f after each batch of expired
+// reservations, for the tests that count them.
+func (e *Engine) SetSweptBatch(f func()) { e.sweptBatch = f }

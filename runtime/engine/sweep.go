@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,14 @@ const SweepBatch = 256
 // sweepParallel bounds how many shards are swept at once.
 const sweepParallel = 4
 
+// sweepShardBatches bounds the batches of expired reservations one pass
+// releases on a shard: a pass visits every shard, so a backlog on the first
+// ones (taken in index order, sweepParallel at a time) does not keep the
+// others' expired units, nor any shard's repairs, waiting for it to drain.
+// A pass that leaves a backlog says so (SweepStats.Backlog), and the next
+// one starts at once.
+const sweepShardBatches = 8
+
 // SweepStats counts what one pass did.
 type SweepStats struct {
 	Released  int // units' reservations given back to stock
@@ -28,6 +37,9 @@ type SweepStats struct {
 	// whose placing process died (see Config.ClaimSlack), and released stolen
 	// reservations whose give-back had failed.
 	ReapedClaims int
+	// Backlog counts the shards left with expired reservations when the pass
+	// reached their budget (sweepShardBatches): the next pass goes on.
+	Backlog int
 }
 
 func (s *SweepStats) add(o SweepStats) {
@@ -36,6 +48,7 @@ func (s *SweepStats) add(o SweepStats) {
 	s.Abandoned += o.Abandoned
 	s.Skipped += o.Skipped
 	s.ReapedClaims += o.ReapedClaims
+	s.Backlog += o.Backlog
 }
 
 // Sweep makes one pass over every shard: expired reservations (expiry + grace, by the
@@ -89,18 +102,26 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 
 func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (SweepStats, error) {
 	var total SweepStats
-	for {
+	budget := cmp.Or(e.sweepBudget, sweepShardBatches)
+	for batch := 1; ; batch++ {
 		keys, err := e.store.Expired(ctx, shard, cutoff, SweepBatch)
 		if err != nil || len(keys) == 0 {
 			return total, err
 		}
 		st, err := e.sweepBatch(ctx, shard, keys)
 		total.add(st)
+		if e.sweptBatch != nil {
+			e.sweptBatch()
+		}
 		if err != nil {
 			return total, err
 		}
 		// Skipped ones stay in the index: stop when a batch made no progress.
 		if len(keys) < SweepBatch || st.Skipped == len(keys) {
+			return total, nil
+		}
+		if batch == budget {
+			total.Backlog = 1
 			return total, nil
 		}
 	}

@@ -242,6 +242,28 @@ func TestRunnerGoesOnAfterACutPass(t *testing.T) {
 	}
 }
 
+// A pass that leaves shards with a backlog past their budget goes on at once
+// too, counted ok: the pass ended by itself.
+func TestRunnerGoesOnAfterAPassWithABacklog(t *testing.T) {
+	var passes atomic.Int64
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	r := &Runner{
+		Pass: func(context.Context) (engine.SweepStats, error) {
+			if passes.Add(1) > 3 {
+				return engine.SweepStats{}, nil
+			}
+			return engine.SweepStats{Released: 2048, Backlog: 1}, nil
+		},
+		Elector: newFakeElector(true), Interval: time.Hour, Metrics: m,
+	}
+	run(t, r)
+	waitFor(t, "passes after the ones with a backlog", func() bool { return passes.Load() >= 4 })
+	if ok := testutil.ToFloat64(m.passes.WithLabelValues("ok")); ok < 3 {
+		t.Fatalf("ok passes %v", ok)
+	}
+}
+
 // A pass that ignores its deadline (a call that never returns) turns the
 // liveness check into an error, so the kubelet restarts the process instead
 // of a stuck sweeper looking healthy while no unit comes back. One that

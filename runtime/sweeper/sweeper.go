@@ -127,9 +127,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 }
 
-// pass runs one pass; cut reports that it stopped at its time limit with
-// work done, a backlog the next pass goes on with.
-func (r *Runner) pass(ctx context.Context, log *slog.Logger) (cut bool) {
+// pass runs one pass; more reports a backlog the next pass goes on with at
+// once: the pass stopped at its time limit with work done, or left shards with
+// expired reservations past their budget (SweepStats.Backlog).
+func (r *Runner) pass(ctx context.Context, log *slog.Logger) (more bool) {
 	timeout := r.passTimeout()
 	// Detached from ctx: SIGTERM lets the pass finish instead of cutting it
 	// between a ledger cancel and its Redis release (the next pass would repair
@@ -139,7 +140,7 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) (cut bool) {
 	start := time.Now()
 	st, err := r.Pass(pctx)
 	d := time.Since(start)
-	cut = err != nil && errors.Is(err, context.DeadlineExceeded) && pctx.Err() != nil &&
+	cut := err != nil && errors.Is(err, context.DeadlineExceeded) && pctx.Err() != nil &&
 		st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0
 	r.Metrics.observePass(st, d, err, cut)
 	switch {
@@ -151,11 +152,12 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) (cut bool) {
 			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
 	case st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0:
 		log.Info("sweep pass", "duration", d, "released", st.Released,
-			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
+			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims,
+			"backlog_shards", st.Backlog)
 	default:
 		log.Debug("sweep pass", "duration", d, "skipped", st.Skipped)
 	}
-	return cut
+	return cut || err == nil && st.Backlog > 0
 }
 
 func (r *Runner) release(log *slog.Logger, leading bool) error {
