@@ -26,6 +26,22 @@ func runID(ctx context.Context, node *redis.Client) (string, error) {
 	return runIDFrom(node.Options().Addr, info)
 }
 
+// serverInfo reads node's INFO server and section in one round trip, and its
+// run id from it; it refuses a server older than 7.0.
+func serverInfo(ctx context.Context, node *redis.Client, section string) (info, id string, err error) {
+	info, err = node.Info(ctx, "server", section).Result()
+	if err != nil {
+		// A server before 7.0 refuses two sections: INFO server alone
+		// names it (ErrRedisTooOld).
+		if _, verr := runID(ctx, node); verr != nil {
+			return "", "", verr
+		}
+		return "", "", err
+	}
+	id, err = runIDFrom(node.Options().Addr, info)
+	return info, id, err
+}
+
 // runIDFrom is the run id in an INFO answer that has its server section.
 func runIDFrom(addr, info string) (string, error) {
 	if err := checkVersion(addr, infoField(info, "redis_version")); err != nil {
@@ -106,16 +122,7 @@ type serverID struct {
 // identify reads node's run id and master_replid, and refuses a server older
 // than 7.0.
 func identify(ctx context.Context, node *redis.Client) (serverID, error) {
-	info, err := node.Info(ctx, "server", "replication").Result()
-	if err != nil {
-		// A server before 7.0 refuses two sections: INFO server alone
-		// names it (ErrRedisTooOld).
-		if _, verr := runID(ctx, node); verr != nil {
-			return serverID{}, verr
-		}
-		return serverID{}, err
-	}
-	run, err := runIDFrom(node.Options().Addr, info)
+	info, run, err := serverInfo(ctx, node, "replication")
 	if err != nil {
 		return serverID{}, err
 	}
@@ -203,16 +210,7 @@ func (s *Store) Servers(ctx context.Context) (ServerCheck, error) {
 	var evicting []string
 	for _, node := range nodes {
 		addr := node.Options().Addr
-		info, err := node.Info(ctx, "server", "memory").Result()
-		if err != nil {
-			// A server before 7.0 refuses two sections: INFO server alone
-			// names it (ErrRedisTooOld).
-			if _, verr := runID(ctx, node); verr != nil {
-				return out, verr
-			}
-			return out, err
-		}
-		id, err := runIDFrom(addr, info)
+		info, id, err := serverInfo(ctx, node, "memory")
 		if err != nil {
 			return out, err
 		}
