@@ -66,6 +66,23 @@ const defaultMaxConns = 32
 // the caller for the kernel's TCP timeout (minutes).
 const defaultConnectTimeout = 10 * time.Second
 
+// sqlUntimedTx lifts, for one transaction, the time limits a database or role
+// may set, for the work that outlives them: a rebuild's read (each query
+// streams while Redis is written, and the transaction that exported the
+// snapshot waits idle for the other readers) and a migration of millions of
+// rows. Cut, either would fail at every retry: the sale closed, the upgrade
+// never done. What bounds them instead is the peers' liveness: the server
+// probes the session (a vanished operator's open snapshot would otherwise be
+// held for the kernel's two hours of keepalive idle time), as the client
+// probes the server (Open's dialer). Settings a server lacks
+// (transaction_timeout is PostgreSQL 17's) are not asked for.
+const sqlUntimedTx = `SELECT set_config(name, value, true)
+FROM (VALUES ('statement_timeout', '0'), ('idle_in_transaction_session_timeout', '0'),
+             ('transaction_timeout', '0'), ('tcp_keepalives_idle', '10'),
+             ('tcp_keepalives_interval', '5'), ('tcp_keepalives_count', '3'),
+             ('tcp_user_timeout', '20000')) AS s(name, value)
+WHERE name IN (SELECT name FROM pg_settings)`
+
 // Ledger is a handle on the book of record. It is safe for concurrent use.
 type Ledger struct {
 	pool *pgxpool.Pool

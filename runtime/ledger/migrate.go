@@ -129,8 +129,8 @@ func migrateOne(ctx context.Context, pool *pgxpool.Pool, m migration, run *migra
 			return err
 		}
 		// A database's or role's statement and idle limits would cut a
-		// migration of millions of rows at every try (see sqlUntimedRead).
-		if _, err := tx.Exec(ctx, sqlUntimedRead); err != nil {
+		// migration of millions of rows at every try.
+		if _, err := tx.Exec(ctx, sqlUntimedTx); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrationLockTimeout.Milliseconds())); err != nil {

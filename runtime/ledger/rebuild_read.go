@@ -73,7 +73,7 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 	}
 	var out []ShardCounts
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlUntimedRead); err != nil {
+		if _, err := tx.Exec(ctx, sqlUntimedTx); err != nil {
 			return err
 		}
 		counted, err := countsByShard(ctx, tx, campaignID, shards)
@@ -111,23 +111,6 @@ func (l *Ledger) ReadRebuild(ctx context.Context, campaignID string, shards int,
 	}
 	return out, nil
 }
-
-// sqlUntimedRead lifts, for one transaction of the rebuild's read, the time
-// limits a database or role may set: each query streams while Redis is
-// written, so it outlives a statement_timeout, and the transaction that
-// exported the snapshot waits idle for the other readers, past an
-// idle_in_transaction_session_timeout. Cut, the read would fail every retry
-// and the sale stay closed. What bounds it instead is the peers' liveness:
-// the server probes the session (its snapshot would otherwise be held for the
-// kernel's two hours of keepalive idle time after the operator vanished), as
-// the client probes the server (Open's dialer). Settings a server lacks
-// (transaction_timeout is PostgreSQL 17's) are not asked for.
-const sqlUntimedRead = `SELECT set_config(name, value, true)
-FROM (VALUES ('statement_timeout', '0'), ('idle_in_transaction_session_timeout', '0'),
-             ('transaction_timeout', '0'), ('tcp_keepalives_idle', '10'),
-             ('tcp_keepalives_interval', '5'), ('tcp_keepalives_count', '3'),
-             ('tcp_user_timeout', '20000')) AS s(name, value)
-WHERE name IN (SELECT name FROM pg_settings)`
 
 // readTask is one stream of ReadRebuild, read with q.
 type readTask func(ctx context.Context, q querier) error
@@ -167,7 +150,7 @@ func (l *Ledger) readShared(ctx context.Context, tx pgx.Tx, readers int, tasks <
 				if _, err := rtx.Exec(gctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`); err != nil {
 					return fmt.Errorf("importing the rebuild's snapshot: %w", err)
 				}
-				if _, err := rtx.Exec(gctx, sqlUntimedRead); err != nil {
+				if _, err := rtx.Exec(gctx, sqlUntimedTx); err != nil {
 					return err
 				}
 				return runTasks(gctx, rtx, tasks)

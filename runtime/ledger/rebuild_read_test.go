@@ -172,7 +172,7 @@ func TestReadRebuildOutlivesTheServersTimeouts(t *testing.T) {
 }
 
 // The rebuild's transactions have the server probe their session and lift
-// its time limits (see sqlUntimedRead); the ledger's connections probe the
+// its time limits (see sqlUntimedTx); the ledger's connections probe the
 // server (Open's dialer).
 func TestRebuildReadSessionIsProbedBothWays(t *testing.T) {
 	t.Parallel()
@@ -206,7 +206,7 @@ func TestRebuildReadSessionIsProbedBothWays(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, sqlUntimedRead); err != nil {
+	if _, err := tx.Exec(ctx, sqlUntimedTx); err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]string{"statement_timeout": "0", "idle_in_transaction_session_timeout": "0",
