@@ -27,6 +27,10 @@ type answer struct {
 	expiresAt     time.Time // with reservationID: when it lapses unless paid
 	sentAt        time.Time // when the attempt that gave this answer was sent
 	retryAfter    time.Duration
+	// took is the attempt's latency (see latency); timed says it counts in
+	// the histogram: an answer, or in the open loop any end of the request.
+	took  time.Duration
+	timed bool
 }
 
 func (a answer) retryable() bool {
@@ -46,28 +50,28 @@ func (s *stormer) call(ctx context.Context, st *workerStats, op string, urlIndex
 	return s.callFrom(ctx, st, op, urlIndex, method, path, token, body, time.Time{})
 }
 
-// callFrom is call whose first attempt's latency is measured from intended
-// (the open loop's scheduled start) when that is set, not from its send.
+// callFrom is call timed from intended (the open loop's due time) when that
+// is set. Closed, each answer is timed from its own send. Open, a request
+// gives one latency, from its due time to how it ended: its retries' waits
+// and a timeout are what its buyer waited, and they count.
 func (s *stormer) callFrom(ctx context.Context, st *workerStats, op string, urlIndex int, method, path, token, body string, intended time.Time) answer {
 	var a answer
 	for attempt := range s.cfg.MaxAttempts {
 		base := s.cfg.URLs[(urlIndex+attempt)%len(s.cfg.URLs)]
-		from := time.Time{}
-		if attempt == 0 {
-			from = intended
+		a = s.once(ctx, st, op, base, method, path, token, body, intended)
+		last := !a.retryable() || attempt == s.cfg.MaxAttempts-1 || ctx.Err() != nil
+		if a.timed && (intended.IsZero() || last) {
+			st.time(op, a.took)
 		}
-		a = s.once(ctx, st, op, base, method, path, token, body, from)
-		if !a.retryable() || attempt == s.cfg.MaxAttempts-1 || ctx.Err() != nil {
+		if last {
 			return a
 		}
 		wait := backoffStep * time.Duration(attempt+1)
 		if a.retryAfter > 0 {
 			wait = a.retryAfter
 		}
-		select {
-		case <-ctx.Done():
+		if s.cfg.Sleep(ctx, min(wait, backoffMax)); ctx.Err() != nil {
 			return a
-		case <-time.After(min(wait, backoffMax)):
 		}
 	}
 	return a
@@ -79,7 +83,7 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 	// unknown ones and spoil the audit.
 	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), method, strings.TrimRight(base, "/")+path, strings.NewReader(body))
 	if err != nil {
-		st.count(op, "ERR request", 0, false)
+		st.count(op, "ERR request")
 		s.failed.Add(1)
 		return answer{}
 	}
@@ -91,18 +95,18 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 	resp, err := s.cfg.Client.Do(req)
 	s.requests.Add(1)
 	if err != nil {
-		st.count(op, transportLabel(err), 0, false)
+		st.count(op, transportLabel(err))
 		s.failed.Add(1)
-		return answer{sentAt: sentAt}
+		return answer{sentAt: sentAt, took: latency(intended, sentAt, s.cfg.Now()), timed: !intended.IsZero()}
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswerBytes)) // let the connection be reused
 	resp.Body.Close()
 	d := latency(intended, sentAt, s.cfg.Now())
 	if err != nil {
-		st.count(op, "ERR body", 0, false)
+		st.count(op, "ERR body")
 		s.failed.Add(1)
-		return answer{}
+		return answer{sentAt: sentAt, took: d, timed: !intended.IsZero()}
 	}
 	var wire struct {
 		ReservationID string    `json:"reservation_id"`
@@ -110,14 +114,14 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		Code          string    `json:"code"`
 	}
 	_ = json.Unmarshal(b, &wire) // a body that is not ours shows as a bare status
-	a := answer{status: resp.StatusCode, code: wire.Code, sentAt: sentAt}
+	a := answer{status: resp.StatusCode, code: wire.Code, sentAt: sentAt, took: d, timed: true}
 	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
 		a.retryAfter = time.Duration(secs) * time.Second
 	}
 	if (op == OpReserve || op == OpRetry) && (a.status == http.StatusCreated || a.status == http.StatusOK) {
 		a.reservationID, a.expiresAt = wire.ReservationID, wire.ExpiresAt
 	}
-	st.count(op, outcomeLabel(a.status, a.code), d, true)
+	st.count(op, outcomeLabel(a.status, a.code))
 	if a.code == "SOLD_OUT" {
 		s.soldOut.Add(1)
 	}

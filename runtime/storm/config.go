@@ -56,7 +56,8 @@ type Config struct {
 	ProgressEvery time.Duration
 
 	Now func() time.Time // nil: time.Now
-	// Sleep waits d or until ctx ends (the open loop's schedule); nil: a timer.
+	// Sleep waits d or until ctx ends (the open loop's schedule, the backoff
+	// between attempts); nil: a timer.
 	Sleep func(ctx context.Context, d time.Duration)
 }
 

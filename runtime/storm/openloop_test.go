@@ -210,6 +210,60 @@ func TestOpenLoopSendsEveryJourneyDueBeforeTheEnd(t *testing.T) {
 	}
 }
 
+// In the open loop a request gives one latency, from its due time to how it
+// ended: a 503 and the backoff before its retry are what its buyer waited
+// (3 ms, 25 ms, then 3 ms for the 201), and so is a request that ends in a
+// transport error (5 ms, then the connection dropped).
+func TestOpenLoopTimesEachRequestToItsEnd(t *testing.T) {
+	start := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	t.Run("retried", func(t *testing.T) {
+		clock := &fakeClock{now: start}
+		var mu sync.Mutex
+		n := 0
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			n++
+			first := n%2 == 1
+			mu.Unlock()
+			clock.advance(3 * time.Millisecond)
+			if first {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": "UNAVAILABLE"})
+				return
+			}
+			writeJSON(w, http.StatusCreated, map[string]string{"reservation_id": fmt.Sprintf("0.r%d", n), "status": "reserved",
+				"expires_at": clock.Now().Add(time.Hour).Format(time.RFC3339Nano)})
+		}))
+		t.Cleanup(srv.Close)
+		cfg := clockedConfig(srv.URL, clock, 10, 4) // due every 100 ms: never late
+		cfg.MaxAttempts = 2
+		res, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := res.Latency[OpReserve]; l.Count != 4 || l.Max != 31*time.Millisecond || l.P50 < 31*time.Millisecond {
+			t.Errorf("latency %+v; want 4 requests of 31 ms each", l)
+		}
+	})
+	t.Run("dropped", func(t *testing.T) {
+		clock := &fakeClock{now: start}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			clock.advance(5 * time.Millisecond)
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+		}))
+		t.Cleanup(srv.Close)
+		res, err := Run(context.Background(), clockedConfig(srv.URL, clock, 10, 3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := res.Latency[OpReserve]; l.Count != 3 || l.Max != 5*time.Millisecond {
+			t.Errorf("latency %+v; want 3 requests of 5 ms each", l)
+		}
+	})
+}
+
 func TestRateValidation(t *testing.T) {
 	for _, rate := range []float64{-1, math.NaN(), math.Inf(1), 2e6} {
 		cfg := baseConfig("http://127.0.0.1:1")

@@ -166,21 +166,22 @@ func newWorkerStats() *workerStats {
 	return &workerStats{outcomes: map[string]map[string]int64{}, latency: map[string]*histogram{}}
 }
 
-func (w *workerStats) count(op, outcome string, d time.Duration, answered bool) {
+func (w *workerStats) count(op, outcome string) {
 	m := w.outcomes[op]
 	if m == nil {
 		m = map[string]int64{}
 		w.outcomes[op] = m
 	}
 	m[outcome]++
-	if answered {
-		h := w.latency[op]
-		if h == nil {
-			h = &histogram{}
-			w.latency[op] = h
-		}
-		h.record(d)
+}
+
+func (w *workerStats) time(op string, d time.Duration) {
+	h := w.latency[op]
+	if h == nil {
+		h = &histogram{}
+		w.latency[op] = h
 	}
+	h.record(d)
 }
 
 func (s *stormer) run(parent context.Context) (*Result, error) {
@@ -303,7 +304,7 @@ func (s *stormer) journey(ctx context.Context, j int64, intended time.Time, rng 
 	home := int(buyer % int64(len(s.cfg.URLs)))
 	token, err := s.cfg.Mint(s.cfg.SKU, user, s.cfg.TokenTTL, s.cfg.Now())
 	if err != nil {
-		st.count(OpReserve, "ERR token: "+err.Error(), 0, false)
+		st.count(OpReserve, "ERR token: "+err.Error())
 		return
 	}
 	body := fmt.Sprintf(`{"item_id":%q,"user_id":%q,"quantity":%d,"idempotency_key":%q}`, s.cfg.SKU, user, s.cfg.Quantity, key)
