@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -207,7 +208,7 @@ func summarize(d []time.Duration) storm.LatencyMS {
 	}
 	slices.Sort(d)
 	q := func(p float64) float64 {
-		i := int(p*float64(len(d))+0.5) - 1
+		i := int(math.Ceil(p*float64(len(d))-1e-9)) - 1 // the rank ⌈p·n⌉, p·n's float error aside
 		i = min(max(i, 0), len(d)-1)
 		return ms(d[i])
 	}

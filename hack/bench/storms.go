@@ -297,6 +297,9 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), cpustat.Self()
 	busy, t0 := cpustat.MachineBusy(), time.Now()
 	res, err := storm.Run(ctx, cfg)
+	if err == nil && res.Interrupted {
+		err = fmt.Errorf("%s: interrupted", label) // a short, partly measured storm is no row
+	}
 	if err != nil {
 		return StormRow{}, err
 	}
@@ -343,8 +346,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	if n := float64(r.Requests); n > 0 {
 		row.ServerCPUus = float64(srvCPU.Microseconds()) / n
 		row.RedisCPUus = float64(redisCPU.Microseconds()) / n
-		// A backend that exits takes its CPU out of the sum: never below 0.
-		row.PostgresCPUus = max(0, float64(pgCPU.Microseconds())/n)
+		row.PostgresCPUus = float64(pgCPU.Microseconds()) / n
 		row.ClientCPUus = float64(selfCPU0.Microseconds()) / n
 	}
 	if isReserve(target) {
@@ -410,8 +412,8 @@ func (e *benchEnv) checkpoint(ctx context.Context) error {
 	return nil
 }
 
-// postgresCPU is the CPU used so far by the postmaster and its live children
-// (the backends of the ledger pools stay connected through a storm).
+// postgresCPU is the CPU used so far by the postmaster and its children,
+// live and exited.
 func (e *benchEnv) postgresCPU(ctx context.Context) time.Duration {
 	if e.postmaster == 0 {
 		conn, err := pgx.Connect(ctx, e.pg.AdminDSN())
@@ -431,7 +433,10 @@ func (e *benchEnv) postgresCPU(ctx context.Context) time.Duration {
 		first, _, _ := strings.Cut(string(b), "\n")
 		e.postmaster, _ = strconv.Atoi(strings.TrimSpace(first))
 	}
-	return cpustat.Tree(e.postmaster)
+	// With the exited backends' CPU, which the postmaster reaped: a backend
+	// that exits in the window would otherwise take all of its CPU out of
+	// the difference.
+	return cpustat.TreeWithExited(e.postmaster)
 }
 
 // perfRecord samples the reserve process (its pid only) with call graphs, a
