@@ -84,9 +84,12 @@ var testHookPipelineSent func(size int, err error)
 // A reply lost with the pipeline (a timeout, a reset) is cmd's error, as for
 // a single command: the pipeline holds NoRetry commands, which go-redis never
 // sends again, and it is not sent again here either; the caller resolves the
-// doubt as it does for a lost single reply. A caller whose ctx ends gets its
-// ctx's error at once: ErrNotSent while its call was still queued, otherwise
-// the reply is lost to it (the script may have run).
+// doubt as it does for a lost single reply. A caller whose ctx ends while its
+// call is still queued gets ErrNotSent at once. Once the call is in a
+// pipeline, its reply is awaited whatever ctx says, as go-redis awaits a
+// single command's (bounded by the client's timeouts and pipelineTimeout): a
+// reply given up on would leave the caller unable to tell a reservation it
+// took from one placed before, and the unit held with no ledger row.
 func (b *batcher) do(ctx context.Context, cfg PipelineConfig, node *redis.Client, cmd *redis.Cmd) ([]any, error) {
 	c := &batchCall{ctx: ctx, node: node, cmd: cmd, done: make(chan struct{})}
 	b.mu.Lock()
@@ -118,8 +121,11 @@ func (b *batcher) do(ctx context.Context, cfg PipelineConfig, node *redis.Client
 		return nil, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 	}
 	b.mu.Unlock()
-	// In a pipeline already: its reply, if any, is not awaited.
-	return nil, fmt.Errorf("reserve call sent, reply not awaited: %w", ctx.Err())
+	<-c.done
+	if c.err != nil {
+		return nil, c.err
+	}
+	return cmd.Slice()
 }
 
 func (b *batcher) poke() {

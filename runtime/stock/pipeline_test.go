@@ -356,6 +356,44 @@ func TestQueuedCallGivesUpUnsent(t *testing.T) {
 	}
 }
 
+// A caller whose context ends once its call is in a pipeline still gets the
+// call's reply, as a single command's caller does: told nothing, it could
+// not tell the unit it took from one placed before, and would leave it held
+// with no ledger row, refusing the buyer's retries until the unit expired.
+// The context ends (deterministically) after the reply came and before the
+// pipeline hands it out.
+func TestCallInAPipelineAwaitsItsReply(t *testing.T) {
+	_, rdb, s := oneShard(t, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := reserveOne(ctx, s, "warm"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	rdb.AddHook(afterPipeline(func() {
+		cancel()
+		time.Sleep(200 * time.Millisecond) // the caller sees its context end first
+	}))
+	s.WithPipeline(PipelineConfig{MaxBatch: 4})
+	res, err := reserveOne(ctx, s, "late")
+	if err != nil || res.Code != Reserved {
+		t.Fatalf("a call whose context ended in its pipeline: %v %v, want its reply (RESERVED)", res.Code, err)
+	}
+}
+
+// afterPipeline runs then after each pipeline's replies are read, before the
+// pipeline returns.
+type afterPipeline func()
+
+func (h afterPipeline) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h afterPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h afterPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h()
+		return err
+	}
+}
+
 // Negative sizes, lingers and pipeline counts are refused.
 func TestPipelineConfigRefusesNegatives(t *testing.T) {
 	for _, c := range []PipelineConfig{{MaxBatch: -1}, {MaxBatch: 8, Linger: -time.Millisecond}, {MaxBatch: 8, InFlight: -1}} {
