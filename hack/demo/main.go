@@ -62,11 +62,13 @@ func main() {
 	var o options
 	flag.BoolVar(&o.node, "node", true, "run on a real node (kubelet, containerd, kube-proxy; needs root); false: the local pod runner")
 	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the storm, until Ctrl-C")
-	flag.StringVar(&o.dir, "dir", ".demo", "working directory (wiped at start; logs stay there afterwards)")
+	flag.StringVar(&o.dir, "dir", ".demo", "working directory: new, empty, or an earlier demo's (wiped at start; logs stay there afterwards)")
 	flag.IntVar(&o.buyers, "buyers", 10000, "buyers in the storm")
 	flag.Parse()
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// A closed terminal (SIGHUP) tears down too: a node's containers run
+	// under containerd's shims, which outlive the demo's own children.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	err := run(ctx, o)
 	stop()
 	if err != nil {
@@ -138,6 +140,12 @@ func run(ctx context.Context, o options) (err error) {
 	}); err != nil {
 		return err
 	}
+	if o.node {
+		// Before the builds: a node needs root, and its build is the longest.
+		if err := testharness.NodeSupported(); err != nil {
+			return fmt.Errorf("%w (run as root, or --node=false for the local pod runner)", err)
+		}
+	}
 	if err := p.timed("envtest binaries (hack/build-envtest.sh, cached)", func() error {
 		return runQuiet(ctx, "bash", "hack/build-envtest.sh")
 	}); err != nil {
@@ -149,9 +157,6 @@ func run(ctx context.Context, o options) (err error) {
 			return runQuiet(ctx, "bash", "hack/build-kube-node.sh")
 		}); err != nil {
 			return err
-		}
-		if err := testharness.NodeSupported(); err != nil {
-			return fmt.Errorf("%w (run as root, or --node=false for the local pod runner)", err)
 		}
 	} else if err := p.timed("bin/flashsale (go build -o bin/flashsale ./cmd/flashsale)", func() error {
 		return runQuiet(ctx, "go", "build", "-o", bin, "./cmd/flashsale")
@@ -283,13 +288,20 @@ func run(ctx context.Context, o options) (err error) {
 	return nil
 }
 
-// prepareDir empties the working directory, unless a kept demo still uses it.
+// prepareDir empties the working directory, unless a kept demo still uses
+// it, or it holds files and is no demo's (no demo.pid): `--dir .` must not
+// wipe a checkout.
 func prepareDir(d string) (string, error) {
 	dir, err := filepath.Abs(d)
 	if err != nil {
 		return "", err
 	}
 	pidFile := filepath.Join(dir, "demo.pid")
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		if _, err := os.Stat(pidFile); err != nil {
+			return "", fmt.Errorf("%s holds files and no demo.pid: not a demo's directory, so it is not wiped; name a new or empty --dir", dir)
+		}
+	}
 	if b, err := os.ReadFile(pidFile); err == nil {
 		// "<pid> <start time>": a pid alone could be another process's by now.
 		f := strings.Fields(string(b))

@@ -45,3 +45,23 @@ func TestPrepareDirTellsAReusedPid(t *testing.T) {
 		}
 	}
 }
+
+// A directory with files and no demo.pid is no demo's: it is refused and
+// left as it was. An empty one is taken.
+func TestPrepareDirLeavesOtherDirectories(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "go.mod")
+	if err := os.WriteFile(keep, []byte("module x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prepareDir(dir); err == nil || !strings.Contains(err.Error(), "no demo.pid") {
+		t.Fatalf("a directory of other files: %v, want refused", err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Fatalf("the refused directory lost its file: %v", err)
+	}
+	empty := t.TempDir()
+	if _, err := prepareDir(empty); err != nil {
+		t.Fatalf("an empty directory: %v", err)
+	}
+}
