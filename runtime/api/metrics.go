@@ -93,8 +93,9 @@ type scriptHook struct{ m *Metrics }
 func (h scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 // ProcessPipelineHook times reserve calls batched into a pipeline
-// (stock.PipelineConfig): each is observed with the whole pipeline's time,
-// which is its caller's wait.
+// (stock.PipelineConfig): each is observed with the whole pipeline's time.
+// The time a call waited for its pipeline to go is not in it: the request
+// latency shows it.
 func (h scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		start := time.Now()
