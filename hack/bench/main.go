@@ -216,10 +216,16 @@ func (o *options) validateLists() error {
 			return fmt.Errorf("--targets %q: want reserve, reserve-b, reserve-pipe, reserve-direct, bare, bare-direct, decr or pg-buckets", t)
 		}
 	}
+	schedules := map[string]float64{}
 	for _, f := range o.OpenLoop {
 		if !(f > 0 && f <= 2) {
 			return fmt.Errorf("--open-loop %v out of (0, 2]", f)
 		}
+		// The report groups a schedule's rounds by its name.
+		if g, ok := schedules[scheduleNote(f)]; ok {
+			return fmt.Errorf("--open-loop %v and %v are both %q: give fractions a whole percent apart", g, f, scheduleNote(f))
+		}
+		schedules[scheduleNote(f)] = f
 	}
 	for _, n := range o.Buckets {
 		if n < 1 || n > 100_000 {

@@ -99,6 +99,7 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 		"unknown skip":          {func(o *options) { o.Skip = []string{"commit"} }, `--skip "commit"`},
 		"unknown profile storm": {func(o *options) { o.ProfileStorm = "soldout" }, `--profile-storm "soldout"`},
 		"no open-loop rounds":   {func(o *options) { o.OpenLoopRounds = 0 }, "--open-loop-rounds"},
+		"one schedule twice":    {func(o *options) { o.OpenLoop = []float64{0.5, 0.504} }, "--open-loop 0.5 and 0.504"},
 	} {
 		o := good()
 		tc.change(o)
