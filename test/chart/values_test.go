@@ -279,6 +279,13 @@ func TestMonitoringToggles(t *testing.T) {
 	if kind, _, _ := unstructured.NestedString(ep, "authorization", "type"); kind != "Bearer" || cred["name"] != "scraper-token" || cred["key"] != "token" || ep["bearerTokenFile"] != nil {
 		t.Errorf("tokenSecret.name=scraper-token: ServiceMonitor endpoint %v, want authorization Bearer from scraper-token/token and no bearerTokenFile", ep)
 	}
+	// Values without tokenSecret, as `helm upgrade --reuse-values` from a
+	// chart without it gives: still a credential, Prometheus's own token.
+	sm = find(t, render(t, "monitoring.serviceMonitor.enabled=true", "monitoring.serviceMonitor.tokenSecret=null"), "ServiceMonitor", "-manager")
+	eps, _, _ = unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if ep := eps[0].(map[string]any); ep["scheme"] != "https" || ep["bearerTokenFile"] == nil {
+		t.Errorf("no tokenSecret value: ServiceMonitor endpoint %v, want https with Prometheus's own token", ep)
+	}
 	for component, port := range map[string]string{"reserve": "metrics", "sweeper": "http"} {
 		pm := find(t, objs, "PodMonitor", "-"+component)
 		got, _, _ := unstructured.NestedString(pm.Object, "spec", "selector", "matchLabels", "app.kubernetes.io/component")
@@ -313,6 +320,23 @@ func TestMonitoringToggles(t *testing.T) {
 	eps, _, _ = unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 	if ep := eps[0].(map[string]any); ep["scheme"] != nil || ep["port"] != "http-metrics" {
 		t.Errorf("metrics.secure=false: ServiceMonitor endpoint %v", ep)
+	}
+}
+
+// Without leader election the old manager stops before the new one starts:
+// a rolling update would run both, each reconciling every sale.
+func TestUpdateStrategyFollowsLeaderElection(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want appsv1.DeploymentStrategyType
+	}{
+		{nil, ""}, // the Deployment's default, RollingUpdate: the lease hands over
+		{[]string{"leaderElection.enabled=false"}, appsv1.RecreateDeploymentStrategyType},
+	} {
+		d, _ := manager(t, render(t, c.set...))
+		if d.Spec.Strategy.Type != c.want {
+			t.Errorf("%v: strategy %q, want %q", c.set, d.Spec.Strategy.Type, c.want)
+		}
 	}
 }
 
