@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -142,7 +143,14 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 		if st.State == s.window.Gate {
 			continue
 		}
-		if err := s.conn.engine.SetGate(ctx, s.window.Gate, s.epoch); err != nil {
+		err := s.conn.engine.SetGate(ctx, s.window.Gate, s.epoch)
+		if errors.Is(err, engine.ErrFailedClosed) {
+			// Failed closed since this reconcile found the shards live (the
+			// gate leaves them so): the next one rebuilds them.
+			s.requeueAfter(time.Millisecond)
+			return true, nil
+		}
+		if err != nil {
 			r.unhealthy(s, err)
 			return true, nil
 		}

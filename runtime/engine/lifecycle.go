@@ -137,13 +137,18 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBef
 }
 
 // SetGate writes the gate state (OPEN, NOT_STARTED, PAUSED, ENDED) of every shard
-// under the ledger's current epoch. Shards without meta are reported via
-// ErrNeedsRebuild.
+// under the ledger's current epoch. Shards without meta, and shards failed
+// closed (ErrFailedClosed too), are reported via ErrNeedsRebuild.
 func (e *Engine) SetGate(ctx context.Context, state string, epoch int64) error {
 	out, err := e.store.SetGate(ctx, state, epoch)
 	if err != nil {
 		return err
 	}
+	return gateOutcome(out, epoch)
+}
+
+// gateOutcome is the error of SetGate's per-shard outcomes.
+func gateOutcome(out []int, epoch int64) error {
 	for i, n := range out {
 		switch n {
 		case stock.GateNoMeta:
@@ -152,6 +157,8 @@ func (e *Engine) SetGate(ctx context.Context, state string, epoch int64) error {
 			return fmt.Errorf("%w: shard %d carries another epoch than %d", ErrNeedsRebuild, i, epoch)
 		case stock.GateRebuilding:
 			return fmt.Errorf("shard %d is being rebuilt", i)
+		case stock.GateFailedClosed:
+			return fmt.Errorf("%w: %w: shard %d", ErrNeedsRebuild, ErrFailedClosed, i)
 		}
 	}
 	return nil

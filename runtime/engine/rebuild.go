@@ -150,7 +150,11 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 		return rep, fmt.Errorf("rebuild: %w", err)
 	}
 	rep.Gate = o.Gate()
-	if err := e.SetGate(ctx, rep.Gate, c.Epoch); err != nil {
+	out, err := e.store.SetGateRebuilt(ctx, rep.Gate, c.Epoch)
+	if err == nil {
+		err = gateOutcome(out, c.Epoch)
+	}
+	if err != nil {
 		// Shards are written one by one: close again those that opened, on
 		// a context of its own (the open may have failed on a spent one).
 		cctx, cancel := detached(ctx)

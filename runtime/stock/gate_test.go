@@ -41,3 +41,44 @@ func TestCloseOpenLeavesOtherStates(t *testing.T) {
 		t.Fatal("CloseOpen opened")
 	}
 }
+
+// A shard failed closed opens only through the rebuild that finished it
+// (SetGateRebuilt): a gate written by anyone else (the operator's reconcile,
+// which found the shards live a moment before they failed closed) leaves it
+// closed and says so, whatever state it asks for. Failing closed again is a
+// no-op.
+func TestOnlyTheRebuildOpensAShardFailedClosed(t *testing.T) {
+	r := testharness.RedisT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	s := New(rdb, "c-failed-closed", 2)
+	for shard, state := range []string{StateOpen, StateFailClosed} {
+		if _, err := s.Seed(ctx, shard, 10, 1, state, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stateOf := func(shard int) string {
+		t.Helper()
+		st, err := s.State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[shard].State
+	}
+	for _, gate := range []string{StateOpen, StatePaused, StateNotStarted, StateEnded} {
+		out, err := s.SetGate(ctx, gate, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[0] != GateSet || out[1] != GateFailedClosed || stateOf(1) != StateFailClosed {
+			t.Fatalf("SetGate %s: outcomes %v, shard 1 %s; want the failed shard left closed (%d)", gate, out, stateOf(1), GateFailedClosed)
+		}
+	}
+	if out, err := s.SetGate(ctx, StateFailClosed, 0); err != nil || out[1] != GateSet {
+		t.Fatalf("failing closed again: %v %v", out, err)
+	}
+	if out, err := s.SetGateRebuilt(ctx, StateOpen, 1); err != nil || out[0] != GateSet || out[1] != GateSet || stateOf(1) != StateOpen {
+		t.Fatalf("the rebuild's gate: %v %v, shard 1 %s; want it open", out, err, stateOf(1))
+	}
+}

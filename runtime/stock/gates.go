@@ -35,19 +35,31 @@ const (
 	GateNoMeta     = 0
 	GateStale      = -1
 	GateRebuilding = -2
+	// GateFailedClosed: the shard failed closed, and only the rebuild that
+	// finished it moves it out of that (SetGateRebuilt).
+	GateFailedClosed = -3
 )
 
 // ErrBadState is returned for a gate state the scripts do not know.
 var ErrBadState = errors.New("unknown gate state")
 
 // SetGate writes the gate state of every shard and returns the per-shard outcome
-// (GateSet, GateNoMeta, GateStale, GateRebuilding). epoch 0 accepts any epoch.
+// (GateSet, GateNoMeta, GateStale, GateRebuilding, GateFailedClosed). epoch 0
+// accepts any epoch. A shard failed closed keeps that state unless state is
+// FAIL_CLOSED: it opens only once rebuilt, even when the reconcile that
+// writes the gate found it open a moment before.
 // Opening goes shard by shard and stops at the first that fails. Closing
 // writes every shard at once, so that on a Redis Cluster a master that is
 // down or hangs holds up only its own shards; the error names the first few
 // shards that failed and counts the rest.
 func (s *Store) SetGate(ctx context.Context, state string, epoch int64) ([]int, error) {
-	return s.setGate(ctx, state, epoch, "")
+	return s.setGate(ctx, state, epoch, "", false)
+}
+
+// SetGateRebuilt is SetGate by the rebuild that finished every shard closed
+// at epoch: it moves them out of FAIL_CLOSED.
+func (s *Store) SetGateRebuilt(ctx context.Context, state string, epoch int64) ([]int, error) {
+	return s.setGate(ctx, state, epoch, "", true)
 }
 
 // CloseOpen is SetGate of a closing state on the shards that are OPEN only:
@@ -56,10 +68,10 @@ func (s *Store) CloseOpen(ctx context.Context, state string) ([]int, error) {
 	if state == StateOpen {
 		return nil, fmt.Errorf("%w: CloseOpen with %q", ErrBadState, state)
 	}
-	return s.setGate(ctx, state, 0, StateOpen)
+	return s.setGate(ctx, state, 0, StateOpen, false)
 }
 
-func (s *Store) setGate(ctx context.Context, state string, epoch int64, from string) ([]int, error) {
+func (s *Store) setGate(ctx context.Context, state string, epoch int64, from string, rebuilt bool) ([]int, error) {
 	switch state {
 	case StateOpen, StateNotStarted, StatePaused, StateEnded, StateFailClosed:
 	default:
@@ -67,7 +79,11 @@ func (s *Store) setGate(ctx context.Context, state string, epoch int64, from str
 	}
 	out := make([]int, len(s.shards))
 	gate := func(i int) error {
-		n, err := gateScript.Run(ctx, s.rdb, []string{s.shards[i].Meta()}, state, epoch, from).Int()
+		reopen := ""
+		if rebuilt {
+			reopen = "1"
+		}
+		n, err := gateScript.Run(ctx, s.rdb, []string{s.shards[i].Meta()}, state, epoch, from, reopen).Int()
 		if err != nil {
 			return fmt.Errorf("gate shard %d: %w", i, err)
 		}
