@@ -74,6 +74,7 @@ type FlashSaleReconciler struct {
 	CountsStamp   time.Duration // DefaultCountsStamp when 0
 
 	conns connections
+	locks saleLocks
 	// apiReader reads past the cache: objects the cache does not hold (a
 	// child that lost its labels, one that is not ours).
 	apiReader client.Reader
@@ -93,6 +94,7 @@ type FlashSaleReconciler struct {
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.
 func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	defer r.locks.lock(req.NamespacedName)()
 	fs := &flashsalev1alpha1.FlashSale{}
 	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
 		if apierrors.IsNotFound(err) {
