@@ -347,7 +347,7 @@ func (e *env) waitFor(name string, timeout time.Duration, what string, cond func
 			return fs
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %s waiting for %s; status: %+v", timeout, what, fs.Status)
+			e.t.Fatalf("timed out after %s waiting for %s; status: %+v%s", timeout, what, fs.Status, diagnosis(e.ns, name))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
