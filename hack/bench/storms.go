@@ -296,10 +296,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 	}
 	srvCPU, redisCPU, pgCPU, selfCPU0 := srv.cpuTime(), e.redisCPU(ctx), e.postgresCPU(ctx), cpustat.Self()
 	busy, t0 := cpustat.MachineBusy(), time.Now()
-	res, err := storm.Run(ctx, cfg)
-	if err == nil && res.Interrupted {
-		err = fmt.Errorf("%s: interrupted", label) // a short, partly measured storm is no row
-	}
+	res, err := runWhole(ctx, cfg, label)
 	if err != nil {
 		return StormRow{}, err
 	}
@@ -410,6 +407,16 @@ func (e *benchEnv) checkpoint(ctx context.Context) error {
 		return fmt.Errorf("CHECKPOINT: %w", err)
 	}
 	return nil
+}
+
+// runWhole runs a storm to its end: an interrupted one, short and partly
+// measured, is an error, not a row.
+func runWhole(ctx context.Context, cfg storm.Config, label string) (*storm.Result, error) {
+	res, err := storm.Run(ctx, cfg)
+	if err == nil && res.Interrupted {
+		err = fmt.Errorf("%s: interrupted", label)
+	}
+	return res, err
 }
 
 // postgresCPU is the CPU used so far by the postmaster and its children,
