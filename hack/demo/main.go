@@ -62,7 +62,7 @@ func main() {
 	var o options
 	flag.BoolVar(&o.node, "node", true, "run on a real node (kubelet, containerd, kube-proxy; needs root); false: the local pod runner")
 	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the storm, until Ctrl-C")
-	flag.StringVar(&o.dir, "dir", ".demo", "working directory: new, empty, or an earlier demo's (wiped at start; logs stay there afterwards)")
+	flag.StringVar(&o.dir, "dir", ".demo", "working directory: new, empty, or an earlier demo's (wiped at start; the pod runner's logs stay there afterwards, and a failed run's logs are copied to the test-logs archive)")
 	flag.IntVar(&o.buyers, "buyers", 10000, "buyers in the storm")
 	flag.Parse()
 
@@ -169,6 +169,13 @@ func run(ctx context.Context, o options) (err error) {
 	if env != nil {
 		defer func() {
 			p.section("Tear down")
+			if err != nil {
+				// Stopping a node removes its directory, its components' and
+				// pods' logs with it: a failed run's are copied first.
+				if kept, kerr := testharness.KeepLogs("demo", dir); kerr == nil {
+					fmt.Fprintf(p.w, "  the failed run's logs: %s\n", kept)
+				}
+			}
 			start := time.Now()
 			cerr := env.Close()
 			if cerr == nil && env.Cluster != nil {
