@@ -43,10 +43,11 @@ func TestCloseOpenLeavesOtherStates(t *testing.T) {
 }
 
 // A shard failed closed opens only through the rebuild that finished it
-// (SetGateRebuilt): a gate written by anyone else (the operator's reconcile,
-// which found the shards live a moment before they failed closed) leaves it
-// closed and says so, whatever state it asks for. Failing closed again is a
-// no-op.
+// (SetGateRebuilt at that rebuild's epoch): a gate written by anyone else (the
+// operator's reconcile, which found the shards live a moment before they
+// failed closed) leaves it closed and says so, whatever state it asks for,
+// and so does the rebuild's own gate once the shard failed closed again
+// after its finish (another loss). Failing closed again is a no-op.
 func TestOnlyTheRebuildOpensAShardFailedClosed(t *testing.T) {
 	r := testharness.RedisT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
@@ -78,7 +79,29 @@ func TestOnlyTheRebuildOpensAShardFailedClosed(t *testing.T) {
 	if out, err := s.SetGate(ctx, StateFailClosed, 0); err != nil || out[1] != GateSet {
 		t.Fatalf("failing closed again: %v %v", out, err)
 	}
-	if out, err := s.SetGateRebuilt(ctx, StateOpen, 1); err != nil || out[0] != GateSet || out[1] != GateSet || stateOf(1) != StateOpen {
+	if out, err := s.SetGateRebuilt(ctx, StateOpen, 1); err != nil || out[1] != GateFailedClosed {
+		t.Fatalf("a rebuild's gate on shards it did not finish: %v %v, want them left closed", out, err)
+	}
+	rebuild := func(epoch int64) {
+		t.Helper()
+		for shard := range 2 {
+			if err := s.RebuildBegin(ctx, shard, epoch); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.RebuildFinish(ctx, shard, 10, epoch, StateFailClosed, 10, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rebuild(2)
+	if _, err := s.SetGate(ctx, StateFailClosed, 0); err != nil { // another loss, before the rebuild's gate
+		t.Fatal(err)
+	}
+	if out, err := s.SetGateRebuilt(ctx, StateOpen, 2); err != nil || out[0] != GateFailedClosed || out[1] != GateFailedClosed {
+		t.Fatalf("the rebuild's gate after a fail close since its finish: %v %v, want the shards left closed", out, err)
+	}
+	rebuild(3)
+	if out, err := s.SetGateRebuilt(ctx, StateOpen, 3); err != nil || out[0] != GateSet || out[1] != GateSet || stateOf(1) != StateOpen {
 		t.Fatalf("the rebuild's gate: %v %v, shard 1 %s; want it open", out, err, stateOf(1))
 	}
 }

@@ -31,5 +31,7 @@ if (cur[3] and cur[3] ~= srv) or promoted then
   return -2
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'alloc', ARGV[4], 'chg', ARGV[5], 'srv', srv, 'lin', lin, 'state', ARGV[3])
+-- rb: finished by the rebuild at this epoch, which alone may then open it
+-- (gate.lua); a fail close since takes the mark away.
+redis.call('HSET', KEYS[2], 'alloc', ARGV[4], 'chg', ARGV[5], 'srv', srv, 'lin', lin, 'state', ARGV[3], 'rb', ARGV[2])
 return 1
