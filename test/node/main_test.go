@@ -68,7 +68,9 @@ func TestMain(m *testing.M) {
 		progress := func(step string, took time.Duration) {
 			fmt.Fprintf(os.Stderr, "node: %s (%.1fs)\n", step, took.Seconds())
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		// The images' binaries alone took over 10 minutes from a cold build
+		// cache on a busy 2-core machine.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		env, err = localenv.Start(ctx, localenv.Options{
 			Dir: filepath.Join(dir, "env"), Node: true,
