@@ -260,16 +260,8 @@ var chaosFaults = []chaosFault{
 	{name: "debug-sleep", inject: func(ctx context.Context, addr string, _ *testharness.FaultProxy, admin *redis.Client) (func() error, error) {
 		probe := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1, PoolSize: 1})
 		defer probe.Close()
-		// Connected before the sleep; on a loaded machine a first answer may be slow.
-		for try := 0; ; try++ {
-			err := probe.Ping(ctx).Err()
-			var ne interface{ Timeout() bool }
-			if err == nil {
-				break
-			}
-			if !errors.As(err, &ne) || !ne.Timeout() || try == 100 {
-				return nil, err
-			}
+		if err := testharness.PingAwake(ctx, probe); err != nil { // connected before the sleep
+			return nil, err
 		}
 		done := make(chan error, 1)
 		go func() { done <- admin.Do(ctx, "DEBUG", "SLEEP", "2").Err() }()

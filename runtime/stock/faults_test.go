@@ -33,7 +33,7 @@ type faultKind struct {
 var debugSleep = faultKind{name: "debug-sleep", inject: func(ctx context.Context, _ *stallEnv, addr string) (func(context.Context) error, error) {
 	probe := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1, PoolSize: 1})
 	defer probe.Close()
-	if err := pingAwake(ctx, probe); err != nil { // connected before the sleep
+	if err := testharness.PingAwake(ctx, probe); err != nil { // connected before the sleep
 		return nil, err
 	}
 	done := make(chan error, 1)
@@ -55,21 +55,6 @@ var debugSleep = faultKind{name: "debug-sleep", inject: func(ctx context.Context
 	}
 	return func(context.Context) error { return <-done }, nil
 }}
-
-// pingAwake pings until an answer comes within the probe's short read
-// timeout: on a loaded machine a first answer may take longer, and the
-// server is not asleep yet.
-func pingAwake(ctx context.Context, probe *redis.Client) error {
-	var err error
-	for range 100 {
-		err = probe.Ping(ctx).Err()
-		var ne interface{ Timeout() bool }
-		if err == nil || !errors.As(err, &ne) || !ne.Timeout() || ctx.Err() != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("the server did not answer a ping in time, 100 times: %w", err)
-}
 
 // clientPause holds every write command (scripts included) until the call
 // has returned; CLIENT UNPAUSE then lets what was sent run. A paused command

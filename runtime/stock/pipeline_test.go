@@ -317,17 +317,8 @@ func TestStalledPipelineLosesEveryReplyOnce(t *testing.T) {
 func debugSleepOn(ctx context.Context, addr string) (func(context.Context) error, error) {
 	probe := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1, PoolSize: 1})
 	defer probe.Close()
-	// Connected before the sleep; on a loaded machine a first answer may
-	// take longer than the probe's read timeout.
-	for try := 0; ; try++ {
-		err := probe.Ping(ctx).Err()
-		var ne interface{ Timeout() bool }
-		if err == nil {
-			break
-		}
-		if !errors.As(err, &ne) || !ne.Timeout() || try == 100 || ctx.Err() != nil {
-			return nil, err
-		}
+	if err := testharness.PingAwake(ctx, probe); err != nil { // connected before the sleep
+		return nil, err
 	}
 	sleeper := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 30 * time.Second, MaxRetries: -1})
 	done := make(chan error, 1)
