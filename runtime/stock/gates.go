@@ -77,12 +77,12 @@ func (s *Store) setGate(ctx context.Context, state string, epoch int64, from str
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrBadState, state)
 	}
+	reopen := ""
+	if rebuilt {
+		reopen = "1"
+	}
 	out := make([]int, len(s.shards))
 	gate := func(i int) error {
-		reopen := ""
-		if rebuilt {
-			reopen = "1"
-		}
 		n, err := gateScript.Run(ctx, s.rdb, []string{s.shards[i].Meta()}, state, epoch, from, reopen).Int()
 		if err != nil {
 			return fmt.Errorf("gate shard %d: %w", i, err)
