@@ -61,6 +61,10 @@ var (
 // PostgreSQL's max_connections.
 const defaultMaxConns = 32
 
+// defaultApplicationName names the ledger's connections in pg_stat_activity
+// unless the DSN names them; the group-commit writer's add "-writer".
+const defaultApplicationName = "flashsale-ledger"
+
 // defaultConnectTimeout bounds one connection attempt when the DSN does not
 // set connect_timeout: without it, a PostgreSQL host that drops packets holds
 // the caller for the kernel's TCP timeout (minutes).
@@ -86,6 +90,9 @@ WHERE name IN (SELECT name FROM pg_settings)`
 // Ledger is a handle on the book of record. It is safe for concurrent use.
 type Ledger struct {
 	pool *pgxpool.Pool
+	// cfg is pool's configuration, from which a Materializer makes the pool
+	// of its own (NewMaterializer).
+	cfg *pgxpool.Config
 }
 
 // Option tunes Open.
@@ -98,7 +105,9 @@ func WithMaxConns(n int32) Option {
 }
 
 // Open connects to dsn, checks the connection and applies migrations. The
-// pool holds defaultMaxConns connections unless the DSN sets pool_max_conns.
+// pool holds defaultMaxConns connections unless the DSN sets pool_max_conns;
+// a Materializer's writers have connections of their own besides
+// (NewMaterializer).
 // A schema upgrade outlives ctx (see migrateDetached): a ledger of millions of
 // orders takes minutes, and ctx's end then fails Open with ErrMigrating.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
@@ -124,7 +133,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	dialer := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	cfg.ConnConfig.DialFunc = dialer.DialContext
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		cfg.ConnConfig.RuntimeParams["application_name"] = "flashsale-ledger"
+		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -147,7 +156,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &Ledger{pool: pool}, nil
+	return &Ledger{pool: pool, cfg: cfg}, nil
 }
 
 // Close closes the pool. Close any Materializer first.

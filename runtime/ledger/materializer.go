@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // MaterializerConfig tunes the group-commit writer. Zero values take defaults.
@@ -46,6 +48,11 @@ const (
 type Materializer struct {
 	l   *Ledger
 	cfg MaterializerConfig
+	// pool is the writers' own, one connection per worker: the ledger's pool
+	// serves every read of the process (replays, lookups, checkout, cancel),
+	// and a burst of them on a slow PostgreSQL would otherwise keep the
+	// writers waiting for a connection until every reserve is refused.
+	pool *pgxpool.Pool
 
 	mu      sync.Mutex
 	pending []*pendingRow
@@ -70,7 +77,9 @@ type pendingRow struct {
 	res chan error // buffered: the writer never blocks on a caller
 }
 
-// NewMaterializer starts the workers; Close stops them.
+// NewMaterializer starts the workers; Close stops them. The workers have a
+// connection each, outside the ledger's pool and opened when first needed
+// (application_name flashsale-ledger-writer unless the DSN names one).
 func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = defaultMaxBatch
@@ -84,6 +93,7 @@ func (l *Ledger) NewMaterializer(cfg MaterializerConfig) *Materializer {
 	m := &Materializer{
 		l:       l,
 		cfg:     cfg,
+		pool:    l.writerPool(cfg.Concurrency),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		sending: make([]atomic.Int64, cfg.Concurrency),
@@ -197,6 +207,26 @@ func (m *Materializer) Close() {
 		close(m.done)
 	})
 	m.wg.Wait()
+	if m.pool != m.l.pool {
+		m.pool.Close()
+	}
+}
+
+// writerPool is a pool of n connections configured as the ledger's own.
+func (l *Ledger) writerPool(n int) *pgxpool.Pool {
+	if l.cfg == nil { // a Ledger made around a pool (tests)
+		return l.pool
+	}
+	cfg := l.cfg.Copy()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = int32(n), 0, 0
+	if cfg.ConnConfig.RuntimeParams["application_name"] == defaultApplicationName {
+		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName + "-writer"
+	}
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil { // only for a MaxConns below 1, which n never is
+		return l.pool
+	}
+	return p
 }
 
 // work writes batches until Close has been called and nothing is queued;

@@ -158,11 +158,11 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 		return fmt.Errorf("%w: %s: campaign %s is not at epoch %d (rebuilt, deleted or missing)", ErrFenced, o.ReservationID, o.CampaignID, o.Epoch)
 	}
 
-	// The connection is taken first: failing to get one (PostgreSQL down, or
-	// the pool busy past the batch's deadline) means nothing was sent, so the
+	// The connection is taken first: failing to get one (PostgreSQL down or
+	// not answering by the batch's deadline) means nothing was sent, so the
 	// callers release their units at once instead of holding them until
 	// they expire.
-	conn, err := m.l.pool.Acquire(ctx)
+	conn, err := m.pool.Acquire(ctx)
 	if err != nil {
 		for _, i := range idx {
 			results[i] = fmt.Errorf("ledger: materialize %s: not sent, no connection: %w", rows[i].o.ReservationID, err)
