@@ -21,6 +21,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	requests      *prometheus.CounterVec
+	shed          prometheus.Counter
 	latency       *prometheus.HistogramVec
 	scriptCalls   prometheus.Counter
 	scriptLatency *prometheus.HistogramVec
@@ -43,6 +44,10 @@ func NewMetrics() *Metrics {
 			Name: "flashsale_api_requests_total",
 			Help: "HTTP requests by route and outcome code (a success code such as RESERVED, or the error code).",
 		}, []string{"route", "code"}),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_api_shed_total",
+			Help: "Buyer requests answered 503 UNAVAILABLE at once because --max-in-flight requests were doing their Redis and ledger work.",
+		}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "flashsale_api_request_duration_seconds",
 			Help:    "HTTP request latency by route, from routing to the last byte written.",
@@ -70,7 +75,7 @@ func NewMetrics() *Metrics {
 	}
 	m.reserveScript = sync.OnceValue(func() prometheus.Observer { return m.scriptLatency.WithLabelValues("reserve") })
 	m.otherScript = sync.OnceValue(func() prometheus.Observer { return m.scriptLatency.WithLabelValues("other") })
-	m.reg.MustRegister(m.requests, m.latency, m.scriptCalls, m.scriptLatency, m.batchSize, m.batchLatency,
+	m.reg.MustRegister(m.requests, m.shed, m.latency, m.scriptCalls, m.scriptLatency, m.batchSize, m.batchLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -67,7 +67,11 @@ type Config struct {
 	RateLimit float64
 	RateBurst int
 
-	RequestTimeout    time.Duration // deadline of the Redis and SQL work of one request
+	RequestTimeout time.Duration // deadline of the Redis and SQL work of one request
+	// MaxInFlight is the most reserve, checkout and cancel requests doing
+	// their Redis and SQL work at once; one more is answered 503 UNAVAILABLE
+	// with Retry-After at once. 0: DefaultMaxInFlight; negative: no bound.
+	MaxInFlight       int
 	MaxBodyBytes      int64
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
 	ReadHeaderTimeout time.Duration
@@ -99,6 +103,9 @@ func (c *Config) defaults() {
 	def(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	if c.Addr == "" {
 		c.Addr = ":8080"
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -144,6 +151,7 @@ type Server struct {
 	failureLogs logSampler
 
 	deadlines *requestDeadlines // the contexts of the buyer routes' work
+	inFlight  inFlight          // the buyer requests doing that work
 	snapSem   chan struct{}     // one shard read at a time; waiters honour their context
 	snap      *stockSnapshot
 }
@@ -178,6 +186,7 @@ func New(cfg Config) (*Server, error) {
 		snapSem:   make(chan struct{}, 1),
 		deadlines: newRequestDeadlines(cfg.RequestTimeout),
 	}
+	s.inFlight.max = int64(max(cfg.MaxInFlight, 0))
 	for i, key := range [][]byte{cfg.AdmissionKey, cfg.AdmissionKeyAlt, cfg.AdmissionKeyPrevious} {
 		if i > 0 && len(key) == 0 {
 			continue
@@ -199,7 +208,7 @@ func New(cfg Config) (*Server, error) {
 	if !cfg.MetricsElsewhere {
 		s.routes = append(s.routes, Route{"metrics", http.MethodGet, config.PathMetrics, s.metricsHandler()})
 	}
-	s.metrics.reg.MustRegister(stockCollector{s})
+	s.metrics.reg.MustRegister(stockCollector{s}, s.inFlightGauge())
 	s.mux = http.NewServeMux()
 	allowed := map[string][]string{}
 	for _, rt := range s.routes {

@@ -38,6 +38,7 @@ const (
 	EnvWriteTimeout      = "FLASHSALE_WRITE_TIMEOUT"
 	EnvIdleTimeout       = "FLASHSALE_IDLE_TIMEOUT"
 	EnvMaxBodyBytes      = "FLASHSALE_MAX_BODY_BYTES"
+	EnvMaxInFlight       = "FLASHSALE_MAX_IN_FLIGHT"
 	EnvAvailabilityCache = "FLASHSALE_AVAILABILITY_CACHE"
 	EnvShutdownTimeout   = "FLASHSALE_SHUTDOWN_TIMEOUT"
 	EnvDrainDelay        = "FLASHSALE_DRAIN_DELAY"

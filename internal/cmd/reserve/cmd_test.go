@@ -67,6 +67,7 @@ func TestFlagsDefaultToEnvironment(t *testing.T) {
 		config.EnvPostgresDSN: "postgres://x@127.0.0.1/db", config.EnvAdmissionKey: "0123456789abcdef-key",
 		config.EnvListen: "127.0.0.1:9999", config.EnvRateLimit: "2.5", config.EnvRateBurst: "7", config.EnvShutdownTimeout: "3s",
 		config.EnvDrainDelay: "1s", config.EnvAvailabilityCache: "50ms", config.EnvMaxBodyBytes: "4096", config.EnvLogLevel: "debug",
+		config.EnvMaxInFlight: "300",
 	} {
 		t.Setenv(k, v)
 	}
@@ -77,7 +78,7 @@ func TestFlagsDefaultToEnvironment(t *testing.T) {
 	for name, want := range map[string]string{
 		"listen": "127.0.0.1:9999", "rate-limit": "2.5", "rate-burst": "9", "shutdown-timeout": "3s",
 		"drain-delay": "1s", "availability-cache": "50ms", "max-body-bytes": "4096", "log-level": "debug",
-		"request-timeout": "5s", "read-header-timeout": "5s", "sku": "itm-1",
+		"request-timeout": "5s", "read-header-timeout": "5s", "sku": "itm-1", "max-in-flight": "300",
 	} {
 		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", name, got, want)
@@ -117,6 +118,23 @@ func TestRateLimitMustBeFinite(t *testing.T) {
 		}
 		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), "--rate-limit must be a finite number") {
 			t.Errorf("rate limit %s: %v", v, err)
+		}
+	}
+}
+
+// An in-flight bound below -1 is no count: refused at start, naming the flag.
+func TestMaxInFlightMustBeACount(t *testing.T) {
+	for v, ok := range map[string]bool{"-2": false, "-1": true, "0": true, "64": true} {
+		clearEnv(t)
+		var o Options
+		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse([]string{"--max-in-flight=" + v}); err != nil {
+			t.Fatal(err)
+		}
+		err := o.Complete()
+		if refused := err != nil && strings.Contains(err.Error(), "--max-in-flight"); refused == ok {
+			t.Errorf("--max-in-flight=%s: %v", v, err)
 		}
 	}
 }
