@@ -139,6 +139,10 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 		r.unhealthy(s, err)
 		return true, nil
 	}
+	if err := r.writeSchedule(ctx, s, states); err != nil {
+		r.unhealthy(s, err)
+		return true, nil
+	}
 	for _, st := range states {
 		if st.State == s.window.Gate {
 			continue
@@ -164,4 +168,21 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 		s.requeueAfter(s.window.Next)
 	}
 	return false, nil
+}
+
+// writeSchedule writes the spec's start and end into the shards whose meta
+// holds another window, before any gate opens them. The reserve script
+// refuses outside it by the Redis clock whatever the gate, so that a sale
+// ends on time with no operator there to close it (down, without a leader,
+// cut off from Redis) and does not open early on a manager whose clock is
+// ahead: of the two clocks the earlier ends the sale, the later opens it.
+func (r *FlashSaleReconciler) writeSchedule(ctx context.Context, s *scope, states []engine.ShardState) error {
+	start, end := scheduleOf(&s.fs.Spec)
+	for _, st := range states {
+		if st.Present && (st.WindowStart != unixMilli(start) || st.WindowEnd != unixMilli(end)) {
+			_, err := s.conn.engine.Gates().SetWindow(ctx, start, end)
+			return err
+		}
+	}
+	return nil
 }

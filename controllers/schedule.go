@@ -14,10 +14,8 @@ type window struct {
 	Next time.Duration // until the next schedule edge (0: none ahead)
 }
 
-// saleWindow is a pure function of the spec and the clock, so it is table-tested and
-// the gates flip within a requeue of the schedule edges.
-func saleWindow(spec *flashsalev1alpha1.FlashSaleSpec, now time.Time) window {
-	var start, end time.Time
+// scheduleOf is the spec's start and end (zero: none).
+func scheduleOf(spec *flashsalev1alpha1.FlashSaleSpec) (start, end time.Time) {
 	if s := spec.Schedule; s != nil {
 		if s.Start != nil {
 			start = s.Start.Time
@@ -26,6 +24,22 @@ func saleWindow(spec *flashsalev1alpha1.FlashSaleSpec, now time.Time) window {
 			end = s.End.Time
 		}
 	}
+	return start, end
+}
+
+// unixMilli is t in ms since the epoch, 0 for the zero time, as the shards'
+// meta records a window (stock.ShardState).
+func unixMilli(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// saleWindow is a pure function of the spec and the clock, so it is table-tested and
+// the gates flip within a requeue of the schedule edges.
+func saleWindow(spec *flashsalev1alpha1.FlashSaleSpec, now time.Time) window {
+	start, end := scheduleOf(spec)
 	switch {
 	case !end.IsZero() && !now.Before(end):
 		return window{Gate: engine.StateEnded}

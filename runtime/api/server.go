@@ -411,7 +411,7 @@ func (s *Server) snapshot(ctx context.Context) (*stockSnapshot, error) {
 	for _, st := range states {
 		snap.available += st.Available
 	}
-	snap.status = saleStatus(states, snap.available)
+	snap.status = saleStatus(states, snap.available, now)
 	s.snap = snap
 	return snap, nil
 }
@@ -426,15 +426,23 @@ const (
 	StatusClosed     = "CLOSED" // shards missing or being rebuilt
 )
 
-// saleStatus folds the shards' gates (the controller sets them all alike) into one.
-func saleStatus(shards []stock.ShardState, available int64) string {
+// saleStatus folds the shards' gates (the controller sets them all alike) into
+// one. An open shard outside the sale's window, which the reserve script
+// refuses by the Redis clock, counts as the script answers (by this
+// process's clock).
+func saleStatus(shards []stock.ShardState, available int64, now time.Time) string {
 	state := stock.StateOpen
+	ms := now.UnixMilli()
 	for _, sh := range shards {
 		switch {
 		case !sh.Present || sh.State == stock.StateRebuilding || sh.Unverified:
 			return StatusClosed
 		case sh.State != stock.StateOpen:
 			state = sh.State
+		case sh.WindowEnd != 0 && ms >= sh.WindowEnd:
+			state = stock.StateEnded
+		case ms < sh.WindowStart:
+			state = stock.StateNotStarted
 		}
 	}
 	switch state {

@@ -192,6 +192,47 @@ func TestClosedGates(t *testing.T) {
 		})
 	}
 
+	// The shards' schedule (the operator's SetWindow) closes an open gate by
+	// the Redis clock: past the end as ENDED, before the start as NOT_STARTED,
+	// and availability says what reserve answers.
+	for _, tc := range []struct {
+		name       string
+		start, end time.Duration // from now; 0: none
+		status     int
+		code       Code
+		avail      string
+	}{
+		{"past the window's end", -time.Hour, -time.Second, http.StatusGone, CodeEnded, StatusEnded},
+		{"before the window's start", time.Hour, 0, http.StatusTooEarly, CodeNotStarted, StatusNotStarted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.setGate(stock.StateOpen)
+			at := func(d time.Duration) time.Time {
+				if d == 0 {
+					return time.Time{}
+				}
+				return time.Now().Add(d)
+			}
+			if _, err := f.e.Gates().SetWindow(context.Background(), at(tc.start), at(tc.end)); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = f.e.Gates().SetWindow(context.Background(), time.Time{}, time.Time{}) })
+			before := f.counts()
+			r := f.call(http.MethodPost, reservePath, f.token("u"), reserveBody("u", "k-"+tc.name, 1))
+			if e := r.errorBody(t); r.status != tc.status || e.Code != tc.code {
+				t.Fatalf("%d %s, want %d %s", r.status, r.body, tc.status, tc.code)
+			}
+			if !sameCounts(before, f.counts()) {
+				t.Fatal("a reserve outside the window changed the stock")
+			}
+			time.Sleep(DefaultAvailabilityCache)
+			av := f.call(http.MethodGet, availabilityPath(testSKU), "", nil)
+			if !strings.Contains(string(av.body), `"status":"`+tc.avail+`"`) {
+				t.Fatalf("availability: %s", av.body)
+			}
+		})
+	}
+
 	t.Run("shard data from another server process", func(t *testing.T) {
 		f.setGate(stock.StateOpen)
 		// What a restart from a snapshot or a promoted replica looks like: the

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -142,6 +143,13 @@ func (g *Gates) ShardStates(ctx context.Context) ([]ShardState, error) {
 // epoch, and says per shard what came of it (GateSet when written).
 func (g *Gates) CloseOpen(ctx context.Context, gate string) ([]int, error) {
 	return g.store.CloseOpen(ctx, gate)
+}
+
+// SetWindow writes the sale's schedule (zero times: no bound) into every
+// shard that has a meta, where the reserve script enforces it by the Redis
+// clock whatever the gate (stock.Store.SetWindow).
+func (g *Gates) SetWindow(ctx context.Context, start, end time.Time) ([]int, error) {
+	return g.store.SetWindow(ctx, start, end)
 }
 
 // End writes ENDED on every shard that has a meta, whatever its epoch.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"time"
 )
 
 // Gate states stored in a shard's meta. Only OPEN admits reservations.
@@ -98,13 +100,51 @@ func (s *Store) setGate(ctx context.Context, state string, epoch int64, from str
 		}
 		return out, nil
 	}
+	if err := s.everyShard(gate); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SetWindow writes the sale's schedule (zero times: no bound) into every
+// shard that has a meta, where the reserve script enforces it by the Redis
+// clock: outside it a shard refuses (CLOSED NOT_STARTED or ENDED) whatever
+// its gate. It returns per shard 1 written or 0 no meta. Every shard is
+// written at once, as a closing gate is.
+func (s *Store) SetWindow(ctx context.Context, start, end time.Time) ([]int, error) {
+	ms := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return strconv.FormatInt(t.UnixMilli(), 10)
+	}
+	from, until := ms(start), ms(end)
+	out := make([]int, len(s.shards))
+	err := s.everyShard(func(i int) error {
+		n, err := windowScript.Run(ctx, s.rdb, []string{s.shards[i].Meta()}, from, until).Int()
+		if err != nil {
+			return fmt.Errorf("window of shard %d: %w", i, err)
+		}
+		out[i] = n
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// everyShard runs write on every shard at once, so that on a Redis Cluster a
+// master that is down or hangs holds up only its own shards. The error names
+// the first few shards that failed and counts the rest.
+func (s *Store) everyShard(write func(i int) error) error {
 	errs := make([]error, len(s.shards))
 	var wg sync.WaitGroup
 	for i := range s.shards {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = gate(i)
+			errs[i] = write(i)
 		}()
 	}
 	wg.Wait()
@@ -118,9 +158,9 @@ func (s *Store) setGate(ctx context.Context, state string, epoch int64, from str
 	const shown = 4
 	switch {
 	case len(failed) == 0:
-		return out, nil
+		return nil
 	case len(failed) > shown:
-		return nil, fmt.Errorf("%w (and %d more shards)", errors.Join(failed[:shown]...), len(failed)-shown)
+		return fmt.Errorf("%w (and %d more shards)", errors.Join(failed[:shown]...), len(failed)-shown)
 	}
-	return nil, errors.Join(failed...)
+	return errors.Join(failed...)
 }

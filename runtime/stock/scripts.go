@@ -34,6 +34,7 @@ var (
 	resolveScript        = load("resolve")
 	seedScript           = load("seed")
 	gateScript           = load("gate")
+	windowScript         = load("window")
 	adjustScript         = load("adjust")
 	withdrawScript       = load("withdraw")
 	rebuildBeginScript   = load("rebuild_begin")

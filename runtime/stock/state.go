@@ -39,9 +39,12 @@ type ShardState struct {
 	Reserved   int64 // units in RESERVED reservations
 	Allocation int64 // units given to this shard (seed + changes)
 	LastChange int64
-	Withdrawn  int64  // units taken out of stock for an allocation decrease not yet settled
-	Server     string // run id of the server the shard was seeded or rebuilt on ("": not recorded)
-	Lineage    string // that server's master_replid then ("": not recorded)
+	Withdrawn  int64 // units taken out of stock for an allocation decrease not yet settled
+	// WindowStart and WindowEnd are the sale's schedule the reserve script
+	// enforces by the Redis clock (SetWindow), in ms since the epoch; 0: none.
+	WindowStart, WindowEnd int64
+	Server                 string // run id of the server the shard was seeded or rebuilt on ("": not recorded)
+	Lineage                string // that server's master_replid then ("": not recorded)
 	// Unverified: the meta names another server process than the one holding
 	// the shard now, or another replication history of it (its run id and
 	// master_replid read by State), so the reserve script refuses it (see
@@ -58,7 +61,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 	metas := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
 		stocks[i] = pipe.Get(ctx, k.Stock())
-		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv", "lin")
+		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv", "lin", "ws", "we")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
@@ -70,7 +73,7 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Available = v
 		}
 		m := metas[i].Val()
-		if len(m) == 8 && m[0] != nil {
+		if len(m) == 10 && m[0] != nil {
 			st.Present = true
 			st.State = toString(m[0])
 			st.Epoch = atoi64(toString(m[1]))
@@ -80,6 +83,8 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 			st.Withdrawn = atoi64(toString(m[5]))
 			st.Server = toString(m[6])
 			st.Lineage = toString(m[7])
+			st.WindowStart = atoi64(toString(m[8]))
+			st.WindowEnd = atoi64(toString(m[9]))
 		}
 		out[i] = st
 	}

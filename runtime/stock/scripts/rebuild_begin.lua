@@ -22,12 +22,19 @@
 --
 -- Run twice: safe. A shard already REBUILDING under this epoch keeps its meta,
 -- and deleting what is already gone changes nothing.
-local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
+local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'ws', 'we')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
   redis.call('DEL', KEYS[2])
   local info = redis.call('INFO', 'server', 'replication')
   local srv, lin = string.match(info, 'run_id:(%x+)'), string.match(info, 'master_replid:(%x+)')
   redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0, 'srv', srv, 'lin', lin)
+  -- The sale's window (window.lua) is the schedule's, not the data's: kept.
+  if cur[3] then
+    redis.call('HSET', KEYS[2], 'ws', cur[3])
+  end
+  if cur[4] then
+    redis.call('HSET', KEYS[2], 'we', cur[4])
+  end
 end
 local members = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
 for _, key in ipairs(members) do

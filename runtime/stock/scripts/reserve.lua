@@ -3,7 +3,8 @@
 -- touches one Redis Cluster slot.
 --
 -- KEYS[1] stock  string: units available on this shard
--- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg, srv, lin, chk (see below)
+-- KEYS[2] meta   hash: state, epoch, rsv (units reserved), alloc, chg, srv, lin, chk, ws, we
+--                (see below)
 -- KEYS[3] index  zset: reservation key -> expiry (ms since the epoch, Redis clock)
 -- KEYS[4] res    hash of this reservation: u user, q qty, s status (R reserved | C committed),
 --                e expiry ms, p epoch, h home shard of the user
@@ -55,6 +56,13 @@
 -- failover and failback can be, so the first call after a failback checks. A
 -- promotion since refuses (CLOSED UNVERIFIED), like srv.
 --
+-- meta.ws and meta.we are the sale's start and end (ms, the Redis clock; absent: no
+-- bound), written by window.lua. Outside them the script refuses (CLOSED
+-- NOT_STARTED or ENDED) before it takes stock or quota, whatever the gate says:
+-- the gate is written by the operator at the schedule's edges, and a sale must
+-- end on time when no operator is there to write it (down, no leader, cut off
+-- from Redis), nor open early on a manager whose clock runs ahead.
+--
 -- Returns {code, expiry, epoch, extra, status}
 --   1 RESERVED  extra = stock left on this shard
 --   2 REPLAY    the same request was reserved before; extra = its shard (-1: here),
@@ -80,7 +88,7 @@
 -- NoRetry command, see stock.Store.runReserve); a NOSCRIPT answer means it did
 -- not run, and the caller loads it and runs it (once).
 local server = 'SERVER_RUN_ID'
-local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv', 'lin', 'chk')
+local state = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'srv', 'lin', 'chk', 'ws', 'we')
 if not state[1] then
   return {5, 0, 0, 0, 'NO_META'}
 end
@@ -110,6 +118,17 @@ local function stale(now)
   end
   redis.call('HSET', KEYS[2], 'lin', lin, 'chk', ms)
   return false, ms
+end
+
+-- outside: why the sale's window (ws, we) refuses at ms, or nil inside it.
+local function outside(ms)
+  if state[7] and ms >= tonumber(state[7]) then
+    return 'ENDED'
+  end
+  if state[6] and ms < tonumber(state[6]) then
+    return 'NOT_STARTED'
+  end
+  return nil
 end
 
 local user, key, mode = ARGV[1], ARGV[2], ARGV[8]
@@ -149,6 +168,10 @@ if stock < qty then
     if old then
       return {5, 0, epoch, 0, 'UNVERIFIED'}
     end
+    local why = outside(ms)
+    if why then
+      return {5, 0, epoch, 0, why}
+    end
     local at = string.format('%.0f', ms)
     local stamp = at
     if tag ~= '' then
@@ -165,6 +188,10 @@ end
 local old, ms = stale(redis.call('TIME'))
 if old then
   return {5, 0, epoch, 0, 'UNVERIFIED'}
+end
+local why = outside(ms)
+if why then
+  return {5, 0, epoch, 0, why}
 end
 -- A Lua number goes to redis.call as its digits (an integer below 2^53 has
 -- no exponent), so the expiry needs no string.format.
