@@ -74,7 +74,9 @@ type Redis struct {
 // quota claim, a restore's counter) is not the same as running it once; the
 // caller resolves the doubt by looking. So MaxRetries is -1 (none; 0 would
 // mean go-redis's default of 3). A cluster client still follows MOVED and ASK
-// (MaxRedirects, default 3): a redirect means the command did not run. Its
+// (MaxRedirects, default 3): a redirect means the command did not run; the
+// reserve script alone goes on a master's own client, which follows none
+// (runtime/stock). Its
 // redirect loop also re-sends after a timeout, which only the scripts' own
 // no-retry commands stop (runtime/stock). Reads go to masters only (no
 // ReadOnly, RouteByLatency or RouteRandomly): a replica may lag its master.

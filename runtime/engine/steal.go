@@ -24,6 +24,11 @@ import (
 // the sweeper (a claim, for its reaper).
 func (e *Engine) lostHome(ctx context.Context, req stock.ReserveRequest, err error) (ReserveResult, error) {
 	res := ReserveResult{Calls: 1}
+	if stock.NotRun(err) {
+		// Refused before it ran (a redirect, a slot being migrated): it did
+		// nothing, and asking the shard would meet the same refusal.
+		return res, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
 	cctx, cancel := detached(ctx)
 	l, lerr := e.store.Resolve(cctx, req.Shard, req.Key, req.Attempt)
 	cancel()
@@ -68,11 +73,19 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 		_, err := e.store.Unclaim(cctx, home, req.Key, claim)
 		return err
 	}
-	closed := "" // why the first closed shard probed refused
+	closed := ""      // why the first closed shard probed refused
+	var refused error // the first refusal of a shard that did not run the call
 	for _, t := range e.stealOrder(home) {
 		req.Shard, req.Mode = t, stock.ModeSteal
 		r, err := e.store.Reserve(ctx, req)
 		res.Calls++
+		if stock.NotRun(err) {
+			// It did nothing on t (a slot being migrated, a redirect): the
+			// next shard may serve, and the claim goes back if none does,
+			// rather than hold the buyer at the limit until the reaper.
+			refused = cmp.Or(refused, err)
+			continue
+		}
 		if err != nil {
 			// The script may have run and its reply been lost: what it did is
 			// on shard t. A unit it took there belongs to this claim; one an
@@ -126,6 +139,10 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 	}
 	if err := unclaim(); err != nil {
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if refused != nil {
+		// A shard that refused the call may hold stock: SOLD_OUT would be wrong.
+		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, refused)
 	}
 	res.Outcome = OutcomeSoldOut
 	if closed != "" {

@@ -17,7 +17,10 @@ import (
 // (and a sentinel failover client, a plain client underneath), and the
 // caller that gets an error resolves the doubt by looking. A cluster
 // client still follows MOVED and ASK for it (that loop checks redirects
-// before retries): a redirect means the command did not run.
+// before retries): a redirect means the command did not run. The reserve
+// script is the exception: it goes on its master's own client
+// (Store.runReserve), which follows nothing, and a redirect or another
+// refusal before it ran comes back to the engine as such (NotRun).
 type script struct {
 	src  string
 	sha1 string
