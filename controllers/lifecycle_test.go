@@ -143,6 +143,14 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 	// that brings a drop forward does.
 	e.apply(e.sale("scheduled", 50).schedule(time.Now().Add(time.Hour), time.Now().Add(2*time.Hour)))
 	fs := e.waitFor("scheduled", settle, "Scheduled", phaseIs(flashsalev1alpha1.PhaseScheduled))
+	// kubectl describe says until when, kubectl get -o wide shows the schedule.
+	opens := fs.Spec.Schedule.Start.UTC().Format(time.RFC3339)
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionAdmitting); c == nil || !strings.Contains(c.Message, opens) {
+		t.Fatalf("Admitting while scheduled: %+v, want the start %s", c, opens)
+	}
+	if out := kubectl(t, "get", "fs", "scheduled", "-n", e.ns, "-o", "wide"); !strings.Contains(out, "START") || !strings.Contains(out, opens) {
+		t.Fatalf("kubectl get -o wide lacks the start %s:\n%s", opens, out)
+	}
 	// Children exist ahead of the start, so pods are warm before the drop.
 	var d appsv1.Deployment
 	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: "scheduled-reserve"}, &d); err != nil {

@@ -1,6 +1,11 @@
 package controllers
 
-import "github.com/flashsale-dev/flashsale-operator/runtime/engine"
+import (
+	"time"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
 
 // ConditionAllocationApplied is True when spec.allocation is in effect.
 const ConditionAllocationApplied = "AllocationApplied"
@@ -96,14 +101,23 @@ func gateReason(gate string) string {
 	return ReasonOpen
 }
 
-func gateMessage(gate string) string {
+// gateMessage says why reservations are refused, with the schedule's edge
+// the refusal lasts until (kubectl describe during the wait for a drop).
+func gateMessage(gate string, spec *flashsalev1alpha1.FlashSaleSpec) string {
+	start, end := scheduleOf(spec)
+	at := func(t time.Time) string { // "" when the spec does not say (an end written on deletion)
+		if t.IsZero() {
+			return ""
+		}
+		return ", " + t.UTC().Format(time.RFC3339) + ","
+	}
 	switch gate {
 	case engine.StateNotStarted:
-		return "the schedule's start is ahead: reservations answer NOT_STARTED"
+		return "the schedule's start" + at(start) + " is ahead: reservations answer NOT_STARTED"
 	case engine.StatePaused:
 		return "spec.paused is set: reservations answer PAUSED"
 	case engine.StateEnded:
-		return "the schedule's end has passed: reservations answer ENDED"
+		return "the schedule's end" + at(end) + " has passed: reservations answer ENDED"
 	}
 	return "reservations are admitted"
 }

@@ -38,7 +38,7 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		st.Phase = salePhase(f.rebuilt.Gate, f.rebuilt.Available, f.rebuilt.Reserved)
 	}
 	if f.counts != nil {
-		reportCounts(&st, d, f, countsStamp)
+		reportCounts(&st, d, &fs.Spec, f, countsStamp)
 	}
 	if c := f.children; c != nil && c.ready {
 		d.set(flashsalev1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "stock seeded, Redis and ledger healthy, reservation API and sweeper available")
@@ -138,7 +138,7 @@ func reportHealth(d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
 
 // reportCounts: the counts observe read, the phase they imply and whether
 // reservations are admitted.
-func reportCounts(st *flashsalev1alpha1.FlashSaleStatus, d *decided, f *facts, countsStamp time.Duration) {
+func reportCounts(st *flashsalev1alpha1.FlashSaleStatus, d *decided, spec *flashsalev1alpha1.FlashSaleSpec, f *facts, countsStamp time.Duration) {
 	c := f.counts
 	shards := make([]flashsalev1alpha1.ShardStatus, 0, len(c.Shards))
 	for _, sh := range c.Shards {
@@ -165,7 +165,7 @@ func reportCounts(st *flashsalev1alpha1.FlashSaleStatus, d *decided, f *facts, c
 	case f.gate == engine.StateOpen:
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonSoldOut, "admitting, but every unit is reserved or sold")
 	default:
-		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate))
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, gateReason(f.gate), gateMessage(f.gate, spec))
 	}
 }
 

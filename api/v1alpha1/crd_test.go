@@ -111,6 +111,9 @@ func TestCRDPrinterColumns(t *testing.T) {
 		// A replica crash-looping while the others serve: Ready stays True.
 		{"Degraded", "string", `.status.conditions[?(@.type=="Degraded")].status`, 0},
 		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
+		// The schedule as written: a date column prints a time ahead as <invalid>.
+		{"Start", "string", ".spec.schedule.start", 1},
+		{"End", "string", ".spec.schedule.end", 1},
 		// How old the counts are: more than a minute is stale.
 		{"Counted", "date", ".status.countsObservedAt", 1},
 		{"Age", "date", ".metadata.creationTimestamp", 0},

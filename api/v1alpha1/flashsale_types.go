@@ -413,6 +413,8 @@ type AdmissionSecretKeySelector struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Start",type=string,JSONPath=`.spec.schedule.start`,priority=1
+// +kubebuilder:printcolumn:name="End",type=string,JSONPath=`.spec.schedule.end`,priority=1
 // +kubebuilder:printcolumn:name="Counted",type=date,JSONPath=`.status.countsObservedAt`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:optionalOldSelf=true,rule="oldSelf.hasValue() || (size(self.metadata.name) <= 55 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))",message="metadata.name must be at most 55 lowercase letters, digits and '-', starting with a letter and ending with a letter or digit: it names the sale's Deployments and Service (<name>-reserve, <name>-sweeper)"
