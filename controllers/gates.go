@@ -48,9 +48,6 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 // rebuilt is left to the rebuild, which opens it in the gate of its moment.
 func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *engine.Gates) string {
 	gate := saleWindow(&s.fs.Spec, r.now()).Gate
-	if gate == engine.StateOpen {
-		return ""
-	}
 	// The read has a context of its own: one that hangs must not spend the
 	// write's time.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout/2)
@@ -58,6 +55,16 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	rcancel()
 	ctx, cancel := closingContext(ctx)
 	defer cancel()
+	if err == nil {
+		// The schedule needs no ledger either: a change of it reaches the
+		// shards, which enforce it, while the ledger does not answer.
+		if werr := writeSchedule(ctx, s, store, states); werr != nil {
+			log.FromContext(ctx).Error(werr, "writing the schedule into the shards")
+		}
+	}
+	if gate == engine.StateOpen {
+		return ""
+	}
 	// others: every shard that is not OPEN holds the gate already. Not known
 	// when the state could not be read.
 	open, others := false, err == nil
@@ -139,7 +146,7 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 		r.unhealthy(s, err)
 		return true, nil
 	}
-	if err := r.writeSchedule(ctx, s, states); err != nil {
+	if err := writeSchedule(ctx, s, s.conn.engine.Gates(), states); err != nil {
 		r.unhealthy(s, err)
 		return true, nil
 	}
@@ -171,16 +178,17 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 }
 
 // writeSchedule writes the spec's start and end into the shards whose meta
-// holds another window, before any gate opens them. The reserve script
+// holds another window: in closeFirst, which needs no ledger, and again in
+// applyGates before any gate opens them. The reserve script
 // refuses outside it by the Redis clock whatever the gate, so that a sale
 // ends on time with no operator there to close it (down, without a leader,
 // cut off from Redis) and does not open early on a manager whose clock is
 // ahead: of the two clocks the earlier ends the sale, the later opens it.
-func (r *FlashSaleReconciler) writeSchedule(ctx context.Context, s *scope, states []engine.ShardState) error {
+func writeSchedule(ctx context.Context, s *scope, store *engine.Gates, states []engine.ShardState) error {
 	start, end := scheduleOf(&s.fs.Spec)
 	for _, st := range states {
 		if st.Present && (st.WindowStart != unixMilli(start) || st.WindowEnd != unixMilli(end)) {
-			_, err := s.conn.engine.Gates().SetWindow(ctx, start, end)
+			_, err := store.SetWindow(ctx, start, end)
 			return err
 		}
 	}

@@ -206,6 +206,15 @@ func TestClosingDoesNotWaitForTheLedger(t *testing.T) {
 		t.Fatal("no GateChanged event")
 	}
 
+	// The schedule needs no ledger either: a new end reaches the shards, which
+	// enforce it by the Redis clock.
+	newEnd := time.Now().Add(90 * time.Minute).Truncate(time.Second)
+	updateSpec(t, e.ns, "unledgered", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Schedule.End = &metav1.Time{Time: newEnd} })
+	testharness.Eventually(t, settle, "every shard with the new end", func() bool {
+		states, err := store.State(context.Background())
+		return err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.WindowEnd != newEnd.UnixMilli() })
+	})
+
 	// Unpaused: the shards stay closed until the ledger answers.
 	updateSpec(t, e.ns, "unledgered", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = false })
 	time.Sleep(3 * time.Second) // several reconciles (status refresh 1s)

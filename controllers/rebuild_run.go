@@ -93,7 +93,9 @@ func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st reb
 				}
 				return saleWindow(&spec, r.now()).Gate
 			},
-			Begun: run.epoch.Store,
+			// The schedule of the spec Gate just read.
+			Schedule: func() (time.Time, time.Time) { return scheduleOf(&spec) },
+			Begun:    run.epoch.Store,
 		}
 		if failpoint != nil {
 			opts.BeforeFinish = func(shard int) { failpoint(obj.Namespace, obj.Name, shard) }

@@ -71,6 +71,10 @@ func (e *Engine) Rebuild(ctx context.Context, gate func() string) (RebuildReport
 type RebuildOptions struct {
 	// Gate returns the state the shards open in, asked once they are whole.
 	Gate func() string
+	// Schedule, when set, returns the sale's start and end (zero: none),
+	// asked right after Gate and written into the shards before they open
+	// (stock.Store.SetWindow): a shard that lost its data lost them too.
+	Schedule func() (start, end time.Time)
 	// Begun, when set, is told the epoch the rebuild rebuilds at once its
 	// start is recorded: from then on RebuildProgress speaks of this rebuild.
 	Begun func(epoch int64)
@@ -150,6 +154,12 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 		return rep, fmt.Errorf("rebuild: %w", err)
 	}
 	rep.Gate = o.Gate()
+	if o.Schedule != nil {
+		start, end := o.Schedule()
+		if _, err := e.store.SetWindow(ctx, start, end); err != nil {
+			return rep, fmt.Errorf("rebuild: writing the schedule: %w", err)
+		}
+	}
 	out, err := e.store.SetGateRebuilt(ctx, rep.Gate, c.Epoch)
 	if err == nil {
 		err = gateOutcome(out, c.Epoch)
