@@ -25,12 +25,19 @@ type inFlight struct {
 	n   atomic.Int64
 }
 
+// enter takes a place, or refuses when max are taken. Compare-and-swap, not
+// add-then-undo: a refused request's passing +1 would refuse another that had
+// a place.
 func (f *inFlight) enter() bool {
-	if n := f.n.Add(1); f.max > 0 && n > f.max {
-		f.n.Add(-1)
-		return false
+	for {
+		n := f.n.Load()
+		if f.max > 0 && n >= f.max {
+			return false
+		}
+		if f.n.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	return true
 }
 
 func (f *inFlight) leave() { f.n.Add(-1) }
