@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
 // observe reads the counts and the readiness of the children, for the
@@ -21,13 +22,23 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 		return true, nil
 	}
 	s.counts, s.countsAt, s.gate = &counts, r.now(), s.window.Gate
+	if s.gate == engine.StateOpen {
+		// The shards refuse outside the schedule by the Redis clock, open
+		// gate or not (reserve.lua): a manager whose clock runs ahead of it
+		// opened them early, one behind has not ended them yet.
+		if now, err := s.conn.engine.Gates().Now(ctx); err == nil {
+			if g := saleWindow(&s.fs.Spec, now).Gate; g == engine.StateNotStarted || g == engine.StateEnded {
+				s.gate = g
+			}
+		}
+	}
 	ready, reason, msg, err := r.childrenReady(ctx, s.fs)
 	if err != nil {
 		return true, err
 	}
 	s.children = &readiness{ready: ready, reason: reason, message: msg}
 	// The refresh follows the phase the counts give.
-	switch salePhase(s.window.Gate, counts.Available, max(counts.Reserved, counts.Pending)) {
+	switch salePhase(s.gate, counts.Available, max(counts.Reserved, counts.Pending)) {
 	case flashsalev1alpha1.PhaseCompleted:
 		s.requeueAfter(idleRefresh)
 	case flashsalev1alpha1.PhaseScheduled:

@@ -2,12 +2,15 @@ package controllers_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
@@ -56,7 +59,8 @@ func TestTheSaleEndsOnTimeWithoutTheOperator(t *testing.T) {
 }
 
 // A manager whose clock runs ahead opens the gate before the start; the
-// shards' schedule keeps the sale closed until the start by the Redis clock.
+// shards' schedule keeps the sale closed until the start by the Redis clock,
+// and the status says so: Scheduled, not admitting.
 func TestAManagerClockAheadDoesNotOpenEarly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
@@ -64,10 +68,17 @@ func TestAManagerClockAheadDoesNotOpenEarly(t *testing.T) {
 	e.startController()
 	start := time.Now().Add(30 * time.Minute).Truncate(time.Second)
 	e.apply(e.sale("early-clock", 50).schedule(start, start.Add(time.Hour)))
-	fs := e.waitFor("early-clock", settle, "Open by the manager's clock", phaseIs(flashsalev1alpha1.PhaseOpen))
+	fs := e.waitFor("early-clock", settle, "seeded", func(fs *flashsalev1alpha1.FlashSale) bool { return fs.Status.Epoch > 0 })
 	eng := e.engineFor(fs, sharedRedis.Addr())
+	testharness.Eventually(t, settle, "every gate OPEN by the manager's clock", func() bool {
+		states, err := eng.Gates().ShardStates(context.Background())
+		return err == nil && !slices.ContainsFunc(states, func(st stock.ShardState) bool { return st.State != stock.StateOpen })
+	})
 	r, err := eng.Reserve(context.Background(), "early", "r", 1)
 	if err != nil || r.Outcome != "CLOSED" || r.Reason != stock.StateNotStarted {
 		t.Fatalf("half an hour before the start: %+v %v, want CLOSED %s", r, err, stock.StateNotStarted)
 	}
+	e.waitFor("early-clock", settle, "reported as the shards answer", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseScheduled && conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse)
+	})
 }

@@ -152,6 +152,10 @@ func (g *Gates) SetWindow(ctx context.Context, start, end time.Time) ([]int, err
 	return g.store.SetWindow(ctx, start, end)
 }
 
+// Now is the Redis server's clock, by which the reserve script enforces the
+// sale's schedule.
+func (g *Gates) Now(ctx context.Context) (time.Time, error) { return g.store.Now(ctx) }
+
 // End writes ENDED on every shard that has a meta, whatever its epoch.
 func (g *Gates) End(ctx context.Context) error {
 	_, err := g.store.SetGate(ctx, stock.StateEnded, 0)
