@@ -187,7 +187,7 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 func writeSchedule(ctx context.Context, s *scope, store *engine.Gates, states []engine.ShardState) error {
 	start, end := scheduleOf(&s.fs.Spec)
 	for _, st := range states {
-		if st.Present && (st.WindowStart != unixMilli(start) || st.WindowEnd != unixMilli(end)) {
+		if st.Present && !st.HasWindow(start, end) {
 			_, err := store.SetWindow(ctx, start, end)
 			return err
 		}

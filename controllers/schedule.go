@@ -27,15 +27,6 @@ func scheduleOf(spec *flashsalev1alpha1.FlashSaleSpec) (start, end time.Time) {
 	return start, end
 }
 
-// unixMilli is t in ms since the epoch, 0 for the zero time, as the shards'
-// meta records a window (stock.ShardState).
-func unixMilli(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMilli()
-}
-
 // saleWindow is a pure function of the spec and the clock, so it is table-tested and
 // the gates flip within a requeue of the schedule edges.
 func saleWindow(spec *flashsalev1alpha1.FlashSaleSpec, now time.Time) window {

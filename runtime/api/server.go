@@ -432,17 +432,16 @@ const (
 // process's clock).
 func saleStatus(shards []stock.ShardState, available int64, now time.Time) string {
 	state := stock.StateOpen
-	ms := now.UnixMilli()
 	for _, sh := range shards {
 		switch {
 		case !sh.Present || sh.State == stock.StateRebuilding || sh.Unverified:
 			return StatusClosed
 		case sh.State != stock.StateOpen:
 			state = sh.State
-		case sh.WindowEnd != 0 && ms >= sh.WindowEnd:
-			state = stock.StateEnded
-		case ms < sh.WindowStart:
-			state = stock.StateNotStarted
+		default:
+			if why := sh.OutsideWindow(now); why != "" {
+				state = why
+			}
 		}
 	}
 	switch state {

@@ -116,7 +116,7 @@ func (s *Store) SetWindow(ctx context.Context, start, end time.Time) ([]int, err
 		if t.IsZero() {
 			return ""
 		}
-		return strconv.FormatInt(t.UnixMilli(), 10)
+		return strconv.FormatInt(windowMs(t), 10)
 	}
 	from, until := ms(start), ms(end)
 	out := make([]int, len(s.shards))

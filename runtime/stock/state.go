@@ -52,6 +52,34 @@ type ShardState struct {
 	Unverified bool
 }
 
+// windowMs is t as a shard's meta records a window edge: ms since the
+// epoch, 0 for none (the zero time).
+func windowMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// HasWindow reports whether the shard's meta holds this schedule (zero
+// times: no bound), as SetWindow writes it.
+func (st ShardState) HasWindow(start, end time.Time) bool {
+	return st.WindowStart == windowMs(start) && st.WindowEnd == windowMs(end)
+}
+
+// OutsideWindow is how the reserve script refuses at now by the shard's
+// window (reserve.lua's outside): StateEnded past its end, StateNotStarted
+// before its start, "" inside it.
+func (st ShardState) OutsideWindow(now time.Time) string {
+	switch ms := now.UnixMilli(); {
+	case st.WindowEnd != 0 && ms >= st.WindowEnd:
+		return StateEnded
+	case ms < st.WindowStart:
+		return StateNotStarted
+	}
+	return ""
+}
+
 // State reads every shard's stock and meta in one pipeline, then the run id and
 // master_replid of each server holding a meta that records one (one INFO per server): cheap
 // enough to run every few seconds during a storm.

@@ -94,3 +94,28 @@ func TestTheWindowClosesAnOpenShardByTheRedisClock(t *testing.T) {
 		}
 	})
 }
+
+// The window's edges as the reserve script draws them: ENDED from the end's
+// millisecond on, NOT_STARTED before the start's; a zero time is no bound.
+func TestOutsideWindowEdges(t *testing.T) {
+	start, end := time.UnixMilli(1_000_000), time.UnixMilli(2_000_000)
+	st := stock.ShardState{WindowStart: start.UnixMilli(), WindowEnd: end.UnixMilli()}
+	for _, tc := range []struct {
+		st   stock.ShardState
+		at   time.Time
+		want string
+	}{
+		{st, start.Add(-time.Millisecond), stock.StateNotStarted},
+		{st, start, ""},
+		{st, end.Add(-time.Millisecond), ""},
+		{st, end, stock.StateEnded},
+		{stock.ShardState{}, time.UnixMilli(1), ""},
+	} {
+		if got := tc.st.OutsideWindow(tc.at); got != tc.want {
+			t.Errorf("%+v at %d: %q, want %q", tc.st, tc.at.UnixMilli(), got, tc.want)
+		}
+	}
+	if !st.HasWindow(start, end) || st.HasWindow(start, time.Time{}) || !(stock.ShardState{}).HasWindow(time.Time{}, time.Time{}) {
+		t.Error("HasWindow does not compare the edges as SetWindow records them")
+	}
+}
