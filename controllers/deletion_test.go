@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -292,5 +293,40 @@ func TestDeletionAfterARestartWithTheLedgerDown(t *testing.T) {
 	e.waitGone("restarted", 30*time.Second)
 	if n, err := store.DeleteAll(ctx); err != nil || n != 0 {
 		t.Fatalf("%d Redis keys left (%v)", n, err)
+	}
+}
+
+// A sale deleted after its Redis or ledger Secret was changed to values that
+// do not connect: the pods go on selling with the values they started with,
+// so the deletion ends the sale and cleans it up with the connections the
+// operator opened before, as the reconcile goes on using them.
+func TestDeletionAfterSecretsThatDoNotConnect(t *testing.T) {
+	t.Parallel()
+	dead := func() string {
+		port, err := testharness.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	for _, c := range []struct{ sale, secret, key, value, reason string }{
+		{"rotated-redis", "shop-redis", "addresses", dead(), controllers.ReasonRedisUnreachable},
+		{"rotated-ledger", "shop-ledger", "dsn", "postgres://flashsale@" + dead() + "/flashsale?sslmode=disable&connect_timeout=2", controllers.ReasonLedgerUnreachable},
+	} {
+		t.Run(c.secret, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, sharedRedis.Addr(), sharedPG)
+			e.startController()
+			fs := e.openSale(c.sale, 10)
+			e.setSecret(c.secret, c.key, c.value)
+			e.waitFor(c.sale, settle, c.reason, reasonIs(flashsalev1alpha1.ConditionReady, c.reason))
+			if err := k8s.Delete(context.Background(), fs); err != nil {
+				t.Fatal(err)
+			}
+			e.waitGone(c.sale, settle)
+			if !cleanedUp(t, e, sharedRedis.Addr(), fs) {
+				t.Fatal("the deleted sale kept its Redis keys or ledger campaign")
+			}
+		})
 	}
 }

@@ -86,6 +86,13 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
 			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: idSecret(refs),
 		})
+		if err != nil && cached != nil {
+			// Secrets changed to values that do not connect: the pods still
+			// sell with the values they started with, and the connections
+			// opened before (the ones connect kept) end the sale and clean
+			// it up.
+			conn, err = cached, nil
+		}
 		var le *ledgerError
 		if errors.As(err, &le) {
 			// The deletion waits for the ledger; the sale is ended meanwhile,
