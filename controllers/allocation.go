@@ -17,6 +17,12 @@ import (
 func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bool, error) {
 	eng := s.conn.engine
 	want := s.fs.Spec.Allocation
+	// Reads work on a ledger that takes no writes (a standby, a demoted
+	// primary): it is asked whether it does before it is called healthy.
+	if err := eng.PingLedger(ctx); err != nil {
+		r.unhealthy(s, classify(err))
+		return true, nil
+	}
 	inEffect, err := eng.Allocation(ctx)
 	if err != nil {
 		r.unhealthy(s, classify(err))

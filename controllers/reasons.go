@@ -37,10 +37,14 @@ const (
 	// ReasonRedisEvictionPolicy: a server holding shards may evict keys.
 	ReasonRedisEvictionPolicy = "RedisEvictionPolicy"
 	// ReasonEvictionPolicy is RedisHealthy's reason for the same.
-	ReasonEvictionPolicy    = "EvictionPolicy"
-	ReasonForbidden         = "Forbidden"
-	ReasonRedisForbidden    = "RedisForbidden"
-	ReasonLedgerForbidden   = "LedgerForbidden"
+	ReasonEvictionPolicy  = "EvictionPolicy"
+	ReasonForbidden       = "Forbidden"
+	ReasonRedisForbidden  = "RedisForbidden"
+	ReasonLedgerForbidden = "LedgerForbidden"
+	// ReasonReadOnly: the ledger answers but takes no writes (LedgerHealthy);
+	// ReasonLedgerReadOnly is Ready's reason and the event's for the same.
+	ReasonReadOnly          = "ReadOnly"
+	ReasonLedgerReadOnly    = "LedgerReadOnly"
 	ReasonMismatch          = "Mismatch"
 	ReasonLedgerMismatch    = "LedgerMismatch"
 	ReasonUnhealthy         = "Unhealthy"

@@ -78,6 +78,7 @@ func (s *scope) healthEvents(before []metav1.Condition) {
 			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported}},
 		{flashsalev1alpha1.ConditionLedgerHealthy, ReasonLedgerRecovered, map[string]string{
 			ReasonUnreachable: ReasonLedgerUnreachable, ReasonMigrating: ReasonLedgerMigrating, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid,
+			ReasonReadOnly:    ReasonLedgerReadOnly,
 			ReasonCountsDrift: ReasonLedgerCountsDrift}},
 	} {
 		was := meta.FindStatusCondition(before, h.typ)

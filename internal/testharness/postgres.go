@@ -152,6 +152,51 @@ func (pg *Postgres) DSN(db string) string {
 // AdminDSN returns the DSN of the "postgres" database as the superuser.
 func (pg *Postgres) AdminDSN() string { return pg.DSN("postgres") }
 
+// SetReadOnly makes the server refuse writes in every session, open ones
+// too, as a primary demoted in a switchover does
+// (default_transaction_read_only, reloaded), or take them again; it returns
+// once a new session sees the setting.
+func (pg *Postgres) SetReadOnly(on bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.AdminDSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	set, want := "ALTER SYSTEM RESET default_transaction_read_only", "off"
+	if on {
+		set, want = "ALTER SYSTEM SET default_transaction_read_only = on", "on"
+	}
+	for _, q := range []string{set, "SELECT pg_reload_conf()"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	// The reload is signalled: a session sees it before its next query, but
+	// only once the postmaster has passed it on.
+	for {
+		c, err := pgx.Connect(ctx, pg.AdminDSN())
+		if err != nil {
+			return err
+		}
+		var v string
+		err = c.QueryRow(ctx, "SHOW default_transaction_read_only").Scan(&v)
+		_ = c.Close(context.Background())
+		switch {
+		case err != nil:
+			return err
+		case v == want:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("default_transaction_read_only still %s: %w", v, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // NewDatabase creates a database with a name unique to this server and
 // returns its DSN.
 func (pg *Postgres) NewDatabase() (string, error) {

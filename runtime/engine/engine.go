@@ -117,7 +117,7 @@ type Engine struct {
 	soldOut  []atomic.Int64 // unix nanos until which a shard is taken as sold out
 	minEpoch atomic.Int64   // highest epoch seen: shards with an older meta are stale
 	stuck    stuckReplays   // replays found without a ledger row, and since when
-	// ledgerFailing: a ledger write failed and the ledger has not answered
+	// ledgerFailing: a ledger write failed and no writer's probe has passed
 	// since (see ledgerWrote).
 	ledgerFailing atomic.Bool
 	ownsLedger    bool          // opened by Dial: Close closes it
@@ -287,9 +287,14 @@ func (e *Engine) ledgerWrote(err error) {
 	}
 }
 
-// waitForLedger pings the ledger until it answers, then lets reservations
-// through again; in the background, so that a sale sold out or ended while
-// the ledger failed still gets its answers (no reservation would write).
+// waitForLedger asks the ledger until a batch would be written now (a
+// writer's probe: the server takes writes, no lock holds batches, a commit
+// returns), then lets reservations through again; in the background, so
+// that a sale sold out or ended while the ledger failed still gets its
+// answers (no reservation would write). A ping would pass while every write
+// is refused (a read-only server) or hangs (a table lock, a commit waiting
+// for a lost synchronous standby), and each wave let through would take
+// units only to give them back, or hold them until they expire.
 func (e *Engine) waitForLedger() {
 	tick := time.NewTicker(ledgerPingEvery)
 	defer tick.Stop()
@@ -300,7 +305,7 @@ func (e *Engine) waitForLedger() {
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 4*ledgerPingEvery)
-		err := e.ledger.Ping(ctx)
+		err := e.mat.ProbeWrite(ctx, e.cfg.CampaignID)
 		cancel()
 		if err == nil {
 			e.ledgerFailing.Store(false)

@@ -43,8 +43,13 @@ type openError struct{ err error }
 func (e *openError) Error() string   { return e.err.Error() }
 func (e *openError) Unwrap() []error { return []error{ErrLedger, e.err} }
 
-// PingLedger checks that PostgreSQL answers.
-func (e *Engine) PingLedger(ctx context.Context) error { return e.ledger.Ping(ctx) }
+// PingLedger checks that PostgreSQL answers and takes writes.
+func (e *Engine) PingLedger(ctx context.Context) error {
+	if err := e.ledger.Ping(ctx); err != nil {
+		return ledgerFailure("ping", err)
+	}
+	return nil
+}
 
 // PingRedis checks that Redis answers (every node, on a cluster).
 func (e *Engine) PingRedis(ctx context.Context) error { return e.store.Ping(ctx) }

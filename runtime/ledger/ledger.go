@@ -132,6 +132,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	// read, would wait that long.
 	dialer := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	cfg.ConnConfig.DialFunc = dialer.DialContext
+	connectReadWrite(cfg, dsn)
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName
 	}
@@ -141,6 +142,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if readOnly(err) {
+			return nil, fmt.Errorf("%w: %v", ErrReadOnly, err)
+		}
 		return nil, fmt.Errorf("ledger: ping: %w", err)
 	}
 	migs, err := loadMigrations()
@@ -161,14 +165,6 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 
 // Close closes the pool. Close any Materializer first.
 func (l *Ledger) Close() { l.pool.Close() }
-
-// Ping checks that PostgreSQL answers.
-func (l *Ledger) Ping(ctx context.Context) error {
-	if err := l.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("ledger: ping: %w", err)
-	}
-	return nil
-}
 
 // Pool exposes the connection pool (health checks, ad-hoc queries in tests).
 func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }

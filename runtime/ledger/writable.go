@@ -1,0 +1,126 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrReadOnly: PostgreSQL answers but takes no writes: a standby, or a
+// primary with default_transaction_read_only on (demoted in a switchover,
+// or made read-only by an administrator).
+var ErrReadOnly = errors.New("ledger: PostgreSQL takes no writes (a standby, or default_transaction_read_only is on)")
+
+// readOnlyTransaction is PostgreSQL's SQLSTATE for a write refused by a
+// read-only transaction.
+const readOnlyTransaction = "25006"
+
+// connectReadWrite makes every connection of cfg go to a server that takes
+// writes, unless the DSN or PGTARGETSESSIONATTRS says which to pick: with a
+// DSN naming several hosts (a Patroni cluster without a virtual IP), a
+// connection opened after a failover otherwise lands on a standby, where
+// reads work and every write is refused. A connection refused a write for
+// being read-only is closed, so that the pool opens its next one on the
+// server that takes writes now (a demoted primary keeps its sessions).
+func connectReadWrite(cfg *pgxpool.Config, dsn string) {
+	if !strings.Contains(dsn, "target_session_attrs") && os.Getenv("PGTARGETSESSIONATTRS") == "" {
+		cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
+	}
+	prev := cfg.ConnConfig.OnPgError
+	cfg.ConnConfig.OnPgError = func(c *pgconn.PgConn, e *pgconn.PgError) bool {
+		if e.Code == readOnlyTransaction {
+			return false // closed: the caller still gets the error
+		}
+		return prev == nil || prev(c, e)
+	}
+}
+
+// readOnly tells whether err says that the server takes no writes.
+func readOnly(err error) bool {
+	var pe *pgconn.PgError
+	return errors.Is(err, pgconn.ErrReadOnlyConnection) || errors.As(err, &pe) && pe.Code == readOnlyTransaction
+}
+
+// Ping checks that PostgreSQL answers and takes writes: a ledger that
+// answers reads alone cannot record a reservation.
+func (l *Ledger) Ping(ctx context.Context) error {
+	var ro string
+	err := l.pool.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro)
+	switch {
+	case readOnly(err):
+		return fmt.Errorf("%w: %v", ErrReadOnly, err)
+	case err != nil:
+		return fmt.Errorf("ledger: ping: %w", err)
+	case ro == "on":
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// ProbeWrite checks, on a writer's own connection, that a batch would be
+// written now: the server takes writes, nothing holds a lock a batch waits
+// for (the campaign's row, the orders table), and a commit that writes WAL
+// returns (one hangs on a full disk, or with a synchronous standby gone).
+// It changes no row. A ledger that only answers a ping can still hang or
+// refuse every batch.
+func (m *Materializer) ProbeWrite(ctx context.Context, campaignID string) error {
+	conn, err := m.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("ledger: probe: no connection: %w", err)
+	}
+	defer conn.Release()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{
+			{"SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR SHARE", []any{campaignID}},
+			{"LOCK TABLE flashsale_orders IN ROW EXCLUSIVE MODE", nil},
+			{"SELECT txid_current()", nil}, // the commit writes WAL, as a batch's does
+		} {
+			if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if readOnly(err) {
+		return fmt.Errorf("%w: %v", ErrReadOnly, err)
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: probe: %w", err)
+	}
+	return nil
+}
+
+// prepareWrites prepares a writer connection's statements when it opens: a
+// batch whose deadline ends while its statement is still being prepared
+// would otherwise be "outcome unknown" (ErrAmbiguous) with its insert never
+// sent, and its units held until they expire. Not with a DSN that asks for
+// another query mode than pgx's default (a pooler in transaction mode keeps
+// no prepared statement).
+func prepareWrites(cfg *pgxpool.Config) {
+	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return
+	}
+	prev := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if prev != nil {
+			if err := prev(ctx, c); err != nil {
+				return err
+			}
+		}
+		for _, q := range []string{sqlInsertPending, sqlInsertPendingSkipDuplicates} {
+			if _, err := c.Prepare(ctx, q, q); err != nil {
+				return fmt.Errorf("ledger: preparing the writer's statements: %w", err)
+			}
+		}
+		return nil
+	}
+}
