@@ -149,9 +149,6 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 			s.fs.Spec.Allocation, resolve(s.fs).shards, rep.Epoch, why)
 		return false
 	}
-	if run.firstSeed {
-		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
-	}
 	rb := engine.RebuildRecord{Time: s.now, Reason: truncate(why, 256), Epoch: rep.Epoch,
 		Available: rep.Available, Reserved: rep.Reserved, Sold: rep.Sold, Restored: rep.Restored, Duration: rep.Duration}
 	if why == "" {
@@ -161,8 +158,16 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 	// reconcile, or another operator, must not take them for restarted
 	// and rebuild again, whatever status it reads.
 	if err := s.conn.engine.RecordRebuild(ctx, rb, run.servers); err != nil {
+		// The run is kept until it is recorded: forgotten, the ledger would
+		// still say the sale failed closed, and the next reconcile would
+		// rebuild it again (closed meanwhile, a new epoch refusing the
+		// reservations of this one), recording a reason that is not why.
+		s.conn.rebuild.CompareAndSwap(nil, run)
 		r.unhealthy(s, classify(err))
 		return true
+	}
+	if run.firstSeed {
+		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "Redis lost the sale's state (%s) before the operator recorded it as seeded; rebuilt from the ledger", why)
 	}
 	s.lastRebuild = rebuildStatus(&rb)
 	s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
