@@ -54,8 +54,11 @@ type Config struct {
 	// AdmissionKeyPrevious, when set, is taken too: the key a rotation
 	// replaces (config.AdmissionKeyPrevious).
 	AdmissionKeyPrevious []byte
-	Metrics              *Metrics     // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
-	Logger               *slog.Logger // nil: discard
+	// AdmissionKeyPreviousAlt is to AdmissionKeyPrevious what
+	// AdmissionKeyAlt is to AdmissionKey (config.AdmissionKeyPreviousAsSet).
+	AdmissionKeyPreviousAlt []byte
+	Metrics                 *Metrics     // nil: NewMetrics(); one server per Metrics (it adds its stock gauges)
+	Logger                  *slog.Logger // nil: discard
 
 	Addr string // for Start; default ":8080"
 	// MetricsElsewhere leaves /metrics off the API's routes: the caller serves
@@ -187,13 +190,13 @@ func New(cfg Config) (*Server, error) {
 		deadlines: newRequestDeadlines(cfg.RequestTimeout),
 	}
 	s.inFlight.max = int64(max(cfg.MaxInFlight, 0))
-	for i, key := range [][]byte{cfg.AdmissionKey, cfg.AdmissionKeyAlt, cfg.AdmissionKeyPrevious} {
+	for i, key := range [][]byte{cfg.AdmissionKey, cfg.AdmissionKeyAlt, cfg.AdmissionKeyPrevious, cfg.AdmissionKeyPreviousAlt} {
 		if i > 0 && len(key) == 0 {
 			continue
 		}
 		v, err := admission.NewVerifier(key)
 		if err != nil {
-			return nil, fmt.Errorf("api: the %s: %w", [...]string{"admission key", "alternative admission key", "previous admission key"}[i], err)
+			return nil, fmt.Errorf("api: the %s: %w", [...]string{"admission key", "alternative admission key", "previous admission key", "alternative previous admission key"}[i], err)
 		}
 		s.verifiers = append(s.verifiers, v)
 	}

@@ -432,11 +432,18 @@ func TestSlowLedgerAnswerNotCutOff(t *testing.T) {
 
 // An admission key that ends in a newline (a Secret made from a file) is taken
 // both ways: tokens signed with the key as stored and with the key stripped, as
-// tools that read it from a file sign them. Other keys are still refused.
+// tools that read it from a file sign them; the previous key of a rotation
+// likewise. Other keys are still refused.
 func TestAdmissionKeyWithAndWithoutItsNewline(t *testing.T) {
 	stored := append(append([]byte{}, testKey...), '\n')
-	f := newFixture(t, func(c *fixtureConfig) { c.api.AdmissionKeyAlt = stored })
-	for name, key := range map[string][]byte{"stripped": testKey, "as stored": stored} {
+	previous := []byte("the-old-key-0123456789")
+	previousStored := append(append([]byte{}, previous...), '\n')
+	f := newFixture(t, func(c *fixtureConfig) {
+		c.api.AdmissionKeyAlt = stored
+		c.api.AdmissionKeyPrevious, c.api.AdmissionKeyPreviousAlt = previous, previousStored
+	})
+	for name, key := range map[string][]byte{"stripped": testKey, "as stored": stored,
+		"previous stripped": previous, "previous as stored": previousStored} {
 		tok, err := admission.Mint(key, testSKU, "nadia-"+name, time.Minute, time.Now())
 		if err != nil {
 			t.Fatal(err)

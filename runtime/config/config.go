@@ -113,7 +113,11 @@ type Campaign struct {
 	// AdmissionKeyPrevious, when set, is taken too: the key a rotation
 	// replaces, for the tokens the waiting room signed with it.
 	AdmissionKeyPrevious []byte
-	IDKey                []byte // the reservation ids' key; none: derived from the admission key
+	// AdmissionKeyPreviousAsSet is the previous key as the variable held
+	// it, when that ended in CR or LF: a rotation copies the old key's bytes
+	// as stored, and a waiting room that signed with them before still does.
+	AdmissionKeyPreviousAsSet []byte
+	IDKey                     []byte // the reservation ids' key; none: derived from the admission key
 
 	// WithoutAdmissionKey is set by roles that neither check admission tokens nor
 	// make reservations (the sweeper): Complete does not read the key, so their
@@ -184,6 +188,9 @@ func (c *Campaign) Complete() error {
 		errs = append(errs, err)
 		if previous != "" {
 			c.AdmissionKeyPrevious = []byte(previous)
+			if raw := os.Getenv(EnvAdmissionKeyPrevious); raw != previous && raw != "" {
+				c.AdmissionKeyPreviousAsSet = []byte(raw)
+			}
 			if len(previous) < 16 {
 				errs = append(errs, fmt.Errorf("the previous admission key (%s or %s%s) must be at least 16 bytes", EnvAdmissionKeyPrevious, EnvAdmissionKeyPrevious, FileSuffix))
 			}

@@ -158,6 +158,16 @@ func TestSecretFromVariableAndFileAgree(t *testing.T) {
 	if got := fromVar.EngineConfig().IDSecret; string(got) != string(DeriveIDSecret([]byte("from-a-file-0123456789\r\n"))) {
 		t.Fatal("the derived id key changed with the stripping")
 	}
+	// So is the previous key's during a rotation: its bytes are copied as
+	// stored into the .previous key.
+	env[EnvAdmissionKeyPrevious] = "the-old-key-0123456789\n"
+	rotating, err := parse(t, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rotating.AdmissionKeyPrevious) != "the-old-key-0123456789" || string(rotating.AdmissionKeyPreviousAsSet) != "the-old-key-0123456789\n" {
+		t.Fatalf("previous: %q, as set: %q", rotating.AdmissionKeyPrevious, rotating.AdmissionKeyPreviousAsSet)
+	}
 }
 
 func TestBadConfigurationIsNamed(t *testing.T) {

@@ -261,6 +261,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	cfg.Engine, cfg.AdmissionKey, cfg.Metrics, cfg.Logger, cfg.Addr = eng, c.AdmissionKey, metrics, log, opts.Listen
 	cfg.AdmissionKeyAlt = c.AdmissionKeyAsSet
 	cfg.AdmissionKeyPrevious = c.AdmissionKeyPrevious
+	cfg.AdmissionKeyPreviousAlt = c.AdmissionKeyPreviousAsSet
 	cfg.MetricsElsewhere = opts.MetricsListen != ""
 	srv, err := api.New(cfg)
 	if err != nil {
