@@ -34,6 +34,9 @@ package controllers
 // The event recorder writes events.k8s.io events (leader election has its
 // own Role).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// Whether the install that manages a sale is still there (AnnotationOperator):
+// its leader election Lease, read, never written.
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get
 
 // The metrics endpoint asks the API server who a caller is and whether it may
 // get /metrics (--metrics-secure).

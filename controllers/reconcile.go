@@ -72,6 +72,11 @@ type FlashSaleReconciler struct {
 	StatusRefresh time.Duration // while a sale is live
 	PhaseTimeout  time.Duration // DefaultPhaseTimeout when 0
 	CountsStamp   time.Duration // DefaultCountsStamp when 0
+	// Install names this operator install by its leader election Lease
+	// (namespace/name) in the sales it manages (AnnotationOperator); empty,
+	// it claims none and manages every sale it reconciles.
+	Install    string
+	OwnerStale time.Duration // DefaultOwnerStale when 0
 
 	conns connections
 	locks saleLocks
@@ -90,6 +95,9 @@ type FlashSaleReconciler struct {
 	// written resets it.
 	conflicts     workqueue.TypedRateLimiter[reconcile.Request]
 	conflictsOnce sync.Once
+	// conflictsTold: the sales (UID and owner) another install manages that
+	// this one said so for, once each.
+	conflictsTold sync.Map
 }
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.
@@ -103,6 +111,9 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
+	}
+	if mine, res, err := r.claim(ctx, fs); !mine {
+		return res, err
 	}
 	if !fs.DeletionTimestamp.IsZero() {
 		err := r.finalize(ctx, fs)

@@ -101,6 +101,10 @@ type env struct {
 	statusRefresh time.Duration
 	// rebuildFailpoint, when set, runs before each shard of a rebuild is finished.
 	rebuildFailpoint func(namespace, name string, shard int)
+	// install, image and ownerStale, when set, are the next controller's
+	// (startController).
+	install, image string
+	ownerStale     time.Duration
 }
 
 // testClient counts the Updates of Deployments that go through it, and can
@@ -197,7 +201,9 @@ func (e *env) startController() (stop func()) {
 	r := &controllers.FlashSaleReconciler{
 		Client:        testClient{mgr.GetClient(), &e.deploymentUpdates, &e.stale},
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
-		Image:         "flashsale-operator:test",
+		Image:         cmp.Or(e.image, "flashsale-operator:test"),
+		Install:       e.install,
+		OwnerStale:    e.ownerStale,
 		StatusRefresh: cmp.Or(e.statusRefresh, time.Second),
 		PhaseTimeout:  e.phaseTimeout,
 		Clock:         e.clock,

@@ -217,6 +217,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Image:         opts.Image,
 		StatusRefresh: opts.StatusRefresh,
 		PhaseTimeout:  opts.PhaseTimeout,
+		Install:       installName(opts.LeaderElectionNamespace),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FlashSale controller: %w", err)
 	}
@@ -237,6 +238,23 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// serviceAccountNamespace is where a pod's namespace is mounted; leader
+// election puts its Lease there unless --leader-election-namespace says.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// installName is this install's name in the sales it manages
+// (controllers.AnnotationOperator): its leader election Lease, in ns, else
+// in the pod's namespace; outside a cluster, a name without a namespace,
+// which has no Lease.
+func installName(ns string) string {
+	if ns == "" {
+		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
+			ns = strings.TrimSpace(string(b))
+		}
+	}
+	return ns + "/" + LeaderElectionID
 }
 
 func envOr(name, def string) string {

@@ -1,0 +1,117 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+)
+
+// AnnotationOperator names the operator install that manages a sale, as
+// the namespace and name of its leader election Lease. Two installs that
+// both watch a sale's namespace (an old one left behind, a second release
+// of the chart) would otherwise both reconcile it: each writes its own
+// image into the sale's Deployments, a rollout at every write, in a loop.
+// The first install claims the sale; another leaves it alone while the
+// owner's Lease is renewed, and takes it over once it has not been for
+// DefaultOwnerStale. Deleting the annotation hands the sale to whichever
+// install reconciles it next.
+const AnnotationOperator = "flashsale.dev/operator"
+
+// DefaultOwnerStale is how long an owner's Lease may go unrenewed before
+// another install takes its sales over: long enough that a rolling upgrade
+// of the owner (its new pod takes the Lease within seconds) is no handover.
+const DefaultOwnerStale = time.Minute
+
+// ownerRecheck is how often an install that leaves a sale to another looks
+// again whether the owner is still there.
+const ownerRecheck = 30 * time.Second
+
+// ReasonOperatorConflict: another install manages the sale (an event of
+// the install that leaves it alone); ReasonOperatorChanged: this install
+// took a sale over from one whose Lease went stale.
+const (
+	ReasonOperatorConflict = "OperatorConflict"
+	ReasonOperatorChanged  = "OperatorChanged"
+)
+
+// claim reports whether this install manages fs, claiming it when no
+// install does or its owner is gone. When not, the result says when to
+// look again.
+func (r *FlashSaleReconciler) claim(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (bool, ctrl.Result, error) {
+	owner := fs.Annotations[AnnotationOperator]
+	if r.Install == "" || owner == r.Install {
+		return true, ctrl.Result{}, nil
+	}
+	if owner != "" {
+		if live, why := r.ownerLive(ctx, owner); live {
+			key := string(fs.UID) + "|" + owner
+			if _, told := r.conflictsTold.LoadOrStore(key, true); !told {
+				r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonOperatorConflict, "Skip",
+					"the operator install %s manages this sale (%s); install %s leaves it alone", owner, why, r.Install)
+			}
+			return false, ctrl.Result{RequeueAfter: min(ownerRecheck, r.ownerStale()/2)}, nil
+		}
+	}
+	before := fs.DeepCopy()
+	if fs.Annotations == nil {
+		fs.Annotations = map[string]string{}
+	}
+	fs.Annotations[AnnotationOperator] = r.Install
+	if err := r.Patch(ctx, fs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return false, ctrl.Result{}, err // a conflict: another install claimed it first, looked at again
+	}
+	if owner != "" {
+		r.Recorder.Eventf(fs, nil, corev1.EventTypeNormal, ReasonOperatorChanged, "Claim",
+			"install %s manages this sale now: the Lease of install %s has not been renewed for %s", r.Install, owner, r.ownerStale())
+	}
+	return true, ctrl.Result{}, nil
+}
+
+// ownerLive tells whether the install owner (its Lease's namespace/name)
+// renewed its Lease within ownerStale, and says how it knows. A Lease that
+// cannot be read (no permission across namespaces) is taken for live: a
+// handover that may be wrong is the loop the annotation is there to stop.
+func (r *FlashSaleReconciler) ownerLive(ctx context.Context, owner string) (bool, string) {
+	ns, name, ok := strings.Cut(owner, "/")
+	if !ok || ns == "" || name == "" {
+		// A manager outside a cluster without leader election has no Lease.
+		return false, "it has no Lease"
+	}
+	lease := &coordinationv1.Lease{}
+	err := r.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, lease)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, "its Lease is gone"
+	case err != nil:
+		return true, fmt.Sprintf("its Lease cannot be read: %v", err)
+	}
+	renewed := lease.Spec.RenewTime
+	if renewed == nil {
+		renewed = lease.Spec.AcquireTime
+	}
+	if renewed == nil {
+		return false, "its Lease was never renewed"
+	}
+	age := r.now().Sub(renewed.Time)
+	if age > r.ownerStale() {
+		return false, fmt.Sprintf("its Lease was last renewed %s ago", age.Round(time.Second))
+	}
+	return true, fmt.Sprintf("its Lease was renewed %s ago", max(age, 0).Round(time.Second))
+}
+
+func (r *FlashSaleReconciler) ownerStale() time.Duration {
+	if r.OwnerStale > 0 {
+		return r.OwnerStale
+	}
+	return DefaultOwnerStale
+}
