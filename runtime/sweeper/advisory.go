@@ -25,10 +25,13 @@ const (
 	// given up after 20 s: the lock goes within about half a minute. A DSN
 	// that sets any of these keeps its own values (they are sent at connect),
 	// and a server without one (tcp_user_timeout is PostgreSQL 12's) is not
-	// asked to set it.
+	// asked to set it. The session is idle between passes by design: an
+	// idle_session_timeout a DBA set on the role or database (PostgreSQL
+	// 14's) would end it, and the lock with it, between every two passes.
 	sqlProbeSession = `SELECT set_config(name, value, false)
 FROM (VALUES ('tcp_keepalives_idle', '10'), ('tcp_keepalives_interval', '5'),
-             ('tcp_keepalives_count', '3'), ('tcp_user_timeout', '20000')) AS s(name, value)
+             ('tcp_keepalives_count', '3'), ('tcp_user_timeout', '20000'),
+             ('idle_session_timeout', '0')) AS s(name, value)
 WHERE NOT name = ANY($1::text[]) AND name IN (SELECT name FROM pg_settings)`
 )
 

@@ -3,6 +3,7 @@ package sweeper
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -131,5 +132,32 @@ func TestAdvisoryLockSessionIsProbed(t *testing.T) {
 		if err := a.Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// An idle_session_timeout set on the database (or the role) does not end
+// the lock's session between two passes: the leader keeps leading instead
+// of losing the lock, and a pass, every other time.
+func TestAdvisoryLockOutlivesIdleSessionTimeout(t *testing.T) {
+	dsn, err := sharedPG.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET idle_session_timeout = ''1s''', current_database()); END $$"); err != nil {
+		t.Fatal(err)
+	}
+	a := newLock(t, dsn, "c-idle")
+	if !acquire(t, a) {
+		t.Fatal("no leader")
+	}
+	time.Sleep(2500 * time.Millisecond) // idle past the database's timeout
+	if ok, err := a.Acquire(ctx); !ok || err != nil {
+		t.Fatalf("after the session sat idle past idle_session_timeout: %v %v, want still leading", ok, err)
 	}
 }
