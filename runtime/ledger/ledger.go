@@ -71,7 +71,8 @@ const defaultApplicationName = "flashsale-ledger"
 const defaultConnectTimeout = 10 * time.Second
 
 // sqlUntimedTx lifts, for one transaction, the time limits a database or role
-// may set, for the work that outlives them: a rebuild's read (each query
+// may set, for the work that outlives them: a rebuild's start (its cancel of
+// the expired orders) and read (each query
 // streams while Redis is written, and the transaction that exported the
 // snapshot waits idle for the other readers) and a migration of millions of
 // rows. Cut, either would fail at every retry: the sale closed, the upgrade

@@ -67,6 +67,12 @@ func (l *Ledger) BeginRebuild(ctx context.Context, campaignID string, grace time
 	// snapshot from before the lock wait and miss batches that committed
 	// during it.
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		// Its cancel of the expired orders scans the campaign's pending ones
+		// and waits for their row locks: a database's or role's time limit
+		// would fail it at every retry, and keep the sale closed.
+		if _, err := tx.Exec(ctx, sqlUntimedTx); err != nil {
+			return err
+		}
 		var id string
 		if err := tx.QueryRow(ctx, sqlLockCampaign, campaignID).Scan(&id); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {

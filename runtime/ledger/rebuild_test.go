@@ -195,3 +195,37 @@ func TestRebuildAndSweeperCancelInOneLockOrder(t *testing.T) {
 		}
 	}
 }
+
+// A rebuild's start outlives a statement_timeout the database or role sets:
+// its cancel of the expired orders waits here for a row lock past it (as it
+// may scan millions of pending orders past it), and failing would fail
+// every retry, the sale closed all along.
+func TestBeginRebuildOutlivesAStatementTimeout(t *testing.T) {
+	t.Parallel()
+	l := openLedger(t, newDSN(t, testPG)+"&statement_timeout=200")
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10, 1)
+	expired := insertOrder(t, l, pendingOrder(c, "u", 0, 0), -time.Hour)
+	tx, err := l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM flashsale_orders WHERE reservation_id = $1 FOR UPDATE", expired.ReservationID); err != nil {
+		t.Fatal(err)
+	}
+	// Released well past the statement timeout: the rebuild waits for it.
+	released := time.AfterFunc(time.Second, func() { _ = tx.Rollback(context.Background()) })
+	defer func() {
+		if released.Stop() {
+			_ = tx.Rollback(context.Background())
+		}
+	}()
+	snap, err := l.BeginRebuild(ctx, c.ID, 0)
+	if err != nil {
+		t.Fatalf("a rebuild's start that waited past the statement timeout: %v", err)
+	}
+	if snap.Expired != 1 {
+		t.Fatalf("expired %d, want 1", snap.Expired)
+	}
+	mustStatus(t, l, expired.ReservationID, StatusCancelledBySweeper)
+}
