@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -45,22 +46,30 @@ const (
 )
 
 // claim reports whether this install manages fs, claiming it when no
-// install does or its owner is gone. When not, the result says when to
-// look again.
+// install does or its owner is gone. An install without a name (leader
+// election off: it has no Lease to be known by) claims nothing, and still
+// leaves alone a sale a live install owns. When not, the result says when
+// to look again.
 func (r *FlashSaleReconciler) claim(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (bool, ctrl.Result, error) {
 	owner := fs.Annotations[AnnotationOperator]
-	if r.Install == "" || owner == r.Install {
+	if owner == r.Install {
 		return true, ctrl.Result{}, nil
 	}
 	if owner != "" {
 		if live, why := r.ownerLive(ctx, owner); live {
+			// Its connections (and a rebuild on them) are the owner's
+			// business now.
+			r.conns.drop(types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name})
 			key := string(fs.UID) + "|" + owner
 			if _, told := r.conflictsTold.LoadOrStore(key, true); !told {
 				r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonOperatorConflict, "Skip",
-					"the operator install %s manages this sale (%s); install %s leaves it alone", owner, why, r.Install)
+					"the operator install %s manages this sale (%s); install %s leaves it alone", owner, why, orUnnamed(r.Install))
 			}
 			return false, ctrl.Result{RequeueAfter: min(ownerRecheck, r.ownerStale()/2)}, nil
 		}
+	}
+	if r.Install == "" {
+		return true, ctrl.Result{}, nil
 	}
 	before := fs.DeepCopy()
 	if fs.Annotations == nil {
@@ -72,9 +81,20 @@ func (r *FlashSaleReconciler) claim(ctx context.Context, fs *flashsalev1alpha1.F
 	}
 	if owner != "" {
 		r.Recorder.Eventf(fs, nil, corev1.EventTypeNormal, ReasonOperatorChanged, "Claim",
-			"install %s manages this sale now: the Lease of install %s has not been renewed for %s", r.Install, owner, r.ownerStale())
+			"install %s manages this sale now: install %s is gone (its Lease was not renewed for %s, or is gone)", r.Install, owner, r.ownerStale())
 	}
 	return true, ctrl.Result{}, nil
+}
+
+func orUnnamed(install string) string { return cmp.Or(install, "(unnamed: no leader election)") }
+
+// leaseSeen is a Lease's renew time as this install last saw it change,
+// and when, by this install's clock: a Lease is stale once it has not
+// changed for ownerStale as this install counts, whatever the owner's clock
+// says (as client-go's leader election judges a Lease).
+type leaseSeen struct {
+	renewed string
+	at      time.Time
 }
 
 // ownerLive tells whether the install owner (its Lease's namespace/name)
@@ -84,7 +104,6 @@ func (r *FlashSaleReconciler) claim(ctx context.Context, fs *flashsalev1alpha1.F
 func (r *FlashSaleReconciler) ownerLive(ctx context.Context, owner string) (bool, string) {
 	ns, name, ok := strings.Cut(owner, "/")
 	if !ok || ns == "" || name == "" {
-		// A manager outside a cluster without leader election has no Lease.
 		return false, "it has no Lease"
 	}
 	lease := &coordinationv1.Lease{}
@@ -95,18 +114,21 @@ func (r *FlashSaleReconciler) ownerLive(ctx context.Context, owner string) (bool
 	case err != nil:
 		return true, fmt.Sprintf("its Lease cannot be read: %v", err)
 	}
-	renewed := lease.Spec.RenewTime
-	if renewed == nil {
-		renewed = lease.Spec.AcquireTime
+	renewed := ""
+	if t := cmp.Or(lease.Spec.RenewTime, lease.Spec.AcquireTime); t != nil {
+		renewed = t.UTC().Format(time.RFC3339Nano)
 	}
-	if renewed == nil {
-		return false, "its Lease was never renewed"
+	now := r.now()
+	seen := leaseSeen{renewed: renewed, at: now}
+	if v, ok := r.leasesSeen.Load(owner); ok && v.(leaseSeen).renewed == renewed {
+		seen = v.(leaseSeen)
+	} else {
+		r.leasesSeen.Store(owner, seen)
 	}
-	age := r.now().Sub(renewed.Time)
-	if age > r.ownerStale() {
-		return false, fmt.Sprintf("its Lease was last renewed %s ago", age.Round(time.Second))
+	if still := now.Sub(seen.at); still > r.ownerStale() {
+		return false, fmt.Sprintf("its Lease has not been renewed for %s", still.Round(time.Second))
 	}
-	return true, fmt.Sprintf("its Lease was renewed %s ago", max(age, 0).Round(time.Second))
+	return true, "its Lease is renewed"
 }
 
 func (r *FlashSaleReconciler) ownerStale() time.Duration {

@@ -113,4 +113,21 @@ func TestASecondInstallLeavesTheSaleAlone(t *testing.T) {
 	testharness.Eventually(t, settle, "the second install's image in the reserve Deployment", func() bool {
 		return image() == "flashsale-operator:b"
 	})
+
+	// An install without leader election has no Lease to be known by: it
+	// claims nothing, and leaves alone a sale a live install owns, rather
+	// than take it, find no Lease of its own, and be taken from, in a loop.
+	updates = e.deploymentUpdates.Load()
+	e.install, e.image = "", "flashsale-operator:c"
+	e.startController()
+	testharness.Eventually(t, settle, "an OperatorConflict event from the unnamed install", func() bool {
+		return countEvents(t, e.ns, "twice", controllers.ReasonOperatorConflict) >= 2
+	})
+	time.Sleep(e.ownerStale)
+	if got, n := image(), e.deploymentUpdates.Load()-updates; got != "flashsale-operator:b" || n != 0 {
+		t.Fatalf("with an unnamed install: the reserve Deployment runs %q after %d updates", got, n)
+	}
+	if fs := e.get("twice"); !ownedBy(b)(fs) {
+		t.Fatalf("owner %q", fs.Annotations[controllers.AnnotationOperator])
+	}
 }

@@ -74,7 +74,7 @@ type FlashSaleReconciler struct {
 	CountsStamp   time.Duration // DefaultCountsStamp when 0
 	// Install names this operator install by its leader election Lease
 	// (namespace/name) in the sales it manages (AnnotationOperator); empty,
-	// it claims none and manages every sale it reconciles.
+	// it claims none, and manages every sale no live install owns.
 	Install    string
 	OwnerStale time.Duration // DefaultOwnerStale when 0
 
@@ -98,6 +98,9 @@ type FlashSaleReconciler struct {
 	// conflictsTold: the sales (UID and owner) another install manages that
 	// this one said so for, once each.
 	conflictsTold sync.Map
+	// leasesSeen: the owners' Leases as this install last saw them change
+	// (ownerLive).
+	leasesSeen sync.Map
 }
 
 // Reconcile drives one FlashSale toward its spec. It never writes the spec.

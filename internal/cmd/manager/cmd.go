@@ -217,7 +217,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Image:         opts.Image,
 		StatusRefresh: opts.StatusRefresh,
 		PhaseTimeout:  opts.PhaseTimeout,
-		Install:       installName(opts.LeaderElectionNamespace),
+		Install:       installName(opts.LeaderElect, opts.LeaderElectionNamespace),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FlashSale controller: %w", err)
 	}
@@ -246,9 +246,12 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 
 // installName is this install's name in the sales it manages
 // (controllers.AnnotationOperator): its leader election Lease, in ns, else
-// in the pod's namespace; outside a cluster, a name without a namespace,
-// which has no Lease.
-func installName(ns string) string {
+// in the pod's namespace. Without leader election there is no Lease to tell
+// whether it is there: no name (it claims no sale).
+func installName(leaderElect bool, ns string) string {
+	if !leaderElect {
+		return ""
+	}
 	if ns == "" {
 		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
 			ns = strings.TrimSpace(string(b))
