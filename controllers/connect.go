@@ -161,7 +161,7 @@ func pgForbidden(err error) bool {
 // standby, a demoted primary).
 func pgReadOnly(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "25006"
+	return errors.As(err, &pe) && pe.Code == "25006" || errors.Is(err, pgconn.ErrReadOnlyConnection)
 }
 
 // isLedgerError: err came from the ledger (see classify).

@@ -162,7 +162,9 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 		// still say the sale failed closed, and the next reconcile would
 		// rebuild it again (closed meanwhile, a new epoch refusing the
 		// reservations of this one), recording a reason that is not why.
-		s.conn.rebuild.CompareAndSwap(nil, run)
+		if !errors.Is(err, engine.ErrCampaignNotFound) { // another database: SeedSale says so
+			s.conn.rebuild.CompareAndSwap(nil, run)
+		}
 		r.unhealthy(s, classify(err))
 		return true
 	}

@@ -29,11 +29,18 @@ const readOnlyTransaction = "25006"
 // being read-only is closed, so that the pool opens its next one on the
 // server that takes writes now (a demoted primary keeps its sessions).
 func connectReadWrite(cfg *pgxpool.Config, dsn string) {
-	if !strings.Contains(dsn, "target_session_attrs") && os.Getenv("PGTARGETSESSIONATTRS") == "" {
-		cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
+	ConnectReadWrite(cfg.ConnConfig, dsn)
+}
+
+// ConnectReadWrite is connectReadWrite for one connection's configuration
+// (the sweeper's lock: an advisory lock cannot be taken on a standby).
+func ConnectReadWrite(cfg *pgx.ConnConfig, dsn string) {
+	// A target a service file or the DSN sets is its own.
+	if cfg.ValidateConnect == nil && !strings.Contains(dsn, "target_session_attrs") && os.Getenv("PGTARGETSESSIONATTRS") == "" {
+		cfg.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
 	}
-	prev := cfg.ConnConfig.OnPgError
-	cfg.ConnConfig.OnPgError = func(c *pgconn.PgConn, e *pgconn.PgError) bool {
+	prev := cfg.OnPgError
+	cfg.OnPgError = func(c *pgconn.PgConn, e *pgconn.PgError) bool {
 		if e.Code == readOnlyTransaction {
 			return false // closed: the caller still gets the error
 		}
@@ -48,16 +55,27 @@ func readOnly(err error) bool {
 }
 
 // Ping checks that PostgreSQL answers and takes writes: a ledger that
-// answers reads alone cannot record a reservation.
+// answers reads alone cannot record a reservation. A connection found
+// read-only is closed, as one refused a write is: the next one opens on the
+// server that takes writes, if the DSN reaches one.
 func (l *Ledger) Ping(ctx context.Context) error {
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		if readOnly(err) {
+			return fmt.Errorf("%w: %v", ErrReadOnly, err)
+		}
+		return fmt.Errorf("ledger: ping: %w", err)
+	}
+	defer conn.Release()
 	var ro string
-	err := l.pool.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro)
+	err = conn.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro)
 	switch {
 	case readOnly(err):
 		return fmt.Errorf("%w: %v", ErrReadOnly, err)
 	case err != nil:
 		return fmt.Errorf("ledger: ping: %w", err)
 	case ro == "on":
+		_ = conn.Conn().Close(ctx) // the pool drops it on release
 		return ErrReadOnly
 	}
 	return nil
@@ -80,6 +98,9 @@ func (m *Materializer) ProbeWrite(ctx context.Context, campaignID string) error 
 			sql  string
 			args []any
 		}{
+			// Bounded on the server too: a probe given up by its caller
+			// must not go on waiting there, holding the campaign's row.
+			{"SELECT set_config('lock_timeout', '1s', true), set_config('statement_timeout', '1s', true)", nil},
 			{"SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR SHARE", []any{campaignID}},
 			{"LOCK TABLE flashsale_orders IN ROW EXCLUSIVE MODE", nil},
 			{"SELECT txid_current()", nil}, // the commit writes WAL, as a batch's does

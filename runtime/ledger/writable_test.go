@@ -3,8 +3,11 @@ package ledger
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
@@ -64,6 +67,24 @@ func TestALedgerThatTakesNoWrites(t *testing.T) {
 		}
 		t.Fatalf("Open of a read-only server: %v, want ErrReadOnly", err)
 	}
+
+	// The sessions open stay read-only, and new ones are writable (as those
+	// a DSN naming every host opens on the new primary): Ping closes the
+	// read-only ones, and so finds a writable one.
+	db := dsn[strings.LastIndex(dsn, "/")+1:]
+	db, _, _ = strings.Cut(db, "?")
+	admin, err := pgx.Connect(ctx, pg.AdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{"SET default_transaction_read_only = off",
+		"ALTER DATABASE " + pgx.Identifier{db}.Sanitize() + " SET default_transaction_read_only = off"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testharness.Eventually(t, 10*time.Second, "Ping on a writable session", func() bool { return l.Ping(ctx) == nil })
 
 	setReadOnly(t, pg, false)
 	if err := l.Ping(ctx); err != nil {

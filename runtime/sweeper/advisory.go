@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
 const (
@@ -69,6 +71,7 @@ func NewAdvisoryLock(dsn, campaignID string) (*AdvisoryLock, error) {
 		return nil, fmt.Errorf("advisory lock: parse dsn: %w", err)
 	}
 	cfg := pc.ConnConfig
+	ledger.ConnectReadWrite(cfg, dsn)
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "flashsale-sweeper-lock"
 	}
