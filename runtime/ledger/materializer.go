@@ -219,7 +219,7 @@ func (l *Ledger) writerPool(n int) *pgxpool.Pool {
 	}
 	cfg := l.cfg.Copy()
 	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = int32(n), 0, 0
-	prepareWrites(cfg)
+	writerSessions(cfg)
 	if cfg.ConnConfig.RuntimeParams["application_name"] == defaultApplicationName {
 		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName + "-writer"
 	}

@@ -120,22 +120,35 @@ func (m *Materializer) ProbeWrite(ctx context.Context, campaignID string) error 
 	return nil
 }
 
-// prepareWrites prepares a writer connection's statements when it opens: a
-// batch whose deadline ends while its statement is still being prepared
-// would otherwise be "outcome unknown" (ErrAmbiguous) with its insert never
-// sent, and its units held until they expire. Not with a DSN that asks for
+// sqlDurableCommits turns synchronous_commit back on in a writer's session
+// when the role or database turned it off: a 201 says the reservation is
+// durable, and with it off a commit returns before its WAL is flushed (a
+// crash of PostgreSQL loses it). Its other values (local, remote_write,
+// remote_apply) flush locally, and are the operator's choice.
+const sqlDurableCommits = `SELECT set_config('synchronous_commit', 'on', false)
+WHERE current_setting('synchronous_commit') = 'off'`
+
+// writerSessions readies a writer connection when it opens: its commits
+// durable (sqlDurableCommits), and its statements prepared, so that a batch
+// whose deadline ends while its statement is still being prepared is not
+// "outcome unknown" (ErrAmbiguous) with its insert never sent, its units
+// held until they expire. Nothing is prepared with a DSN that asks for
 // another query mode than pgx's default (a pooler in transaction mode keeps
 // no prepared statement).
-func prepareWrites(cfg *pgxpool.Config) {
-	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
-		return
-	}
+func writerSessions(cfg *pgxpool.Config) {
+	prepare := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
 	prev := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if prev != nil {
 			if err := prev(ctx, c); err != nil {
 				return err
 			}
+		}
+		if _, err := c.Exec(ctx, sqlDurableCommits); err != nil {
+			return fmt.Errorf("ledger: the writer's synchronous_commit: %w", err)
+		}
+		if !prepare {
+			return nil
 		}
 		for _, q := range []string{sqlInsertPending, sqlInsertPendingSkipDuplicates} {
 			if _, err := c.Prepare(ctx, q, q); err != nil {

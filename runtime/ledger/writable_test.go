@@ -174,3 +174,42 @@ func TestAWriterConnectionPreparesBeforeItsBatch(t *testing.T) {
 		t.Fatal("the row that was not sent exists")
 	}
 }
+
+// A role or database that turns synchronous_commit off does not make the
+// writers' commits return before their WAL is flushed: a 201 says the
+// reservation is durable. Its other values are left as set.
+func TestWritersCommitDurably(t *testing.T) {
+	t.Parallel()
+	for set, want := range map[string]string{"off": "on", "local": "local", "on": "on"} {
+		dsn := newDSN(t, testPG)
+		ctx := testCtx(t)
+		admin, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = admin.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = "+set+"', current_database()); END $$")
+		_ = admin.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := openLedger(t, dsn)
+		m := l.NewMaterializer(MaterializerConfig{Concurrency: 1})
+		conn, err := m.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var writer, reader string
+		err = conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&writer)
+		conn.Release()
+		if err == nil {
+			err = l.Pool().QueryRow(ctx, "SHOW synchronous_commit").Scan(&reader)
+		}
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if writer != want || reader != set {
+			t.Errorf("synchronous_commit %s for the database: the writers' %s (want %s), the pool's %s", set, writer, want, reader)
+		}
+	}
+}
