@@ -132,7 +132,7 @@ func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
 			fmt.Sprintf("ledger Secret %q key %q: %s", fs.Spec.Postgres.SecretRef.Name, resolve(fs).postgresKey, le.err.Error()))
 	case errors.As(err, &le) && errors.Is(err, engine.ErrMigrating):
 		return onLedger(ReasonMigrating, ReasonLedgerMigrating, err.Error())
-	case errors.As(err, &le) && (errors.Is(err, engine.ErrLedgerReadOnly) || pgReadOnly(err)):
+	case errors.As(err, &le) && engine.LedgerReadOnly(err):
 		return onLedger(ReasonReadOnly, ReasonLedgerReadOnly, "PostgreSQL ledger takes no writes, so no reservation can be recorded: "+le.err.Error())
 	case errors.As(err, &le) && pgForbidden(err):
 		return onLedger(ReasonForbidden, ReasonLedgerForbidden, "PostgreSQL ledger refused the operator: "+le.err.Error())
@@ -155,13 +155,6 @@ func describeFailure(fs *flashsalev1alpha1.FlashSale, err error) failure {
 func pgForbidden(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && (pe.Code == "28000" || pe.Code == "28P01" || pe.Code == "42501")
-}
-
-// pgReadOnly reports a write refused by a server that takes none (a
-// standby, a demoted primary).
-func pgReadOnly(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "25006" || errors.Is(err, pgconn.ErrReadOnlyConnection)
 }
 
 // isLedgerError: err came from the ledger (see classify).

@@ -22,10 +22,9 @@ import (
 // both watch a sale's namespace (an old one left behind, a second release
 // of the chart) would otherwise both reconcile it: each writes its own
 // image into the sale's Deployments, a rollout at every write, in a loop.
-// The first install claims the sale; another leaves it alone while the
-// owner's Lease is renewed, and takes it over once it has not been for
-// DefaultOwnerStale. Deleting the annotation hands the sale to whichever
-// install reconciles it next.
+// The first install with a name claims the sale; another leaves it alone
+// while it sees the owner's Lease renewed, and takes it over once it has
+// seen it unchanged for DefaultOwnerStale (see claim).
 const AnnotationOperator = "flashsale.dev/operator"
 
 // DefaultOwnerStale is how long an owner's Lease may go unrenewed before
@@ -36,14 +35,6 @@ const DefaultOwnerStale = time.Minute
 // ownerRecheck is how often an install that leaves a sale to another looks
 // again whether the owner is still there.
 const ownerRecheck = 30 * time.Second
-
-// ReasonOperatorConflict: another install manages the sale (an event of
-// the install that leaves it alone); ReasonOperatorChanged: this install
-// took a sale over from one whose Lease went stale.
-const (
-	ReasonOperatorConflict = "OperatorConflict"
-	ReasonOperatorChanged  = "OperatorChanged"
-)
 
 // claim reports whether this install manages fs, claiming it when no
 // install does or its owner is gone. An install without a name (leader

@@ -41,6 +41,11 @@ const (
 	ReasonForbidden       = "Forbidden"
 	ReasonRedisForbidden  = "RedisForbidden"
 	ReasonLedgerForbidden = "LedgerForbidden"
+	// ReasonOperatorConflict: another install manages the sale (an event of
+	// the install that leaves it alone); ReasonOperatorChanged: this install
+	// took a sale over from one whose Lease went stale (owner.go).
+	ReasonOperatorConflict = "OperatorConflict"
+	ReasonOperatorChanged  = "OperatorChanged"
 	// ReasonReadOnly: the ledger answers but takes no writes (LedgerHealthy);
 	// ReasonLedgerReadOnly is Ready's reason and the event's for the same.
 	ReasonReadOnly          = "ReadOnly"

@@ -56,8 +56,6 @@ var (
 	// ErrMigrating: Dial stopped waiting for the ledger's schema upgrade,
 	// which goes on.
 	ErrMigrating = ledger.ErrMigrating
-	// ErrLedgerReadOnly: PostgreSQL answers but takes no writes.
-	ErrLedgerReadOnly = ledger.ErrReadOnly
 	// ErrCampaignNotFound: the ledger has no row for the campaign.
 	ErrCampaignNotFound = ledger.ErrCampaignNotFound
 	// ErrServerChanged: a Redis server holding a shard restarted, or was

@@ -43,6 +43,10 @@ type openError struct{ err error }
 func (e *openError) Error() string   { return e.err.Error() }
 func (e *openError) Unwrap() []error { return []error{ErrLedger, e.err} }
 
+// LedgerReadOnly reports whether err says that PostgreSQL answers but takes
+// no writes (a standby, a demoted primary).
+func LedgerReadOnly(err error) bool { return ledger.ReadOnly(err) }
+
 // PingLedger checks that PostgreSQL answers and takes writes.
 func (e *Engine) PingLedger(ctx context.Context) error {
 	if err := e.ledger.Ping(ctx); err != nil {

@@ -133,7 +133,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	// read, would wait that long.
 	dialer := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	cfg.ConnConfig.DialFunc = dialer.DialContext
-	connectReadWrite(cfg, dsn)
+	ConnectReadWrite(cfg.ConnConfig, dsn)
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName
 	}
@@ -143,10 +143,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		if readOnly(err) {
-			return nil, fmt.Errorf("%w: %v", ErrReadOnly, err)
-		}
-		return nil, fmt.Errorf("ledger: ping: %w", err)
+		return nil, failed("ping", err)
 	}
 	migs, err := loadMigrations()
 	if err != nil {

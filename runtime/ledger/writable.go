@@ -21,19 +21,15 @@ var ErrReadOnly = errors.New("ledger: PostgreSQL takes no writes (a standby, or 
 // read-only transaction.
 const readOnlyTransaction = "25006"
 
-// connectReadWrite makes every connection of cfg go to a server that takes
-// writes, unless the DSN or PGTARGETSESSIONATTRS says which to pick: with a
-// DSN naming several hosts (a Patroni cluster without a virtual IP), a
-// connection opened after a failover otherwise lands on a standby, where
-// reads work and every write is refused. A connection refused a write for
-// being read-only is closed, so that the pool opens its next one on the
-// server that takes writes now (a demoted primary keeps its sessions).
-func connectReadWrite(cfg *pgxpool.Config, dsn string) {
-	ConnectReadWrite(cfg.ConnConfig, dsn)
-}
-
-// ConnectReadWrite is connectReadWrite for one connection's configuration
-// (the sweeper's lock: an advisory lock cannot be taken on a standby).
+// ConnectReadWrite makes every connection of cfg go to a server that takes
+// writes (the ledger's pools; the sweeper's lock, which cannot be taken on
+// a standby), unless the DSN, a service file or PGTARGETSESSIONATTRS says
+// which to pick: with a DSN naming several hosts (a Patroni cluster without
+// a virtual IP), a connection opened after a failover otherwise lands on a
+// standby, where reads work and every write is refused. A connection
+// refused a write for being read-only is closed, so that the pool opens its
+// next one on the server that takes writes now (a demoted primary keeps its
+// sessions).
 func ConnectReadWrite(cfg *pgx.ConnConfig, dsn string) {
 	// A target a service file or the DSN sets is its own.
 	if cfg.ValidateConnect == nil && !strings.Contains(dsn, "target_session_attrs") && os.Getenv("PGTARGETSESSIONATTRS") == "" {
@@ -48,10 +44,21 @@ func ConnectReadWrite(cfg *pgx.ConnConfig, dsn string) {
 	}
 }
 
-// readOnly tells whether err says that the server takes no writes.
-func readOnly(err error) bool {
+// ReadOnly tells whether err says that the server takes no writes: a write
+// refused (25006), a connection refused as read-only, or ErrReadOnly.
+func ReadOnly(err error) bool {
 	var pe *pgconn.PgError
-	return errors.Is(err, pgconn.ErrReadOnlyConnection) || errors.As(err, &pe) && pe.Code == readOnlyTransaction
+	return errors.Is(err, ErrReadOnly) || errors.Is(err, pgconn.ErrReadOnlyConnection) ||
+		errors.As(err, &pe) && pe.Code == readOnlyTransaction
+}
+
+// failed is err of op, as ErrReadOnly when it says the server takes no
+// writes.
+func failed(op string, err error) error {
+	if ReadOnly(err) {
+		return fmt.Errorf("%w: %v", ErrReadOnly, err)
+	}
+	return fmt.Errorf("ledger: %s: %w", op, err)
 }
 
 // Ping checks that PostgreSQL answers and takes writes: a ledger that
@@ -61,19 +68,14 @@ func readOnly(err error) bool {
 func (l *Ledger) Ping(ctx context.Context) error {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		if readOnly(err) {
-			return fmt.Errorf("%w: %v", ErrReadOnly, err)
-		}
-		return fmt.Errorf("ledger: ping: %w", err)
+		return failed("ping", err)
 	}
 	defer conn.Release()
 	var ro string
 	err = conn.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro)
 	switch {
-	case readOnly(err):
-		return fmt.Errorf("%w: %v", ErrReadOnly, err)
 	case err != nil:
-		return fmt.Errorf("ledger: ping: %w", err)
+		return failed("ping", err)
 	case ro == "on":
 		_ = conn.Conn().Close(ctx) // the pool drops it on release
 		return ErrReadOnly
@@ -111,11 +113,8 @@ func (m *Materializer) ProbeWrite(ctx context.Context, campaignID string) error 
 		}
 		return nil
 	})
-	if readOnly(err) {
-		return fmt.Errorf("%w: %v", ErrReadOnly, err)
-	}
 	if err != nil {
-		return fmt.Errorf("ledger: probe: %w", err)
+		return failed("probe", err)
 	}
 	return nil
 }
