@@ -33,7 +33,7 @@ func TestReserveReplicaKilledMidStormLosesNoAcknowledgement(t *testing.T) {
 	ackedFile := filepath.Join(t.TempDir(), "acked")
 	st := s.startStorm(t, "--buyers", "100000", "--duration", "8s", "--concurrency", "16",
 		"--checkout-ratio", "0.5", "--cancel-ratio", "0.1", "--acked-file", ackedFile)
-	time.Sleep(2 * time.Second)
+	st.underway(t, s, 200)
 	before := runnerState(t).PodsOf(ns, deploy)
 	if len(before) != 3 {
 		t.Fatalf("the runner runs %d reserve replicas, want 3", len(before))

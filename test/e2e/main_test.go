@@ -291,6 +291,19 @@ func (r *runningStorm) report(t *testing.T) *storm.Report {
 	return &rep
 }
 
+// underway waits until the storm has written n of the sale's orders, and
+// fails the test if the storm ended first: the fault that follows then lands
+// while the storm runs, every run.
+func (r *runningStorm) underway(t *testing.T, s *sale, n int64) {
+	t.Helper()
+	salecheck.OrdersAtLeast(t, ledger, s.uid, n, time.Minute)
+	select {
+	case <-r.done:
+		t.Fatalf("the storm ended before the fault: %v\nstderr: %s", r.err, r.stderr.String())
+	default:
+	}
+}
+
 func (s *sale) storm(t *testing.T, args ...string) *storm.Report {
 	t.Helper()
 	return s.startStorm(t, args...).report(t)

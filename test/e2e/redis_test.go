@@ -28,7 +28,7 @@ func TestRedisLostMidStormIsRebuiltFromTheLedger(t *testing.T) {
 
 	st := s.startStorm(t, "--buyers", "100000", "--duration", "20s", "--concurrency", "16",
 		"--checkout-ratio", "0.8", "--cancel-ratio", "0.2", "--settle", "60s")
-	time.Sleep(3 * time.Second)
+	st.underway(t, s, 500)
 	if err := rs.RestartEmpty(); err != nil {
 		t.Fatal(err)
 	}

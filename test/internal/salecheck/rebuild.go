@@ -108,6 +108,19 @@ func (s *Sale) SettledAfterRebuild(t testing.TB, q Querier, rep *storm.Report, r
 	})
 }
 
+// OrdersAtLeast waits until the ledger holds at least n of the sale's
+// orders: a fault meant to land mid-storm lands once the storm is writing,
+// however long it took to start.
+func OrdersAtLeast(t testing.TB, q Querier, uid string, n int64, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, 50*time.Millisecond, func() string {
+		if got := ordersSince(t, q, uid, time.Time{}); got < n {
+			return fmt.Sprintf("%d orders in the ledger, want at least %d", got, n)
+		}
+		return ""
+	})
+}
+
 // ordersSince counts a sale's orders made after since.
 func ordersSince(t testing.TB, q Querier, uid string, since time.Time) int64 {
 	t.Helper()
