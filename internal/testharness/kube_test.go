@@ -23,6 +23,8 @@ func TestKubeDiesWithItsParent(t *testing.T) {
 	helper := exec.Command(os.Args[0], "-test.run=^TestHelperKube$")
 	helper.Env = append(os.Environ(), "TESTHARNESS_KUBE_HELPER=1")
 	helper.Stderr = os.Stderr
+	// The helper goes with this test binary, and its control plane with it.
+	helper.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := helper.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
