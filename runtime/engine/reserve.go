@@ -185,12 +185,12 @@ func (e *Engine) materialize(ctx context.Context, res ReserveResult, shard int, 
 		// The ledger already has this request's reservation, on this shard or
 		// another (its Redis record was released or lost): give back what we
 		// just took and answer from the book of record.
-		e.release(ctx, shard, key)
+		e.release(ctx, shard, key, r.ExpiryMs, r.Epoch)
 		return e.fromLedger(ctx, res, key, user)
 	case errors.Is(err, ledger.ErrAmbiguous):
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: ledger commit outcome unknown, the reservation will expire: %v", ErrUnavailable, err)
 	default:
-		e.release(ctx, shard, key)
+		e.release(ctx, shard, key, r.ExpiryMs, r.Epoch)
 		return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 }
@@ -271,7 +271,7 @@ func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int,
 	if s, ok := got[id]; !ok || s == ledger.StatusAbandoned {
 		// Abandoned now, or no row at all: the request has its row on
 		// another shard, and this reservation is not the request's.
-		e.release(ctx, shard, key)
+		e.release(ctx, shard, key, r.ExpiryMs, r.Epoch)
 	}
 	e.stuck.forget(id)
 	out, err := e.fromLedger(ctx, res, key, user)
@@ -347,19 +347,25 @@ func (e *Engine) answerFromOrder(res ReserveResult, o ledger.Order, user string)
 	return res
 }
 
-// release gives a reservation's units back (and the user's quota on the home shard
-// when the reservation was stolen). Errors are left to the sweeper, which finds the
-// reservation in the expiry index and decides from the ledger. A release that ran
-// and lost its reply leaves nothing there, though, and the home shard would hold
-// the buyer's quota for the rest of the sale: so a stolen reservation is read
-// first, and when its release's answer is lost and it is gone, the quota goes back
-// from what was read (exact, so never twice).
-func (e *Engine) release(ctx context.Context, shard int, key string) {
+// release gives back the reservation this request placed at expiryMs in epoch
+// (and the user's quota on the home shard when it was stolen); another placement
+// of the same request, made by a retry since, is not touched. Errors are left to
+// the sweeper, which finds the reservation in the expiry index and decides from
+// the ledger. A release that ran and lost its reply leaves nothing there, though,
+// and the home shard would hold the buyer's quota for the rest of the sale: so a
+// stolen reservation is read first, and when its release's answer is lost and it
+// is gone, the quota goes back from what was read (exact, so never twice).
+func (e *Engine) release(ctx context.Context, shard int, key string, expiryMs, epoch int64) {
 	cctx, cancel := detached(ctx)
 	defer cancel()
 	r, found, err := e.store.GetReservation(cctx, shard, key)
-	stolen := err == nil && found && r.Status == stock.ResReserved && r.Home >= 0 && r.Home != shard
-	if _, err := e.releaseNow(cctx, shard, key); err == nil || !stolen {
+	stolen := err == nil && found && r.Status == stock.ResReserved && r.Home >= 0 && r.Home != shard &&
+		r.ExpiryMs == expiryMs && r.Epoch == epoch
+	rr, err := e.store.ReleasePlaced(cctx, shard, key, expiryMs, epoch)
+	if err == nil {
+		err = e.afterRelease(cctx, shard, key, rr)
+	}
+	if err == nil || !stolen {
 		return
 	}
 	if now, found, err := e.store.GetReservation(cctx, shard, key); err != nil || (found && now.Status != "") {

@@ -122,7 +122,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 				// pointer then names this reservation); otherwise the claim is
 				// still this attempt's, and goes back too. Both are exact, so
 				// neither gives back twice.
-				e.release(ctx, t, req.Key)
+				e.release(ctx, t, req.Key, r.ExpiryMs, r.Epoch)
 				if err != nil {
 					_ = unclaim()
 				}

@@ -20,6 +20,9 @@ const (
 	// LedgerNeeded: the reservation's hash is gone but its expiry-index entry
 	// says its units were never given back: call ReleaseFromLedger.
 	LedgerNeeded ReleaseCode = 5
+	// NotThis: the reservation's hash is another placement of the same
+	// request than the one named (ReleasePlaced); nothing changed.
+	NotThis ReleaseCode = 6
 )
 
 // ReleaseResult says what a release did; when Home differs from the shard, the
@@ -35,6 +38,15 @@ type ReleaseResult struct {
 // Release gives a reserved reservation's units back, once.
 func (s *Store) Release(ctx context.Context, shard int, key string) (ReleaseResult, error) {
 	return s.release(ctx, releaseScript, shard, key)
+}
+
+// ReleasePlaced is Release of the placement made at expiryMs in epoch only:
+// the give-back of a request that could not record its reservation. Its key
+// is the request's, so a retry of the request may have placed another
+// reservation under it since (after a rebuild, or once this one was
+// settled) and been answered "reserved"; that one is left alone (NotThis).
+func (s *Store) ReleasePlaced(ctx context.Context, shard int, key string, expiryMs, epoch int64) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, key, "", "", "", "", expiryMs, epoch)
 }
 
 // ReleaseFromLedger is Release for a reservation whose hash is gone (it

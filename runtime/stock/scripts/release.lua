@@ -10,6 +10,10 @@
 --         during a long sweeper outage): its expiry-index entry, removed in the same
 --         script as every give-back, says its units were never given back. Quantity
 --         0: the ledger has no row; only the index entry goes.
+-- ARGV[7..8] (optional) the expiry ms and epoch of the placement the caller made: a
+--         request that could not record its reservation gives back only its own. A
+--         retry of the same request (same key) may have placed another since, after
+--         a rebuild or after this one was settled, and been told "reserved".
 --
 -- Returns {code, user, qty, home, expiry}
 --   1 RELEASED      units are back; when home ~= this shard the caller releases the
@@ -20,6 +24,7 @@
 --   4 BUSY          the shard is being rebuilt; try again on the next pass
 --   5 LEDGER_NEEDED no hash, but the index entry is there: call again with the ledger
 --                   row (ARGV[3..6]); nothing changed
+--   6 NOT_THIS      the hash is another placement than ARGV[7..8] names; nothing changed
 -- Released from the ledger row, the reply carries the row's user, qty, home, expiry.
 --
 -- Run twice: not safe for the caller. The units go back once, but the second run
@@ -33,7 +38,11 @@ if state == 'REBUILDING' then
   return {4, '', 0, -1, 0}
 end
 local key = ARGV[1]
-local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h', 'e')
+local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h', 'e', 'p')
+if r[1] and ARGV[7] and ARGV[7] ~= '' and
+    (tonumber(r[5]) ~= tonumber(ARGV[7]) or tonumber(r[6]) ~= tonumber(ARGV[8])) then
+  return {6, '', 0, -1, 0}
+end
 if not r[1] then
   local score = redis.call('ZSCORE', KEYS[3], key)
   if score and (ARGV[3] == nil or ARGV[3] == '') then
