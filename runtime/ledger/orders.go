@@ -46,8 +46,12 @@ const (
 	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2`
 
 	// The follow-up read after a conditional update matched nothing; expired
-	// is judged by the database clock, like the update.
-	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2`
+	// is judged by the database clock, like the update. FOR SHARE waits for
+	// an update of the row in flight and reads what it committed: a retried
+	// checkout whose first attempt started before the expiry and still runs
+	// (a lock wait, a slow commit) must not read PENDING and expired, record
+	// its payment as late and answer "void it" while that attempt commits it.
+	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2 FOR SHARE`
 
 	// I7: commits only while the lease is valid by the database clock, so a
 	// payment racing the sweeper either commits first or finds the row gone.
