@@ -91,10 +91,19 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 		stocks[i] = pipe.Get(ctx, k.Stock())
 		metas[i] = pipe.HMGet(ctx, k.Meta(), "state", "epoch", "rsv", "alloc", "chg", "wd", "srv", "lin", "ws", "we")
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
+	// Exec returns the first command's error only: a stock key that is
+	// absent (redis.Nil) must not hide a shard whose server did not answer,
+	// which would then read as a shard that lost its data.
+	_, _ = pipe.Exec(ctx)
 	out := make([]ShardState, len(s.shards))
+	for i := range s.shards {
+		if err := stocks[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if err := metas[i].Err(); err != nil {
+			return nil, err
+		}
+	}
 	for i := range s.shards {
 		st := ShardState{Index: i}
 		if v, err := stocks[i].Int64(); err == nil {
