@@ -47,8 +47,8 @@ const uniqueViolation = "23505"
 // as the same reservation or the same request (duplicates); the others were
 // fenced.
 const sqlExistingOrders = `SELECT t.id FROM unnest($1::text[]) AS t(id)
-WHERE EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = $2 AND o.reservation_id = t.id)
-   OR EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = $2 AND o.request_key = split_part(t.id, '.', 2))`
+WHERE EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = (SELECT $2::text) AND o.reservation_id = t.id)
+   OR EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = (SELECT $2::text) AND o.request_key = split_part(t.id, '.', 2))`
 
 // write runs one batch transaction and tells every caller its row's outcome.
 func (m *Materializer) write(batch []*pendingRow) {

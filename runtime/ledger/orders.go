@@ -39,11 +39,19 @@ type querier interface {
 // between the two statements by a late materializer batch).
 const maxRaceRetries = 3
 
+// The statements that look up a sale's orders by key name the sale as
+// (SELECT $n::text), a value the planner cannot see. With the value in sight
+// it plans from the sale's own statistics, and a sale too new for them
+// (autoanalyze follows the whole table, and with fewer sales than the
+// statistics' list of common values an unlisted one counts as one row) got
+// scans of the whole sale for each checkout, lookup and batch, or worse. Out
+// of sight, the sale counts as an average one, and each lookup takes the
+// index of its key.
 const (
 	orderColumns = `reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at,
     payment_token, created_at, updated_at`
 
-	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2`
+	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND reservation_id = $2`
 
 	// The follow-up read after a conditional update matched nothing; expired
 	// is judged by the database clock, like the update. FOR SHARE waits for
@@ -51,13 +59,13 @@ const (
 	// checkout whose first attempt started before the expiry and still runs
 	// (a lock wait, a slow commit) must not read PENDING and expired, record
 	// its payment as late and answer "void it" while that attempt commits it.
-	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = $2 FOR SHARE`
+	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND reservation_id = $2 FOR SHARE`
 
 	// I7: commits only while the lease is valid by the database clock, so a
 	// payment racing the sweeper either commits first or finds the row gone.
 	sqlCheckout = `UPDATE flashsale_orders
 SET status = 'COMMITTED', payment_token = $4, updated_at = now()
-WHERE reservation_id = $1 AND campaign_id = $2 AND user_id = $3
+WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3
   AND status = 'PENDING' AND expires_at > now()
 RETURNING ` + orderColumns
 
@@ -67,26 +75,27 @@ ON CONFLICT (reservation_id, payment_token) DO NOTHING`
 
 	sqlCancelByUser = `UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_USER', updated_at = now()
-WHERE reservation_id = $1 AND campaign_id = $2 AND user_id = $3 AND status = 'PENDING'
+WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3 AND status = 'PENDING'
 RETURNING ` + orderColumns
 
 	// Grace is passed in microseconds: an exact integer, no interval parsing.
 	// The rows are locked in reservation id order (the same order as the
 	// rebuild's cancel), so two sweepers and a rebuild cannot deadlock on
-	// each other whatever plan each statement gets.
-	sqlCancelExpired = `WITH doomed AS (
+	// each other whatever plan each statement gets. The locked ids go to the
+	// update as one array it looks up in the primary key: a join of the
+	// orders to them could be planned as a loop over the whole sale for
+	// each of them.
+	sqlCancelExpired = `UPDATE flashsale_orders
+SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
+WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND reservation_id = ANY (ARRAY(
     SELECT reservation_id FROM flashsale_orders
-    WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])
+    WHERE campaign_id = (SELECT $1::text) AND reservation_id = ANY($2::text[])
       AND status = 'PENDING' AND expires_at + $3::bigint * interval '1 microsecond' < now()
     ORDER BY reservation_id
-    FOR UPDATE)
-UPDATE flashsale_orders o
-SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
-FROM doomed
-WHERE o.campaign_id = $1 AND o.reservation_id = doomed.reservation_id`
+    FOR UPDATE))`
 
 	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
-WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
+WHERE campaign_id = (SELECT $1::text) AND reservation_id = ANY($2::text[])`
 
 	// Pairs of (campaign, reservation id): the primary key's order.
 	sqlStatusesAnyCampaign = `SELECT o.reservation_id, o.status

@@ -27,16 +27,14 @@ WHERE campaign_id = $1 AND deleted_at IS NULL
 RETURNING epoch - 1`
 
 	// Locked in reservation id order, as the sweeper's cancel does, so the
-	// two cannot deadlock.
-	sqlCancelExpiredAll = `WITH doomed AS (
-    SELECT reservation_id FROM flashsale_orders
-    WHERE campaign_id = $1 AND status = 'PENDING' AND expires_at + $2::bigint * interval '1 microsecond' < now()
-    ORDER BY reservation_id
-    FOR UPDATE)
-UPDATE flashsale_orders o
+	// two cannot deadlock, and updated through the primary key as it does.
+	sqlCancelExpiredAll = `UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
-FROM doomed
-WHERE o.campaign_id = $1 AND o.reservation_id = doomed.reservation_id`
+WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND reservation_id = ANY (ARRAY(
+    SELECT reservation_id FROM flashsale_orders
+    WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND expires_at + $2::bigint * interval '1 microsecond' < now()
+    ORDER BY reservation_id
+    FOR UPDATE))`
 
 	// The shard allocations include every planned change up to
 	// last_change_id, so the rebuilt stock already holds those units.

@@ -15,7 +15,7 @@ import (
 // unique per campaign (0003_request_key.sql). Redis forgets a request when its
 // reservation ends; the ledger does not.
 
-const sqlGetRequestOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = $1 AND request_key = $2`
+const sqlGetRequestOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND request_key = $2`
 
 // GetRequestOrder returns the row of the request whose key is requestKey (a
 // reservation id without its shard), on any shard, or ErrNotFound.
