@@ -72,7 +72,8 @@
 --               answered from the ledger
 --   4 LIMIT     extra = units the user already holds
 --   5 CLOSED    status = why: NO_META, NOT_STARTED, PAUSED, ENDED, FAIL_CLOSED, REBUILDING,
---               STALE_EPOCH, UNVERIFIED
+--               STALE_EPOCH, UNVERIFIED (PAUSED and ENDED after the replay checks: a
+--               request placed before is answered REPLAY)
 --   6 CLAIMED   sold out here; the quota is claimed for stealing (mode claim);
 --               status = the claim's stamp (claimed at, ms, then '.' and the attempt's
 --               tag when it has one), which confirming or giving
@@ -93,8 +94,14 @@ if not state[1] then
   return {5, 0, 0, 0, 'NO_META'}
 end
 local epoch = tonumber(state[2]) or 0
+-- A paused or ended sale takes nothing, but still answers a retry of a
+-- request it placed: that reservation is held, and checkout takes it.
+local closed = nil
 if state[1] ~= 'OPEN' then
-  return {5, 0, epoch, 0, state[1]}
+  if state[1] ~= 'PAUSED' and state[1] ~= 'ENDED' then
+    return {5, 0, epoch, 0, state[1]}
+  end
+  closed = state[1]
 end
 if state[3] and state[3] ~= server then
   return {5, 0, epoch, 0, 'UNVERIFIED'}
@@ -156,9 +163,12 @@ if mode ~= 'steal' then
     return {2, tonumber(string.sub(ptr, sep + 1)), epoch, tonumber(string.sub(ptr, 1, sep - 1)), 'R'}
   end
   held = tonumber(mine[2] or '0')
-  if held + qty > tonumber(ARGV[4]) then
-    return {4, 0, epoch, held, ''}
-  end
+end
+if closed then
+  return {5, 0, epoch, 0, closed}
+end
+if mode ~= 'steal' and held + qty > tonumber(ARGV[4]) then
+  return {4, 0, epoch, held, ''}
 end
 
 local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
