@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -49,6 +50,10 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 			run.stop()
 		}
 	}
+	// A namespace's deletion removes the sale's Secrets and (watchNamespaces)
+	// the manager's Role before the sale. There, what the manager may no
+	// longer read or delete is left to that deletion.
+	deleting := sync.OnceValue(func() bool { return r.namespaceDeleting(ctx, fs.Namespace) })
 	refs, err := readReferences(ctx, r.secrets, fs)
 	var refErr *referenceError
 	if errors.As(err, &refErr) {
@@ -57,6 +62,12 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		if store, serr := readStoreReferences(ctx, r.secrets, fs); serr == nil {
 			refs, err = store, nil
 		}
+	}
+	if apierrors.IsForbidden(err) && deleting() {
+		// The namespace's deletion took the manager's Role in it
+		// (watchNamespaces): its Secrets are going too.
+		refErr = &referenceError{ReasonSecretNotFound, fmt.Sprintf("namespace %q is being deleted and the sale's Secrets can no longer be read: %v", fs.Namespace, err)}
+		err = refErr
 	}
 	cached := r.conns.cached(name)
 	if cached != nil && cached.engine.Config().CampaignID != string(fs.UID) {
@@ -126,6 +137,9 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		if err == nil && metav1.IsControlledBy(obj, fs) {
 			err = r.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID())})
 		}
+		if apierrors.IsForbidden(err) && deleting() {
+			continue // the namespace's deletion removes it
+		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
@@ -143,6 +157,16 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Admission.SecretRef.Name},
 		types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)})
 	return nil
+}
+
+// namespaceDeleting tells whether the namespace is being deleted. One the
+// manager may not read is taken for one that is not.
+func (r *FlashSaleReconciler) namespaceDeleting(ctx context.Context, namespace string) bool {
+	ns := &corev1.Namespace{}
+	if err := r.apiReader.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
+		return false
+	}
+	return !ns.DeletionTimestamp.IsZero()
 }
 
 // setFinalizer adds or removes the finalizer with a patch of the finalizers

@@ -37,6 +37,9 @@ package controllers
 // Whether the install that manages a sale is still there (AnnotationOperator):
 // its leader election Lease, read, never written.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get
+// Whether a deleted sale's namespace is being deleted too (finalize): read,
+// never written.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 
 // The metrics endpoint asks the API server who a caller is and whether it may
 // get /metrics (--metrics-secure).

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -105,6 +106,8 @@ type env struct {
 	// (startController).
 	install, image string
 	ownerStale     time.Duration
+	// config, when set, is the next controller's identity (startController).
+	config *rest.Config
 }
 
 // testClient counts the Updates of Deployments that go through it, and can
@@ -187,7 +190,11 @@ func (e *env) create(o client.Object) {
 // namespace; the returned function stops it (a controller restart is stop + start).
 func (e *env) startController() (stop func()) {
 	e.t.Helper()
-	mgr, err := ctrl.NewManager(kube.Config, ctrl.Options{
+	cfg := kube.Config
+	if e.config != nil {
+		cfg = e.config
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 manager.NewScheme(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
