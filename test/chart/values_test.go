@@ -243,6 +243,53 @@ func TestNamespacedMode(t *testing.T) {
 	}
 }
 
+// TestNamespacedModeLetsANamespaceDeletionFinish: with watchNamespaces, a
+// watched namespace's deletion removes the manager's Role in it before the
+// sales, so what finishing their deletion needs is granted cluster-wide:
+// the manager's own rule on FlashSales, and get on the watched Namespaces by
+// name. Nothing else, and none of it without watchNamespaces (the manager's
+// ClusterRole holds it).
+func TestNamespacedModeLetsANamespaceDeletionFinish(t *testing.T) {
+	objs := render(t, "watchNamespaces={shop,outlet}")
+	var want []rbacv1.PolicyRule
+	for _, r := range managerRules(t) {
+		switch {
+		case slices.Equal(r.APIGroups, []string{"flashsale.dev"}) && slices.Equal(r.Resources, []string{"flashsales"}):
+			want = append(want, r)
+		case slices.Equal(r.Resources, []string{"namespaces"}):
+			r.ResourceNames = []string{"shop", "outlet"}
+			want = append(want, r)
+		}
+	}
+	if len(want) != 2 {
+		t.Fatalf("config/rbac/role.yaml has no rule for flashsales or no rule for namespaces alone: %v", want)
+	}
+	role := as[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "-manager-cleanup"))
+	slices.SortFunc(role.Rules, func(a, b rbacv1.PolicyRule) int { return strings.Compare(a.Resources[0], b.Resources[0]) })
+	slices.SortFunc(want, func(a, b rbacv1.PolicyRule) int { return strings.Compare(a.Resources[0], b.Resources[0]) })
+	if !reflect.DeepEqual(role.Rules, want) {
+		t.Errorf("the cleanup ClusterRole's rules:\n%v\nwant:\n%v", role.Rules, want)
+	}
+	b := as[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "-manager-cleanup"))
+	if b.RoleRef.Name != role.Name || len(b.Subjects) != 1 || b.Subjects[0].Kind != rbacv1.ServiceAccountKind || b.Subjects[0].Namespace != "flashsale-system" {
+		t.Errorf("the cleanup ClusterRoleBinding binds %s to %+v, want the release's ServiceAccount", b.RoleRef.Name, b.Subjects)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Role" && strings.HasSuffix(o.GetName(), "-manager") {
+			for _, r := range as[rbacv1.Role](t, o).Rules {
+				if slices.Contains(r.Resources, "namespaces") {
+					t.Errorf("Role in %s holds cluster-scoped namespaces", o.GetNamespace())
+				}
+			}
+		}
+	}
+	for _, o := range render(t) {
+		if strings.HasSuffix(o.GetName(), "-manager-cleanup") {
+			t.Errorf("%s %s rendered without watchNamespaces", o.GetKind(), o.GetName())
+		}
+	}
+}
+
 // TestMonitoringToggles: the Prometheus Operator objects and the dashboard
 // render only when asked for.
 func TestMonitoringToggles(t *testing.T) {

@@ -63,8 +63,28 @@ sale pods' image). A digest wins over the tag; the tag defaults to appVersion.
 {{- range (.Files.Get "files/manager-role.yaml" | fromYaml).rules }}
 {{- if not (has "authentication.k8s.io" .apiGroups) }}
 {{- if not (has "authorization.k8s.io" .apiGroups) }}
+{{- if not (has "namespaces" .resources) }}
 {{- $out = append $out . }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $out | toYaml }}
+{{- end }}
+
+{{/*
+With watchNamespaces, the manager's rules that must outlive a watched
+namespace's Role (its deletion removes the Role before the sales): the
+FlashSales, to remove their finalizer, and the watched Namespaces by name, to
+tell that they are being deleted.
+*/}}
+{{- define "flashsale.cleanupRules" -}}
+{{- $out := list }}
+{{- range (.Files.Get "files/manager-role.yaml" | fromYaml).rules }}
+{{- if and (has "flashsale.dev" .apiGroups) (has "flashsales" .resources) }}
+{{- $out = append $out . }}
+{{- else if and (has "namespaces" .resources) (eq (len .resources) 1) }}
+{{- $out = append $out (set (deepCopy .) "resourceNames" $.Values.watchNamespaces) }}
 {{- end }}
 {{- end }}
 {{- $out | toYaml }}
