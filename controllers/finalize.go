@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -50,76 +51,23 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 			run.stop()
 		}
 	}
-	// A namespace's deletion removes the sale's Secrets and (watchNamespaces)
-	// the manager's Role before the sale. There, what the manager may no
-	// longer read or delete is left to that deletion.
+	// A namespace's deletion removes the sale's Secrets, a Redis or
+	// PostgreSQL that ran in it and (watchNamespaces) the manager's Role
+	// before the sale. There, what the manager may no longer read or delete
+	// is left to that deletion, and a cleanup that keeps failing is given up
+	// after namespaceDeletionWait.
 	deleting := sync.OnceValue(func() bool { return r.namespaceDeleting(ctx, fs.Namespace) })
-	refs, err := readReferences(ctx, r.secrets, fs)
-	var refErr *referenceError
-	if errors.As(err, &refErr) {
-		// The admission key only lets the pods reserve: without it, the
-		// Redis and ledger Secrets still end the sale and clean it up.
-		if store, serr := readStoreReferences(ctx, r.secrets, fs); serr == nil {
-			refs, err = store, nil
-		}
-	}
-	if apierrors.IsForbidden(err) && deleting() {
-		// The namespace's deletion took the manager's Role in it
-		// (watchNamespaces): its Secrets are going too.
-		refErr = &referenceError{ReasonSecretNotFound, fmt.Sprintf("namespace %q is being deleted and the sale's Secrets can no longer be read: %v", fs.Namespace, err)}
-		err = refErr
-	}
-	cached := r.conns.cached(name)
-	if cached != nil && cached.engine.Config().CampaignID != string(fs.UID) {
-		cached = nil // a sale of the same name, deleted since
-	}
-	switch {
-	case errors.As(err, &refErr) && cached != nil:
-		// The Secrets went with the sale (a namespace deleted, a GitOps
-		// prune): the connections opened before still clean up.
-		if err := cached.engine.Delete(ctx); err != nil {
-			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
-		}
-	case errors.As(err, &refErr):
-		msg := "Redis keys and ledger campaign left in place: " + refErr.message
-		r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "%s", truncate(msg, eventNoteLimit))
-		log.FromContext(ctx).Info(msg, "event", corev1.EventTypeWarning, "reason", ReasonCleanupSkipped)
-	case err != nil:
-		return err
-	default:
-		set := resolve(fs)
-		// Bounded: a ledger that hangs must not keep the sale selling until
-		// the reconcile's deadline; it is ended through Redis below.
-		gctx, cancel := context.WithTimeout(ctx, r.phaseTimeout())
-		defer cancel()
-		conn, err := r.conns.get(gctx, name, refs, engine.Config{
-			CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
-			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
-			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: idSecret(refs),
-		})
-		if err != nil && cached != nil {
-			// Secrets changed to values that do not connect: the pods still
-			// sell with the values they started with, and the connections
-			// opened before (the ones connect kept) end the sale and clean
-			// it up.
-			conn, err = cached, nil
-		}
-		var le *ledgerError
-		if errors.As(err, &le) {
-			// The deletion waits for the ledger; the sale is ended meanwhile,
-			// through Redis alone.
-			cctx, cancel := closingContext(ctx)
-			gates, done := redisOnly(fs, &refs)
-			_ = gates.End(cctx)
-			done()
-			cancel()
-		}
-		if err != nil {
+	// The stores' part keeps back what the rest of the reconcile needs: a
+	// store that hangs in a namespace being deleted is given up below.
+	sctx, cancel := phaseContext(ctx)
+	err := r.cleanupStores(sctx, fs, deleting)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil || !deleting() || r.now().Sub(fs.DeletionTimestamp.Time) < namespaceDeletionWait {
 			return err
 		}
-		if err := conn.engine.Delete(ctx); err != nil {
-			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
-		}
+		r.cleanupSkipped(ctx, fs, fmt.Sprintf("Redis keys and ledger campaign left in place: namespace %q is being deleted "+
+			"and the sale's cleanup has failed for %s since its deletion: %v", fs.Namespace, namespaceDeletionWait, err))
 	}
 	// Owner references remove the children on a real cluster; deleting them here
 	// also covers API servers without a garbage collector and stops the pods first.
@@ -159,6 +107,85 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 	return nil
 }
 
+// cleanupStores ends the sale and deletes its Redis keys and ledger
+// campaign, with the connections opened before when its Secrets are gone;
+// without them either, it skips the cleanup, saying so.
+func (r *FlashSaleReconciler) cleanupStores(ctx context.Context, fs *flashsalev1alpha1.FlashSale, deleting func() bool) error {
+	name := types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name}
+	refs, err := readReferences(ctx, r.secrets, fs)
+	var refErr *referenceError
+	if errors.As(err, &refErr) {
+		// The admission key only lets the pods reserve: without it, the
+		// Redis and ledger Secrets still end the sale and clean it up.
+		if store, serr := readStoreReferences(ctx, r.secrets, fs); serr == nil {
+			refs, err = store, nil
+		}
+	}
+	if apierrors.IsForbidden(err) && deleting() {
+		// The namespace's deletion took the manager's Role in it
+		// (watchNamespaces): its Secrets are going too.
+		refErr = &referenceError{ReasonSecretNotFound, fmt.Sprintf("namespace %q is being deleted and the sale's Secrets can no longer be read: %v", fs.Namespace, err)}
+		err = refErr
+	}
+	cached := r.conns.cached(name)
+	if cached != nil && cached.engine.Config().CampaignID != string(fs.UID) {
+		cached = nil // a sale of the same name, deleted since
+	}
+	switch {
+	case errors.As(err, &refErr) && cached != nil:
+		// The Secrets went with the sale (a namespace deleted, a GitOps
+		// prune): the connections opened before still clean up.
+		if err := cached.engine.Delete(ctx); err != nil {
+			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+		}
+	case errors.As(err, &refErr):
+		r.cleanupSkipped(ctx, fs, "Redis keys and ledger campaign left in place: "+refErr.message)
+	case err != nil:
+		return err
+	default:
+		set := resolve(fs)
+		// Bounded: a ledger that hangs must not keep the sale selling until
+		// the reconcile's deadline; it is ended through Redis below.
+		gctx, cancel := context.WithTimeout(ctx, r.phaseTimeout())
+		defer cancel()
+		conn, err := r.conns.get(gctx, name, refs, engine.Config{
+			CampaignID: string(fs.UID), Namespace: fs.Namespace, Name: fs.Name, SKU: fs.Spec.SKU,
+			Allocation: fs.Spec.Allocation, Shards: int(set.shards), MaxPerUser: int(set.maxPerUser),
+			TTL: set.ttl, Grace: set.grace, StealProbes: int(set.stealProbes), IDSecret: idSecret(refs),
+		})
+		if err != nil && cached != nil {
+			// Secrets changed to values that do not connect: the pods still
+			// sell with the values they started with, and the connections
+			// opened before (the ones connect kept) end the sale and clean
+			// it up.
+			conn, err = cached, nil
+		}
+		var le *ledgerError
+		if errors.As(err, &le) {
+			// The deletion waits for the ledger; the sale is ended meanwhile,
+			// through Redis alone.
+			cctx, cancel := closingContext(ctx)
+			gates, done := redisOnly(fs, &refs)
+			_ = gates.End(cctx)
+			done()
+			cancel()
+		}
+		if err != nil {
+			return err
+		}
+		if err := conn.engine.Delete(ctx); err != nil {
+			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+		}
+	}
+	return nil
+}
+
+// namespaceDeletionWait is how long after a sale's deletion began a
+// cleanup that keeps failing holds it in a namespace being deleted: its
+// stores may have lived there and gone first. A minute, as an owner whose
+// Lease goes unrenewed is taken for gone (DefaultOwnerStale).
+const namespaceDeletionWait = time.Minute
+
 // namespaceDeleting tells whether the namespace is being deleted. One the
 // manager may not read is taken for one that is not.
 func (r *FlashSaleReconciler) namespaceDeleting(ctx context.Context, namespace string) bool {
@@ -167,6 +194,13 @@ func (r *FlashSaleReconciler) namespaceDeleting(ctx context.Context, namespace s
 		return false
 	}
 	return !ns.DeletionTimestamp.IsZero()
+}
+
+// cleanupSkipped says that the sale goes without its cleanup, and why. The
+// API server refuses events in a namespace being deleted: the log keeps it.
+func (r *FlashSaleReconciler) cleanupSkipped(ctx context.Context, fs *flashsalev1alpha1.FlashSale, msg string) {
+	r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "%s", truncate(msg, eventNoteLimit))
+	log.FromContext(ctx).Info(msg, "event", corev1.EventTypeWarning, "reason", ReasonCleanupSkipped)
 }
 
 // setFinalizer adds or removes the finalizer with a patch of the finalizers

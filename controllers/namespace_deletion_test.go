@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
@@ -122,4 +124,42 @@ func TestNamespaceDeletionFinishesAfterTheManagersRoleWent(t *testing.T) {
 	if !cleanedUp(t, e, sharedRedis.Addr(), fs) {
 		t.Error("the sale's Redis keys or ledger campaign were left, though its connections were open")
 	}
+}
+
+// A sale whose Redis lived in its namespace: the namespace's deletion
+// removes the Secrets and the Redis before the sale. Outside a namespace's
+// deletion the sale waits for its Redis however long; in one, it waits a
+// minute after its deletion began, then goes without its cleanup.
+func TestNamespaceDeletionGivesUpOnItsStoresAfterAMinute(t *testing.T) {
+	t.Parallel()
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	late := e.lateClock()
+	e.startController()
+	fs := e.openSale("instore", 10)
+	ctx := context.Background()
+	e.deleteObjects(e.saleSecrets()...)
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	present := func() bool {
+		return k8s.Get(ctx, client.ObjectKeyFromObject(fs), &flashsalev1alpha1.FlashSale{}) == nil
+	}
+	late.Store(true) // 2 h after the deletion
+	e.deleteObjects(fs)
+	if !hasEvent(t, e.ns, "instore", controllers.ReasonCleanupFailed) {
+		t.Fatal("no CleanupFailed while the deletion waits for Redis")
+	}
+	if !present() {
+		t.Fatal("a sale whose namespace is not being deleted went without its cleanup")
+	}
+
+	late.Store(false)
+	e.deleteNamespace()
+	time.Sleep(11 * time.Second) // at least one retry: they back off to 10 s
+	if !present() {
+		t.Fatal("the sale went without its cleanup within a minute of its deletion")
+	}
+	late.Store(true)
+	e.waitGone("instore", settle)
 }
