@@ -145,14 +145,13 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels) &&
 			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields] &&
 			sameContractEnv(d.Spec.Template.Spec.Containers, l.Spec.Template.Spec.Containers)
-		// Keep the pod annotations others set (kubectl rollout restart's);
-		// ours (the secrets fingerprint) win.
-		ann := maps.Clone(l.Spec.Template.Annotations)
-		if ann == nil {
-			ann = map[string]string{}
-		}
-		maps.Copy(ann, d.Spec.Template.Annotations)
-		d.Spec.Template.Annotations = ann
+		// Keep the pod labels and annotations others set (a mesh's
+		// injection label, a NetworkPolicy's selector label, kubectl
+		// rollout restart's annotation): a rewrite without them would roll
+		// the pods and the new ones would lose them. Ours (the selector's
+		// labels, the secrets fingerprint) win.
+		d.Spec.Template.Labels = mergeStrings(l.Spec.Template.Labels, d.Spec.Template.Labels)
+		d.Spec.Template.Annotations = mergeStrings(l.Spec.Template.Annotations, d.Spec.Template.Annotations)
 	case *corev1.Service:
 		l := live.(*corev1.Service)
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)

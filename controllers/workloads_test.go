@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -116,6 +117,49 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 	if d.Annotations["deployment.kubernetes.io/revision"] != "7" || d.Labels["team"] != "checkout" {
 		t.Fatalf("others' metadata lost: annotations %v, labels %v", d.Annotations, d.Labels)
 	}
+}
+
+// Labels someone adds to the reserve pods' template (a mesh's injection
+// label, a NetworkPolicy's selector label) survive the operator's next
+// rewrite of the Deployment for a change of its own, as the template's
+// annotations do, and the operator's own labels keep its values.
+func TestPodTemplateLabelsOthersAddSurviveARewrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("labelled", 10)
+	others := map[string]string{"sidecar.istio.io/inject": "true", "netpol.example.com/ledger-client": "allow"}
+	update(t, e.deployment("labelled-reserve"), func(d *appsv1.Deployment) { maps.Copy(d.Spec.Template.Labels, others) })
+	// A change of the operator's own: the TTL, an env var of the pods.
+	updateSpec(t, e.ns, "labelled", func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Reservation.TTL = &metav1.Duration{Duration: 2 * time.Minute}
+	})
+	testharness.Eventually(t, settle, "the new TTL in the pod template", func() bool {
+		return slices.Contains(envOf(e.deployment("labelled-reserve")), config.EnvTTL+"=2m0s")
+	})
+	got := e.deployment("labelled-reserve").Spec.Template.Labels
+	for k, v := range others {
+		if got[k] != v {
+			t.Errorf("pod template label %s=%s lost in the operator's rewrite: %v", k, v, got)
+		}
+	}
+	ours := map[string]string{controllers.LabelName: "flashsale", controllers.LabelInstance: "labelled",
+		controllers.LabelComponent: controllers.ComponentReserve, controllers.LabelManagedBy: controllers.ManagedBy,
+		controllers.LabelFlashSale: "labelled"}
+	for k, v := range ours {
+		if got[k] != v {
+			t.Errorf("the operator's pod template label %s is %q, not %q", k, got[k], v)
+		}
+	}
+}
+
+// envOf is the first container's environment as NAME=value.
+func envOf(d *appsv1.Deployment) []string {
+	var out []string
+	for _, v := range d.Spec.Template.Spec.Containers[0].Env {
+		out = append(out, v.Name+"="+v.Value)
+	}
+	return out
 }
 
 // The pod contract's variables (FLASHSALE_*) are the operator's: one added to
