@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -67,16 +68,49 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 			return false, c.reason, fmt.Sprintf("Deployment %s does not exist yet", name), nil
 		case err != nil:
 			return false, "", "", err
+		}
+		refused, why := deploymentTrouble(&d)
+		switch {
 		case d.Status.ReadyReplicas < 1:
-			return false, c.reason, fmt.Sprintf("Deployment %s has 0 of %d replicas ready: %s", name, ptr.Deref(d.Spec.Replicas, 1), c.without), nil
+			// The component's reason, refused or not: SweeperNotReady
+			// has an alert of its own.
+			return false, c.reason, fmt.Sprintf("Deployment %s has 0 of %d replicas ready: %s%s",
+				name, ptr.Deref(d.Spec.Replicas, 1), c.without, why), nil
+		case refused:
+			// Some serve, but the replicas asked for will not exist until
+			// the quota or the policy changes (a scale-up, a rollout).
+			return false, ReasonReplicaFailure, fmt.Sprintf("Deployment %s has %d of %d replicas ready%s",
+				name, d.Status.ReadyReplicas, ptr.Deref(d.Spec.Replicas, 1), why), nil
 		case rollingOut(&d):
 			// Pods of the old template still serve the old settings: a
 			// pipeline waiting on Ready after a change waits for the pods too.
-			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %d of %d replicas run the current spec",
-				name, d.Status.UpdatedReplicas, d.Status.Replicas), nil
+			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %d of %d replicas run the current spec%s",
+				name, d.Status.UpdatedReplicas, d.Status.Replicas, why), nil
 		}
 	}
 	return true, ReasonReady, "", nil
+}
+
+// progressDeadlineExceeded is the Progressing condition's reason when a
+// rollout made no progress for spec.progressDeadlineSeconds.
+const progressDeadlineExceeded = "ProgressDeadlineExceeded"
+
+// deploymentTrouble is what the Deployment's conditions say, for Ready's
+// message, that the replica counts alone would not: pods the cluster refuses
+// (a ResourceQuota, a LimitRange, Pod Security admission), which are then
+// never created, or else a rollout past its progress deadline.
+func deploymentTrouble(d *appsv1.Deployment) (refused bool, why string) {
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentReplicaFailure && c.Status == corev1.ConditionTrue {
+			return true, ": " + c.Reason + ": " + c.Message
+		}
+	}
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse && c.Reason == progressDeadlineExceeded {
+			return false, " (" + c.Reason + ": " + c.Message + ")"
+		}
+	}
+	return false, ""
 }
 
 // rollingOut reports pods of an older template still running. A change the

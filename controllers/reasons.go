@@ -80,6 +80,11 @@ const (
 	ReasonCleanupSkipped    = "CleanupSkipped"
 	ReasonCleanupFailed     = "CleanupFailed"
 
+	// Ready's reason when a reserve or sweeper Deployment's ReplicaFailure
+	// condition is True: its pods are refused (a ResourceQuota, a
+	// LimitRange, Pod Security admission).
+	ReasonReplicaFailure = "ReplicaFailure"
+
 	// Degraded's reasons (see findCrashes): a replica OOM-killed, one
 	// waiting in CrashLoopBackOff after another end, one that exited
 	// non-zero; none of these in crashWindow.
