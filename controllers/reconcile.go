@@ -80,6 +80,7 @@ type FlashSaleReconciler struct {
 
 	conns connections
 	locks saleLocks
+	noops noopWrites
 	// apiReader reads past the cache: objects the cache does not hold (a
 	// child that lost its labels, one that is not ours).
 	apiReader client.Reader
@@ -110,6 +111,7 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Get(ctx, req.NamespacedName, fs); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.conns.drop(req.NamespacedName)
+			r.noops.forget(req.NamespacedName)
 			r.conflictBackoff().Forget(req)
 			return ctrl.Result{}, nil
 		}

@@ -2,10 +2,14 @@ package controllers
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -123,6 +128,7 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	if err := ctrl.SetControllerReference(owner, desired, r.Scheme()); err != nil {
 		return err
 	}
+	hash := objectHash(desired)
 	live := desired.DeepCopyObject().(client.Object)
 	err := r.readLive(ctx, live)
 	if apierrors.IsNotFound(err) {
@@ -133,6 +139,9 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	}
 	if !metav1.IsControlledBy(live, owner) {
 		return fmt.Errorf("it exists and is not owned by FlashSale %s", owner.Name)
+	}
+	if r.noops.holds(owner, live, hash) {
+		return nil
 	}
 	var same bool
 	// Labels and annotations others keep on the object (the Deployment
@@ -164,7 +173,69 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		return nil
 	}
 	desired.SetResourceVersion(live.GetResourceVersion())
-	return r.Update(ctx, desired)
+	if err := r.Update(ctx, desired); err != nil {
+		return err
+	}
+	r.noops.note(owner, live, desired.GetResourceVersion(), hash)
+	return nil
+}
+
+// noopWrites remembers, per sale, the children whose last Update stored
+// nothing: admission (a webhook or policy) replaced a value the operator
+// sets, such as the image with a mirror's, so the object stays unlike the
+// desired one and each reconcile would send the same Update again, calling
+// the webhook every time (and a webhook that fails would make a healthy sale
+// ChildrenFailed). Such a child is neither compared nor written again while
+// its UID and resourceVersion and the desired object's hash stay those of
+// that no-op: a hand edit changes the resourceVersion and a new spec the
+// hash, and either is compared and written as before. One entry per child,
+// dropped with its sale (forget).
+type noopWrites struct {
+	mu    sync.Mutex
+	sales map[types.NamespacedName]map[string]noopWrite
+}
+
+type noopWrite struct {
+	uid                   types.UID
+	resourceVersion, hash string
+}
+
+func (n *noopWrites) holds(owner *flashsalev1alpha1.FlashSale, live client.Object, hash string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	w, ok := n.sales[client.ObjectKeyFromObject(owner)][kindOf(live)+"/"+live.GetName()]
+	return ok && w == noopWrite{live.GetUID(), live.GetResourceVersion(), hash}
+}
+
+// note records an Update of live that came back as resourceVersion.
+func (n *noopWrites) note(owner *flashsalev1alpha1.FlashSale, live client.Object, resourceVersion, hash string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sale, child := client.ObjectKeyFromObject(owner), kindOf(live)+"/"+live.GetName()
+	if resourceVersion != live.GetResourceVersion() {
+		delete(n.sales[sale], child) // written
+		return
+	}
+	if n.sales == nil {
+		n.sales = map[types.NamespacedName]map[string]noopWrite{}
+	}
+	if n.sales[sale] == nil {
+		n.sales[sale] = map[string]noopWrite{}
+	}
+	n.sales[sale][child] = noopWrite{live.GetUID(), resourceVersion, hash}
+}
+
+func (n *noopWrites) forget(sale types.NamespacedName) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.sales, sale)
+}
+
+// objectHash identifies a desired child (JSON sorts map keys: stable).
+func objectHash(o client.Object) string {
+	b, _ := json.Marshal(o)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // mergeStrings is live's entries overlaid with ours (nil when both are empty).
