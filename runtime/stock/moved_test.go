@@ -2,6 +2,7 @@ package stock_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -80,5 +81,79 @@ func TestScriptFollowsMoved(t *testing.T) {
 	}
 	if st, err := setup.State(ctx); err != nil || st[0].Available != 5 || st[0].Reserved != 0 {
 		t.Fatalf("after the release: %+v %v", st, err)
+	}
+}
+
+// A rebuild that starts on a slot being migrated to another master keeps
+// the shard's meta (closed, REBUILDING, with the sale's schedule): Redis
+// refuses a script's write to a key the script deleted on such a slot, and
+// rebuild_begin used to delete the meta and write it anew, so it stopped
+// halfway with the meta gone and the schedule with it.
+func TestRebuildBeginOnAMigratingSlotKeepsTheMeta(t *testing.T) {
+	c := testharness.RedisClusterT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer admin.Close()
+	rdb := config.Redis{Mode: config.RedisCluster, Addresses: c.Addrs()}.Client()
+	defer rdb.Close()
+	s := stock.New(rdb, "rebuild-migrating", 1)
+	if _, err := s.Seed(ctx, 0, 10, 1, stock.StateOpen, 0); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	if _, err := s.SetWindow(ctx, time.Time{}, end); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: "u", Key: "k1", Quantity: 1, MaxPerUser: 1, TTL: time.Minute}); err != nil || r.Code != stock.Reserved {
+		t.Fatalf("reserve: %+v %v", r, err)
+	}
+	k := s.Keys(0)
+	if err := admin.ZAdd(ctx, k.Claims(), redis.Z{Score: 1, Member: "x"}).Err(); err != nil { // every declared key present
+		t.Fatal(err)
+	}
+	slot, err := admin.ClusterKeySlot(ctx, k.Meta()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := admin.MasterForKey(ctx, k.Meta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := redisOn(src.Options().Addr)
+	var to *redis.Client
+	for _, n := range c.Nodes() {
+		if n.Addr() != src.Options().Addr {
+			to = redisOn(n.Addr())
+			break
+		}
+	}
+	fromID, err := from.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	toID, err := to.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = from.Do(context.Background(), "CLUSTER", "SETSLOT", slot, "NODE", fromID).Err()
+		_ = to.Do(context.Background(), "CLUSTER", "SETSLOT", slot, "NODE", fromID).Err()
+	})
+	if err := s.RebuildBegin(ctx, 0, 2); err != nil {
+		t.Fatalf("rebuild begin on a migrating slot: %v", err)
+	}
+	meta, err := from.HGetAll(ctx, k.Meta()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta["state"] != stock.StateRebuilding || meta["epoch"] != "2" || meta["we"] != strconv.FormatInt(end.UnixMilli(), 10) || meta["alloc"] != "" {
+		t.Fatalf("the meta after rebuild begin: %v; want REBUILDING at epoch 2, the schedule kept and the data's fields gone", meta)
 	}
 }

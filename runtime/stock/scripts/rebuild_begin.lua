@@ -22,30 +22,42 @@
 --
 -- Run twice: safe. A shard already REBUILDING under this epoch keeps its meta,
 -- and deleting what is already gone changes nothing.
-local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch', 'ws', 'we')
+--
+-- The meta is rewritten in place, never deleted: on a slot being migrated,
+-- Redis refuses a write to a key the script deleted, and would stop the script
+-- with the shard left without a meta.
+local keep = {state = true, epoch = true, rsv = true, srv = true, lin = true, ws = true, we = true}
+local cur = redis.call('HMGET', KEYS[2], 'state', 'epoch')
 if cur[1] ~= 'REBUILDING' or tonumber(cur[2]) ~= tonumber(ARGV[1]) then
-  redis.call('DEL', KEYS[2])
   local info = redis.call('INFO', 'server', 'replication')
   local srv, lin = string.match(info, 'run_id:(%x+)'), string.match(info, 'master_replid:(%x+)')
   redis.call('HSET', KEYS[2], 'state', 'REBUILDING', 'epoch', ARGV[1], 'rsv', 0, 'srv', srv, 'lin', lin)
-  -- The sale's window (window.lua) is the schedule's, not the data's: kept.
-  if cur[3] then
-    redis.call('HSET', KEYS[2], 'ws', cur[3])
+  -- The rest of the data's fields go; the sale's window (ws, we, written by
+  -- window.lua) is the schedule's, not the data's: kept.
+  local stale = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if not keep[f] then
+      stale[#stale + 1] = f
+    end
   end
-  if cur[4] then
-    redis.call('HSET', KEYS[2], 'we', cur[4])
+  if #stale > 0 then
+    redis.call('HDEL', KEYS[2], unpack(stale))
   end
 end
+-- Counted before the ZREM, which deletes the index with its last member (a
+-- key not read again, as above).
+local left = redis.call('ZCARD', KEYS[3])
 local members = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
 for _, key in ipairs(members) do
   redis.call('UNLINK', ARGV[2] .. key)
 end
 if #members > 0 then
   redis.call('ZREM', KEYS[3], unpack(members))
+  left = left - #members
 end
-local left = redis.call('ZCARD', KEYS[3])
 if left == 0 then
   -- UNLINK: a users hash of millions of buyers is freed in the background.
-  redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+  -- The index is gone already, or never was.
+  redis.call('UNLINK', KEYS[1], KEYS[4], KEYS[5])
 end
 return left
