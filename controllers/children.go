@@ -338,6 +338,11 @@ func SweeperDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 			corev1.ResourceCPU: mustQuantity("50m"), corev1.ResourceMemory: mustQuantity("64Mi"),
 		}},
 	}
+	if r := fs.Spec.Sweeper.Resources; r != nil {
+		c.Resources = *r.DeepCopy()
+		roundUpToMillis(c.Resources.Requests)
+		roundUpToMillis(c.Resources.Limits)
+	}
 	d := deployment(fs, ComponentSweeper, image, sweeperReplicas, c)
 	// On SIGTERM a pass in progress finishes (up to 25 s), then the lock is
 	// given up (up to 5 s) and the probes' server stops (up to 5 s).

@@ -252,3 +252,27 @@ func TestReserveResourcesAndPodFieldsHash(t *testing.T) {
 		t.Fatal("a nodeSelector does not change the pod fields hash")
 	}
 }
+
+// The sweeper's resources are the spec's when it sets them (a namespace whose
+// ResourceQuota asks every pod for limits), rounded as the reserve pods'
+// are, and its small requests otherwise.
+func TestSweeperResources(t *testing.T) {
+	d := SweeperDeployment(testSale(), "img")
+	if r := d.Spec.Template.Spec.Containers[0].Resources; r.Requests.Cpu().String() != "50m" || r.Requests.Memory().String() != "64Mi" || len(r.Limits) != 0 {
+		t.Fatalf("default sweeper resources %+v", r)
+	}
+	fs := testSale(func(fs *flashsalev1alpha1.FlashSale) {
+		fs.Spec.Sweeper.Resources = &corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500u"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+		}
+	})
+	d = SweeperDeployment(fs, "img")
+	r := d.Spec.Template.Spec.Containers[0].Resources
+	if r.Requests.Cpu().String() != "100m" || r.Limits.Cpu().String() != "2m" || r.Limits.Memory().String() != "128Mi" {
+		t.Fatalf("sweeper resources %+v", r)
+	}
+	if d.Annotations[AnnotationPodFields] == SweeperDeployment(testSale(), "img").Annotations[AnnotationPodFields] {
+		t.Fatal("the sweeper's resources do not change its pod fields hash")
+	}
+}

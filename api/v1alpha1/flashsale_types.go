@@ -274,6 +274,13 @@ type SweeperSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="sweeper.interval must be at least 1s"
 	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1h')",message="sweeper.interval must be at most 1h: expired reservations wait for it to be given back"
 	Interval *metav1.Duration `json:"interval,omitempty"`
+
+	// resources are the compute resources of each sweeper pod. Without
+	// them: requests of 50m CPU and 64Mi memory, and no limits; set them
+	// where a ResourceQuota asks every pod for limits or a LimitRange for
+	// more, or the sweeper's pods are refused.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
 // PodsSpec places the reserve and sweeper pods.
