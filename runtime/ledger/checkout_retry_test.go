@@ -49,10 +49,7 @@ func TestCheckoutRetryWaitsForTheFirstAttempt(t *testing.T) {
 		case a := <-retried:
 			early = &a
 		default:
-			if err := l.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR SHARE%'`).Scan(&waiting); err != nil {
-				t.Fatal(err)
-			}
+			waiting = lockWaits(t, l) > 0
 		}
 	}
 	if err := first.Commit(ctx); err != nil {
@@ -71,4 +68,91 @@ func TestCheckoutRetryWaitsForTheFirstAttempt(t *testing.T) {
 		t.Fatalf("the paid order's payment recorded as late: %v", lp)
 	}
 	mustStatus(t, l, o.ReservationID, StatusCommitted)
+}
+
+// lockWaits counts the sessions of the test's database waiting for a lock.
+func lockWaits(t *testing.T, l *Ledger) (n int) {
+	t.Helper()
+	if err := l.pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The same when the first attempt waits behind a reader's share lock on the
+// row (a report, or any FOR SHARE) and reaches the row only after the expiry:
+// the retry does not jump ahead of it, and it does not commit a payment its
+// retry was told to void. Whichever gets the row first, both answers agree
+// with the row.
+func TestCheckoutRetryAndItsFirstAttemptAgreeBehindAShareLock(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 100, 1)
+	o := insertOrder(t, l, pendingOrder(c, "bob", 0, 0), 500*time.Millisecond)
+
+	reader, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reader.Rollback(context.Background()) })
+	if _, err := reader.Exec(ctx, `SELECT 1 FROM flashsale_orders WHERE reservation_id = $1 FOR SHARE`, o.ReservationID); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		got CheckoutOutcome
+		err error
+	}
+	attempt := func() chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			got, _, err := l.Checkout(ctx, c.ID, o.ReservationID, "bob", "pay-1")
+			ch <- answer{got, err}
+		}()
+		return ch
+	}
+	first := attempt()
+	for lockWaits(t, l) < 1 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for expired := false; !expired; time.Sleep(20 * time.Millisecond) {
+		if err := l.pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM flashsale_orders WHERE reservation_id = $1`, o.ReservationID).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+	}
+	retry := attempt()
+	// The retry answers at once only if it jumped the queue; else it waits too.
+	var early *answer
+	for early == nil && lockWaits(t, l) < 2 {
+		select {
+		case a := <-retry:
+			early = &a
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-first
+	r := early
+	if r == nil {
+		got := <-retry
+		r = &got
+	}
+	row, err := l.GetOrder(ctx, c.ID, o.ReservationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := latePayments(t, l, o.ReservationID)
+	t.Logf("first attempt %v %v, retry %v %v, row %s, late payments %v", a.got, a.err, r.got, r.err, row.Status, late)
+	if a.err != nil || r.err != nil {
+		t.Fatalf("errors: %v, %v", a.err, r.err)
+	}
+	if row.Status == StatusCommitted && (r.got == CheckoutExpired || a.got == CheckoutExpired || len(late) != 0) {
+		t.Fatalf("the order is paid with pay-1, and an answer says to void it: first %v, retry %v, late payments %v", a.got, r.got, late)
+	}
+	if row.Status == StatusPending && (a.got != CheckoutExpired || r.got != CheckoutExpired) {
+		t.Fatalf("the order is not paid, and an answer says it is: first %v, retry %v", a.got, r.got)
+	}
 }

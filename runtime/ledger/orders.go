@@ -53,20 +53,27 @@ const (
 
 	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND reservation_id = $2`
 
-	// The follow-up read after a conditional update matched nothing; expired
-	// is judged by the database clock, like the update. FOR SHARE waits for
-	// an update of the row in flight and reads what it committed: a retried
-	// checkout whose first attempt started before the expiry and still runs
-	// (a lock wait, a slow commit) must not read PENDING and expired, record
-	// its payment as late and answer "void it" while that attempt commits it.
-	sqlGetOrderWithExpiry = `SELECT ` + orderColumns + `, expires_at <= now() FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND reservation_id = $2 FOR SHARE`
-
 	// I7: commits only while the lease is valid by the database clock, so a
 	// payment racing the sweeper either commits first or finds the row gone.
+	// The clock is read when the row is reached, not when the statement
+	// started: a checkout held past the expiry (a lock wait) must not commit
+	// once a retry of it has been told "expired" (sqlExpiredCheckout).
 	sqlCheckout = `UPDATE flashsale_orders
 SET status = 'COMMITTED', payment_token = $4, updated_at = now()
 WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3
-  AND status = 'PENDING' AND expires_at > now()
+  AND status = 'PENDING' AND expires_at > clock_timestamp()
+RETURNING ` + orderColumns
+
+	// A checkout that finds its reservation PENDING and expired writes the
+	// row (changing nothing) before it answers "expired, void the payment".
+	// The write waits for a checkout of the row in flight, and reads what it
+	// committed; and a checkout that reaches the row later re-reads it, and
+	// the clock, and finds it expired too. A plain read could answer
+	// "expired" while an earlier attempt of the same payment, started before
+	// the expiry, went on to commit it.
+	sqlExpiredCheckout = `UPDATE flashsale_orders SET updated_at = updated_at
+WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3
+  AND status = 'PENDING' AND expires_at <= clock_timestamp()
 RETURNING ` + orderColumns
 
 	sqlRecordLatePayment = `INSERT INTO flashsale_late_payments (reservation_id, campaign_id, user_id, payment_token, order_status)
@@ -112,13 +119,12 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::i
 ON CONFLICT DO NOTHING`
 )
 
-func scanOrder(row pgx.Row, extra ...any) (Order, error) {
+func scanOrder(row pgx.Row) (Order, error) {
 	var o Order
 	var status string
 	var token *string
-	dest := append([]any{&o.ReservationID, &o.CampaignID, &o.SKU, &o.UserID, &o.Shard, &o.Quantity,
-		&status, &o.Epoch, &o.ExpiresAt, &token, &o.CreatedAt, &o.UpdatedAt}, extra...)
-	if err := row.Scan(dest...); err != nil {
+	if err := row.Scan(&o.ReservationID, &o.CampaignID, &o.SKU, &o.UserID, &o.Shard, &o.Quantity,
+		&status, &o.Epoch, &o.ExpiresAt, &token, &o.CreatedAt, &o.UpdatedAt); err != nil {
 		return Order{}, err
 	}
 	o.Status = Status(status)
@@ -143,18 +149,18 @@ func (l *Ledger) GetOrder(ctx context.Context, campaignID, reservationID string)
 // getOwnOrder reads the row for a follow-up decision; found is false when the
 // row is missing or belongs to another campaign or user, which callers must
 // not be able to tell apart.
-func (l *Ledger) getOwnOrder(ctx context.Context, campaignID, reservationID, userID string) (o Order, expired, found bool, err error) {
-	o, err = scanOrder(l.pool.QueryRow(ctx, sqlGetOrderWithExpiry, campaignID, reservationID), &expired)
+func (l *Ledger) getOwnOrder(ctx context.Context, campaignID, reservationID, userID string) (o Order, found bool, err error) {
+	o, err = scanOrder(l.pool.QueryRow(ctx, sqlGetOrder, campaignID, reservationID))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Order{}, false, false, nil
+		return Order{}, false, nil
 	}
 	if err != nil {
-		return Order{}, false, false, err
+		return Order{}, false, err
 	}
 	if o.CampaignID != campaignID || o.UserID != userID {
-		return Order{}, false, false, nil
+		return Order{}, false, nil
 	}
-	return o, expired, true, nil
+	return o, true, nil
 }
 
 // CheckoutOutcome says what Checkout did.
@@ -209,18 +215,25 @@ func (l *Ledger) Checkout(ctx context.Context, campaignID, reservationID, userID
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return 0, Order{}, fmt.Errorf("ledger: checkout %s: %w", reservationID, err)
 		}
-		o, expired, found, err := l.getOwnOrder(ctx, campaignID, reservationID, userID)
-		if err != nil {
+		o, err = scanOrder(l.pool.QueryRow(ctx, sqlExpiredCheckout, reservationID, campaignID, userID))
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return 0, Order{}, fmt.Errorf("ledger: checkout %s: %w", reservationID, err)
 		}
-		if !found {
-			return CheckoutNotFound, Order{}, nil
-		}
-		switch {
-		case o.Status == StatusCommitted && o.PaymentToken == paymentToken:
-			return CheckoutAlreadyCommitted, o, nil
-		case o.Status == StatusPending && !expired:
-			continue // inserted after the update looked; try again
+		if err != nil {
+			// Not PENDING and expired: paid, cancelled, not yet expired (a
+			// row inserted after the update looked), another user's or none.
+			var found bool
+			if o, found, err = l.getOwnOrder(ctx, campaignID, reservationID, userID); err != nil {
+				return 0, Order{}, fmt.Errorf("ledger: checkout %s: %w", reservationID, err)
+			}
+			switch {
+			case !found:
+				return CheckoutNotFound, Order{}, nil
+			case o.Status == StatusCommitted && o.PaymentToken == paymentToken:
+				return CheckoutAlreadyCommitted, o, nil
+			case o.Status == StatusPending:
+				continue // changed between the statements; try again
+			}
 		}
 		// Paid with another token, expired, cancelled or abandoned: this
 		// payment sold nothing, and the money must go back.
@@ -281,7 +294,7 @@ func (l *Ledger) CancelByUser(ctx context.Context, campaignID, reservationID, us
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return 0, Order{}, fmt.Errorf("ledger: cancel %s: %w", reservationID, err)
 		}
-		o, _, found, err := l.getOwnOrder(ctx, campaignID, reservationID, userID)
+		o, found, err := l.getOwnOrder(ctx, campaignID, reservationID, userID)
 		if err != nil {
 			return 0, Order{}, fmt.Errorf("ledger: cancel %s: %w", reservationID, err)
 		}

@@ -73,7 +73,7 @@ func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 			key  string // what an index condition on the orders must name
 		}{
 			{"checkout", sqlCheckout, []any{ids[0], c.sale.ID, "u", "pay"}, "reservation_id = "},
-			{"the follow-up read", sqlGetOrderWithExpiry, []any{c.sale.ID, ids[0]}, "reservation_id = "},
+			{"the expired checkout's write", sqlExpiredCheckout, []any{ids[0], c.sale.ID, "u"}, "reservation_id = "},
 			{"GetOrder", sqlGetOrder, []any{c.sale.ID, ids[0]}, "reservation_id = "},
 			{"cancel by the buyer", sqlCancelByUser, []any{ids[0], c.sale.ID, "u"}, "reservation_id = "},
 			{"a request's order", sqlGetRequestOrder, []any{c.sale.ID, "k"}, "request_key = "},

@@ -99,7 +99,7 @@ func TestOrderLookupsByIDUseThePrimaryKey(t *testing.T) {
 		args []any
 	}{
 		{"GetOrder", sqlGetOrder, []any{"c", "0.a"}},
-		{"the follow-up read", sqlGetOrderWithExpiry, []any{"c", "0.a"}},
+		{"the expired checkout's write", sqlExpiredCheckout, []any{"0.a", "c", "u"}},
 		{"checkout", sqlCheckout, []any{"0.a", "c", "u", "pay"}},
 		{"cancel by the buyer", sqlCancelByUser, []any{"0.a", "c", "u"}},
 		{"the sweeper's cancel", sqlCancelExpired, []any{"c", ids, int64(0)}},
