@@ -358,12 +358,19 @@ func warmPool(ctx context.Context, c *redis.Client) error {
 			_ = cn.Close() // back to the pool, idle
 		}
 	}()
-	for range warmConns {
+	// A pooled connection the previous case's fault left dead fails its
+	// ping; go-redis drops it on Close and the next Conn dials afresh.
+	var err error
+	for attempts := 0; len(conns) < warmConns && attempts < 4*warmConns; attempts++ {
 		cn := c.Conn()
-		conns = append(conns, cn)
-		if err := cn.Ping(ctx).Err(); err != nil {
-			return err
+		if err = cn.Ping(ctx).Err(); err != nil {
+			_ = cn.Close()
+			continue
 		}
+		conns = append(conns, cn)
+	}
+	if len(conns) < warmConns {
+		return fmt.Errorf("warming the pool: %d of %d connections answered: %w", len(conns), warmConns, err)
 	}
 	return nil
 }
