@@ -291,7 +291,12 @@ func podFieldsHash(p *corev1.PodSpec) string {
 	for _, c := range p.Containers {
 		fields.Resources = append(fields.Resources, c.Resources)
 	}
-	b, _ := json.Marshal(fields) // map keys sorted: stable
+	return jsonDigest(fields)
+}
+
+// jsonDigest is a short digest of v's JSON (map keys sorted: stable).
+func jsonDigest(v any) string {
+	b, _ := json.Marshal(v)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
 }

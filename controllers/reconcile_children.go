@@ -2,9 +2,6 @@ package controllers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -128,7 +125,7 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	if err := ctrl.SetControllerReference(owner, desired, r.Scheme()); err != nil {
 		return err
 	}
-	hash := objectHash(desired)
+	hash := jsonDigest(desired)
 	live := desired.DeepCopyObject().(client.Object)
 	err := r.readLive(ctx, live)
 	if apierrors.IsNotFound(err) {
@@ -229,13 +226,6 @@ func (n *noopWrites) forget(sale types.NamespacedName) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.sales, sale)
-}
-
-// objectHash identifies a desired child (JSON sorts map keys: stable).
-func objectHash(o client.Object) string {
-	b, _ := json.Marshal(o)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
 }
 
 // mergeStrings is live's entries overlaid with ours (nil when both are empty).

@@ -26,41 +26,16 @@ func TestCheckoutRetryWaitsForTheFirstAttempt(t *testing.T) {
 	if tag, err := first.Exec(ctx, sqlCheckout, o.ReservationID, c.ID, "bob", "pay-1"); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("the first attempt's update: %v %v", tag, err)
 	}
-	for expired := false; !expired; time.Sleep(20 * time.Millisecond) {
-		if err := l.pool.QueryRow(ctx, `SELECT expires_at <= now() FROM flashsale_orders WHERE reservation_id = $1`, o.ReservationID).Scan(&expired); err != nil {
-			t.Fatal(err)
-		}
-	}
+	waitExpired(t, l, o.ReservationID)
 
-	type answer struct {
-		got CheckoutOutcome
-		err error
-	}
-	retried := make(chan answer, 1)
-	go func() {
-		got, _, err := l.Checkout(ctx, c.ID, o.ReservationID, "bob", "pay-1")
-		retried <- answer{got, err}
-	}()
-	// The retry either answered already (it did not wait) or waits for the
+	// The retry either answers at once (it did not wait) or waits for the
 	// first attempt's row lock.
-	var early *answer
-	for waiting := false; !waiting && early == nil; time.Sleep(20 * time.Millisecond) {
-		select {
-		case a := <-retried:
-			early = &a
-		default:
-			waiting = lockWaits(t, l) > 0
-		}
-	}
+	retry := startCheckout(ctx, l, c, o.ReservationID)
+	retry.queued(t, l, 1)
 	if err := first.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a := early
-	if a == nil {
-		got := <-retried
-		a = &got
-	}
-	if a.err != nil || a.got != CheckoutAlreadyCommitted {
+	if a := retry.answer(); a.err != nil || a.got != CheckoutAlreadyCommitted {
 		t.Fatalf("the retry answered %v, %v (late payments %v); the first attempt committed the order with the same payment: want already committed",
 			a.got, a.err, latePayments(t, l, o.ReservationID))
 	}
@@ -68,16 +43,6 @@ func TestCheckoutRetryWaitsForTheFirstAttempt(t *testing.T) {
 		t.Fatalf("the paid order's payment recorded as late: %v", lp)
 	}
 	mustStatus(t, l, o.ReservationID, StatusCommitted)
-}
-
-// lockWaits counts the sessions of the test's database waiting for a lock.
-func lockWaits(t *testing.T, l *Ledger) (n int) {
-	t.Helper()
-	if err := l.pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // The same when the first attempt waits behind a reader's share lock on the
@@ -100,46 +65,18 @@ func TestCheckoutRetryAndItsFirstAttemptAgreeBehindAShareLock(t *testing.T) {
 	if _, err := reader.Exec(ctx, `SELECT 1 FROM flashsale_orders WHERE reservation_id = $1 FOR SHARE`, o.ReservationID); err != nil {
 		t.Fatal(err)
 	}
-	type answer struct {
-		got CheckoutOutcome
-		err error
-	}
-	attempt := func() chan answer {
-		ch := make(chan answer, 1)
-		go func() {
-			got, _, err := l.Checkout(ctx, c.ID, o.ReservationID, "bob", "pay-1")
-			ch <- answer{got, err}
-		}()
-		return ch
-	}
-	first := attempt()
+	first := startCheckout(ctx, l, c, o.ReservationID)
 	for lockWaits(t, l) < 1 {
 		time.Sleep(10 * time.Millisecond)
 	}
-	for expired := false; !expired; time.Sleep(20 * time.Millisecond) {
-		if err := l.pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM flashsale_orders WHERE reservation_id = $1`, o.ReservationID).Scan(&expired); err != nil {
-			t.Fatal(err)
-		}
-	}
-	retry := attempt()
+	waitExpired(t, l, o.ReservationID)
 	// The retry answers at once only if it jumped the queue; else it waits too.
-	var early *answer
-	for early == nil && lockWaits(t, l) < 2 {
-		select {
-		case a := <-retry:
-			early = &a
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	retry := startCheckout(ctx, l, c, o.ReservationID)
+	retry.queued(t, l, 2)
 	if err := reader.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a := <-first
-	r := early
-	if r == nil {
-		got := <-retry
-		r = &got
-	}
+	a, r := first.answer(), retry.answer()
 	row, err := l.GetOrder(ctx, c.ID, o.ReservationID)
 	if err != nil {
 		t.Fatal(err)
@@ -154,5 +91,66 @@ func TestCheckoutRetryAndItsFirstAttemptAgreeBehindAShareLock(t *testing.T) {
 	}
 	if row.Status == StatusPending && (a.got != CheckoutExpired || r.got != CheckoutExpired) {
 		t.Fatalf("the order is not paid, and an answer says it is: first %v, retry %v", a.got, r.got)
+	}
+}
+
+// checkoutRun is bob's checkout of a reservation with pay-1, running in the
+// background.
+type checkoutRun struct {
+	ch    chan checkoutAnswer
+	early *checkoutAnswer // answered while queued was waiting
+}
+
+type checkoutAnswer struct {
+	got CheckoutOutcome
+	err error
+}
+
+func startCheckout(ctx context.Context, l *Ledger, c Campaign, id string) *checkoutRun {
+	r := &checkoutRun{ch: make(chan checkoutAnswer, 1)}
+	go func() {
+		got, _, err := l.Checkout(ctx, c.ID, id, "bob", "pay-1")
+		r.ch <- checkoutAnswer{got, err}
+	}()
+	return r
+}
+
+// queued waits until the checkout has answered, or waits for a lock with
+// n sessions of the test's database waiting in all.
+func (r *checkoutRun) queued(t *testing.T, l *Ledger, n int) {
+	t.Helper()
+	for r.early == nil && lockWaits(t, l) < n {
+		select {
+		case a := <-r.ch:
+			r.early = &a
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (r *checkoutRun) answer() checkoutAnswer {
+	if r.early != nil {
+		return *r.early
+	}
+	return <-r.ch
+}
+
+// lockWaits counts the sessions of the test's database waiting for a lock.
+func lockWaits(t *testing.T, l *Ledger) (n int) {
+	t.Helper()
+	if err := l.pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitExpired waits until the order's expiry has passed by the database clock.
+func waitExpired(t *testing.T, l *Ledger, id string) {
+	t.Helper()
+	for expired := false; !expired; time.Sleep(20 * time.Millisecond) {
+		if err := l.pool.QueryRow(testCtx(t), `SELECT expires_at <= clock_timestamp() FROM flashsale_orders WHERE reservation_id = $1`, id).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

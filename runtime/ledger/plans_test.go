@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -117,26 +118,18 @@ func explainPrepared(t *testing.T, l *Ledger, mode, sql string, args ...any) str
 	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "PREPARE cancelplan AS "+sql); err != nil {
+	if _, err := tx.Exec(ctx, "PREPARE lookup AS "+sql); err != nil {
 		t.Fatal(err)
 	}
 	// A prepared statement outlives the transaction.
-	defer func() { _, _ = conn.Exec(ctx, "DEALLOCATE cancelplan") }()
+	defer func() { _, _ = conn.Exec(ctx, "DEALLOCATE lookup") }()
 	params := make([]string, len(args))
 	for i := range args {
-		params[i] = "$" + string(rune('1'+i))
+		params[i] = "$" + strconv.Itoa(i+1)
 	}
 	// The simple protocol writes the arguments into the text as literals.
-	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE cancelplan("+strings.Join(params, ", ")+")",
+	return explain(t, ctx, tx, "EXPLAIN EXECUTE lookup("+strings.Join(params, ", ")+")",
 		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Join(lines, "\n")
 }
 
 // indexCondNames reports whether an index condition of plan names key.

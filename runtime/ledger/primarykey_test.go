@@ -142,7 +142,13 @@ func explainWithoutSeqScans(t *testing.T, ctx context.Context, l *Ledger, sql st
 			t.Fatal(err)
 		}
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+	return explain(t, ctx, tx, "EXPLAIN "+sql, args...)
+}
+
+// explain runs an EXPLAIN statement in tx and returns the plan's lines.
+func explain(t *testing.T, ctx context.Context, tx pgx.Tx, sql string, args ...any) string {
+	t.Helper()
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,13 +90,9 @@ func TestScriptFollowsMoved(t *testing.T) {
 // rebuild_begin used to delete the meta and write it anew, so it stopped
 // halfway with the meta gone and the schedule with it.
 func TestRebuildBeginOnAMigratingSlotKeepsTheMeta(t *testing.T) {
-	c := testharness.RedisClusterT(t)
+	c, admin, rdb := clusterClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
-	defer admin.Close()
-	rdb := config.Redis{Mode: config.RedisCluster, Addresses: c.Addrs()}.Client()
-	defer rdb.Close()
 	s := stock.New(rdb, "rebuild-migrating", 1)
 	if _, err := s.Seed(ctx, 0, 10, 1, stock.StateOpen, 0); err != nil {
 		t.Fatal(err)

@@ -103,8 +103,6 @@ func (s *Store) State(ctx context.Context) ([]ShardState, error) {
 		if err := metas[i].Err(); err != nil {
 			return nil, err
 		}
-	}
-	for i := range s.shards {
 		st := ShardState{Index: i}
 		if v, err := stocks[i].Int64(); err == nil {
 			st.Available = v

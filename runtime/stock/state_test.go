@@ -18,13 +18,9 @@ import (
 // stall: the stalled master's live shards then read as shards whose data was
 // lost, and the sale was failed closed and rebuilt instead of waiting.
 func TestStateFailsOnAStalledMasterBehindAnAbsentKey(t *testing.T) {
-	c := testharness.RedisClusterT(t)
+	_, admin, rdb := clusterClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
-	defer admin.Close()
-	rdb := config.Redis{Mode: config.RedisCluster, Addresses: c.Addrs()}.Client()
-	defer rdb.Close()
 
 	const shards = 8
 	s := stock.New(rdb, "stall", shards)
@@ -69,4 +65,16 @@ func TestStateFailsOnAStalledMasterBehindAnAbsentKey(t *testing.T) {
 	if err == nil {
 		t.Fatalf("State answered %+v while master %s did not answer; want an error", states, stalled)
 	}
+}
+
+// clusterClients starts a Redis Cluster, with an admin client and a client
+// configured as the operator's processes configure theirs; the test's end
+// closes both.
+func clusterClients(t *testing.T) (*testharness.RedisCluster, *redis.ClusterClient, redis.UniversalClient) {
+	t.Helper()
+	c := testharness.RedisClusterT(t)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	rdb := config.Redis{Mode: config.RedisCluster, Addresses: c.Addrs()}.Client()
+	t.Cleanup(func() { _ = admin.Close(); _ = rdb.Close() })
+	return c, admin, rdb
 }
