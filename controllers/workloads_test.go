@@ -120,16 +120,25 @@ func TestChildrenAreNotRewrittenAndKeepOthersMetadata(t *testing.T) {
 }
 
 // Labels someone adds to the reserve pods' template (a mesh's injection
-// label, a NetworkPolicy's selector label) survive the operator's next
-// rewrite of the Deployment for a change of its own, as the template's
-// annotations do, and the operator's own labels keep its values.
+// label, a NetworkPolicy's selector label) and the annotation of kubectl
+// rollout restart survive the operator's next rewrite of the Deployment for a
+// change of its own (without it, that rewrite would roll the pods back to
+// before the restart's moment), and the operator's own labels keep its values.
 func TestPodTemplateLabelsOthersAddSurviveARewrite(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	e.openSale("labelled", 10)
 	others := map[string]string{"sidecar.istio.io/inject": "true", "netpol.example.com/ledger-client": "allow"}
-	update(t, e.deployment("labelled-reserve"), func(d *appsv1.Deployment) { maps.Copy(d.Spec.Template.Labels, others) })
+	const restartedAt = "kubectl.kubernetes.io/restartedAt"
+	restarted := time.Now().UTC().Format(time.RFC3339)
+	update(t, e.deployment("labelled-reserve"), func(d *appsv1.Deployment) {
+		maps.Copy(d.Spec.Template.Labels, others)
+		if d.Spec.Template.Annotations == nil {
+			d.Spec.Template.Annotations = map[string]string{}
+		}
+		d.Spec.Template.Annotations[restartedAt] = restarted
+	})
 	// A change of the operator's own: the TTL, an env var of the pods.
 	updateSpec(t, e.ns, "labelled", func(fs *flashsalev1alpha1.FlashSale) {
 		fs.Spec.Reservation.TTL = &metav1.Duration{Duration: 2 * time.Minute}
@@ -137,7 +146,11 @@ func TestPodTemplateLabelsOthersAddSurviveARewrite(t *testing.T) {
 	testharness.Eventually(t, settle, "the new TTL in the pod template", func() bool {
 		return slices.Contains(envOf(e.deployment("labelled-reserve")), config.EnvTTL+"=2m0s")
 	})
-	got := e.deployment("labelled-reserve").Spec.Template.Labels
+	tmpl := e.deployment("labelled-reserve").Spec.Template
+	if tmpl.Annotations[restartedAt] != restarted {
+		t.Errorf("kubectl rollout restart's annotation lost in the operator's rewrite: %v", tmpl.Annotations)
+	}
+	got := tmpl.Labels
 	for k, v := range others {
 		if got[k] != v {
 			t.Errorf("pod template label %s=%s lost in the operator's rewrite: %v", k, v, got)
