@@ -50,6 +50,23 @@ func TestChildRewrittenByAdmissionIsNotWrittenAgain(t *testing.T) {
 	}
 	idle("open")
 
+	// The Deployment controller writes the status as pods come and go: a new
+	// resourceVersion each time, and nothing of the operator's changed.
+	updates := e.deploymentUpdates.Load()
+	for i := range 5 {
+		d := get("mirrored-reserve")
+		d.Status.ObservedGeneration = d.Generation
+		d.Status.Replicas = *d.Spec.Replicas
+		d.Status.ReadyReplicas = *d.Spec.Replicas - int32(i%2)
+		if err := k8s.Status().Update(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+	if n := e.deploymentUpdates.Load() - updates; n > 1 {
+		t.Fatalf("%d Deployment updates sent for 5 status changes of the Deployment's own", n)
+	}
+
 	update(t, get("mirrored-reserve"), func(d *appsv1.Deployment) {
 		for i, v := range d.Spec.Template.Spec.Containers[0].Env {
 			if v.Name == config.EnvTTL {

@@ -183,8 +183,9 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 // desired one and each reconcile would send the same Update again, calling
 // the webhook every time (and a webhook that fails would make a healthy sale
 // ChildrenFailed). Such a child is neither compared nor written again while
-// its UID and resourceVersion and the desired object's hash stay those of
-// that no-op: a hand edit changes the resourceVersion and a new spec the
+// its UID, its content (liveContent: not its status, which its own
+// controller writes at every pod change) and the desired object's hash stay
+// those of that no-op: a hand edit changes the content and a new spec the
 // hash, and either is compared and written as before. One entry per child,
 // dropped with its sale (forget).
 type noopWrites struct {
@@ -193,15 +194,35 @@ type noopWrites struct {
 }
 
 type noopWrite struct {
-	uid                   types.UID
-	resourceVersion, hash string
+	uid           types.UID
+	content, hash string
 }
 
 func (n *noopWrites) holds(owner *flashsalev1alpha1.FlashSale, live client.Object, hash string) bool {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	w, ok := n.sales[client.ObjectKeyFromObject(owner)][kindOf(live)+"/"+live.GetName()]
-	return ok && w == noopWrite{live.GetUID(), live.GetResourceVersion(), hash}
+	n.mu.Unlock()
+	return ok && w.uid == live.GetUID() && w.hash == hash && w.content == liveContent(live)
+}
+
+// liveContent digests what of a child is not its status: its labels,
+// annotations and spec. A kind apply does not know is its resourceVersion.
+func liveContent(o client.Object) string {
+	var spec any
+	switch c := o.(type) {
+	case *appsv1.Deployment:
+		spec = c.Spec
+	case *corev1.Service:
+		spec = c.Spec
+	case *policyv1.PodDisruptionBudget:
+		spec = c.Spec
+	default:
+		return "rv:" + o.GetResourceVersion()
+	}
+	return jsonDigest(struct {
+		Labels, Annotations map[string]string
+		Spec                any
+	}{o.GetLabels(), o.GetAnnotations(), spec})
 }
 
 // note records an Update of live that came back as resourceVersion.
@@ -219,7 +240,7 @@ func (n *noopWrites) note(owner *flashsalev1alpha1.FlashSale, live client.Object
 	if n.sales[sale] == nil {
 		n.sales[sale] = map[string]noopWrite{}
 	}
-	n.sales[sale][child] = noopWrite{live.GetUID(), resourceVersion, hash}
+	n.sales[sale][child] = noopWrite{live.GetUID(), liveContent(live), hash}
 }
 
 func (n *noopWrites) forget(sale types.NamespacedName) {
