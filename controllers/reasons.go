@@ -80,6 +80,11 @@ const (
 	ReasonCleanupSkipped    = "CleanupSkipped"
 	ReasonCleanupFailed     = "CleanupFailed"
 
+	// A Warning when something else (an autoscaler pointed at a
+	// Deployment instead of the FlashSale) set a Deployment's replicas,
+	// which the operator then put back from the spec.
+	ReasonReplicasOverridden = "ReplicasOverridden"
+
 	// Ready's reason when a reserve or sweeper Deployment's ReplicaFailure
 	// condition is True: its pods are refused (a ResourceQuota, a
 	// LimitRange, Pod Security admission).

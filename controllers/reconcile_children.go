@@ -169,6 +169,7 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	if same {
 		return nil
 	}
+	r.nameReplicasOverride(ctx, owner, desired, live)
 	desired.SetResourceVersion(live.GetResourceVersion())
 	if err := r.Update(ctx, desired); err != nil {
 		return err

@@ -3,11 +3,13 @@ package controllers
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -316,4 +318,64 @@ func podStatusOnly(o any) (any, error) {
 		})
 	}
 	return out, nil
+}
+
+// nameReplicasOverride warns, before the operator puts a Deployment's
+// replicas back from the spec, when the live ones were set by another
+// writer: an autoscaler or kubectl scale aimed at the Deployment fights the
+// operator, and each would undo the other in silence. The other writer is
+// the manager of spec.replicas in the Deployment's managedFields when it is
+// not the manager of spec.selector, which only the operator sets (at create).
+// The cache keeps no managedFields, so they are read from the API server,
+// only when the replicas differ.
+func (r *FlashSaleReconciler) nameReplicasOverride(ctx context.Context, owner *flashsalev1alpha1.FlashSale, desired, live client.Object) {
+	d, ok := desired.(*appsv1.Deployment)
+	l, _ := live.(*appsv1.Deployment)
+	if !ok || l == nil || d.Spec.Replicas == nil || l.Spec.Replicas == nil || *d.Spec.Replicas == *l.Spec.Replicas {
+		return
+	}
+	l = &appsv1.Deployment{}
+	if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(live), l); err != nil ||
+		l.UID != live.GetUID() || l.Spec.Replicas == nil || *l.Spec.Replicas == *d.Spec.Replicas {
+		return
+	}
+	who := replicasWriter(l)
+	if who == "" {
+		return
+	}
+	r.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, ReasonReplicasOverridden, "Scale",
+		"%s set Deployment %s to %d replicas; the operator puts back the FlashSale's %d. Scale the FlashSale instead "+
+			"(kubectl scale flashsale/%s, or an autoscaler whose scaleTargetRef is the FlashSale)",
+		who, l.Name, *l.Spec.Replicas, *d.Spec.Replicas, owner.Name)
+}
+
+// replicasWriter is the manager that set d's spec.replicas when it is not
+// the one that set its selector, with the subresource it wrote through;
+// "" when they are the same or the fields do not say.
+func replicasWriter(d *appsv1.Deployment) string {
+	var ours, theirs, via string
+	for _, mf := range d.ManagedFields {
+		if mf.FieldsV1 == nil {
+			continue
+		}
+		var fields struct {
+			Spec map[string]json.RawMessage `json:"f:spec"`
+		}
+		if json.Unmarshal(mf.FieldsV1.Raw, &fields) != nil {
+			continue
+		}
+		if _, ok := fields.Spec["f:selector"]; ok {
+			ours = mf.Manager
+		}
+		if _, ok := fields.Spec["f:replicas"]; ok {
+			theirs, via = mf.Manager, mf.Subresource
+		}
+	}
+	if ours == "" || theirs == "" || theirs == ours {
+		return ""
+	}
+	if via != "" {
+		return fmt.Sprintf("%s (through the %s subresource)", theirs, via)
+	}
+	return theirs
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
@@ -361,4 +362,43 @@ func TestScaleSubresource(t *testing.T) {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
 		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "replicas is 0")
 	})
+}
+
+// An autoscaler pointed at the reserve Deployment instead of the FlashSale
+// fights the operator, which puts the replicas back from the spec: the
+// operator says so in a Warning that names the other writer and what to
+// point it at, instead of reverting in silence.
+func TestReplicasSetOnTheDeploymentAreNamed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.startController()
+	e.openSale("fought", 10)
+	ctx := context.Background()
+	d := e.deployment("fought-reserve")
+	want := *d.Spec.Replicas
+	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: want + 3}}
+	if err := k8s.SubResource("scale").Update(ctx, d, client.WithSubResourceBody(scale),
+		&client.SubResourceUpdateOptions{UpdateOptions: client.UpdateOptions{FieldManager: "test-autoscaler"}}); err != nil {
+		t.Fatal(err)
+	}
+	testharness.Eventually(t, settle, "the replicas put back from the spec", func() bool {
+		return *e.deployment("fought-reserve").Spec.Replicas == want
+	})
+	if !hasEventSaying(t, e.ns, "fought", controllers.ReasonReplicasOverridden, "test-autoscaler") {
+		t.Fatal("no ReplicasOverridden event naming test-autoscaler")
+	}
+	// The operator's own change of the replicas (the spec's) is no override.
+	kubectl(t, "scale", "flashsale", "fought", "-n", e.ns, "--replicas=5")
+	testharness.Eventually(t, settle, "the reserve Deployment at 5 replicas", func() bool {
+		return *e.deployment("fought-reserve").Spec.Replicas == 5
+	})
+	var list corev1.EventList
+	if err := k8s.List(ctx, &list, client.InNamespace(e.ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range list.Items {
+		if ev.Reason == controllers.ReasonReplicasOverridden && !strings.Contains(ev.Message, "test-autoscaler") {
+			t.Errorf("an override named when the spec changed: %s", ev.Message)
+		}
+	}
 }
