@@ -57,12 +57,19 @@ const (
 	// payment racing the sweeper either commits first or finds the row gone.
 	// The clock is read when the row is reached, not when the statement
 	// started: a checkout held past the expiry (a lock wait) must not commit
-	// once a retry of it has been told "expired" (sqlExpiredCheckout).
+	// once a retry of it has been told "expired" (sqlExpiredCheckout). A
+	// payment already told to be voided never commits: the clock may step
+	// back (NTP, a failover to a primary behind) while the row is PENDING.
 	sqlCheckout = `UPDATE flashsale_orders
 SET status = 'COMMITTED', payment_token = $4, updated_at = now()
 WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3
   AND status = 'PENDING' AND expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM flashsale_late_payments p
+                  WHERE p.reservation_id = $1 AND p.payment_token = $4 AND p.campaign_id = $2)
 RETURNING ` + orderColumns
+
+	sqlLatePaymentRecorded = `SELECT EXISTS (SELECT 1 FROM flashsale_late_payments
+WHERE reservation_id = $1 AND payment_token = $3 AND campaign_id = $2)`
 
 	// A checkout that finds its reservation PENDING and expired writes the
 	// row (changing nothing) before it answers "expired, void the payment".
@@ -232,6 +239,13 @@ func (l *Ledger) Checkout(ctx context.Context, campaignID, reservationID, userID
 			case o.Status == StatusCommitted && o.PaymentToken == paymentToken:
 				return CheckoutAlreadyCommitted, o, nil
 			case o.Status == StatusPending:
+				var late bool
+				if err := l.pool.QueryRow(ctx, sqlLatePaymentRecorded, reservationID, campaignID, paymentToken).Scan(&late); err != nil {
+					return 0, Order{}, fmt.Errorf("ledger: checkout %s: %w", reservationID, err)
+				}
+				if late {
+					return CheckoutExpired, o, nil // told before, by a clock since stepped back
+				}
 				continue // changed between the statements; try again
 			}
 		}

@@ -112,15 +112,19 @@ func TestOrderLookupsByIDUseThePrimaryKey(t *testing.T) {
 		t.Run(q.name, func(t *testing.T) {
 			plan := explainWithoutSeqScans(t, ctx, l, q.sql, q.args...)
 			conds := 0
+			orders := false // the index scan above is of the orders (not of the late payments)
 			for _, line := range strings.Split(plan, "\n") {
-				if cond, ok := strings.CutPrefix(strings.TrimSpace(line), "Index Cond: "); ok {
+				if strings.Contains(line, "Scan using ") {
+					orders = strings.Contains(line, " on flashsale_orders")
+				}
+				if cond, ok := strings.CutPrefix(strings.TrimSpace(line), "Index Cond: "); ok && orders {
 					conds++
 					if !strings.HasPrefix(strings.TrimLeft(cond, "("), "campaign_id = ") {
 						t.Fatalf("an index lookup not led by the campaign:\n%s", plan)
 					}
 				}
 			}
-			if conds == 0 || strings.Contains(plan, "Seq Scan on flashsale_orders") {
+			if conds == 0 || strings.Contains(plan, "Seq Scan on flashsale_orders") || strings.Contains(plan, "Seq Scan on flashsale_late_payments") {
 				t.Fatalf("no index serves it:\n%s", plan)
 			}
 		})
