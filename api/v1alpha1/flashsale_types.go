@@ -229,9 +229,11 @@ type ReservationSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('24h')",message="reservation.ttl must be at most 24h"
 	TTL *metav1.Duration `json:"ttl,omitempty"`
 
-	// gracePeriod is how long after expiry a reservation is still left
-	// alone, to absorb clock skew and in-flight checkouts. It may be 0s, and
-	// at most 1h.
+	// gracePeriod is how long after expiry the sweeper leaves a reservation
+	// alone before giving its unit back, so that checkouts in flight at the
+	// expiry time finish first. It does not extend the time to pay: a
+	// checkout commits only before expiresAt, by the database clock. It may
+	// be 0s, and at most 1h.
 	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:Type=string
