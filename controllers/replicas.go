@@ -343,10 +343,15 @@ func (r *FlashSaleReconciler) nameReplicasOverride(ctx context.Context, owner *f
 	if who == "" {
 		return
 	}
-	r.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, ReasonReplicasOverridden, "Scale",
-		"%s set Deployment %s to %d replicas; the operator puts back the FlashSale's %d. Scale the FlashSale instead "+
-			"(kubectl scale flashsale/%s, or an autoscaler whose scaleTargetRef is the FlashSale)",
-		who, l.Name, *l.Spec.Replicas, *d.Spec.Replicas, owner.Name)
+	advice := fmt.Sprintf("scale the FlashSale instead (kubectl scale flashsale/%s, or an autoscaler whose scaleTargetRef is the FlashSale)", owner.Name)
+	if d.Labels[LabelComponent] != ComponentReserve {
+		advice = "the sweeper's replicas are fixed: one sweeps, the other stands by"
+	}
+	// The Deployment is the related object: events of one reason and action
+	// are a series per (regarding, related), which keeps the first note.
+	r.Recorder.Eventf(owner, l, corev1.EventTypeWarning, ReasonReplicasOverridden, "Scale",
+		"%s set Deployment %s to %d replicas; the operator puts back %d: %s",
+		who, l.Name, *l.Spec.Replicas, *d.Spec.Replicas, advice)
 }
 
 // replicasWriter is the manager that set d's spec.replicas when it is not

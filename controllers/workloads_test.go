@@ -384,8 +384,17 @@ func TestReplicasSetOnTheDeploymentAreNamed(t *testing.T) {
 	testharness.Eventually(t, settle, "the replicas put back from the spec", func() bool {
 		return *e.deployment("fought-reserve").Spec.Replicas == want
 	})
-	if !hasEventSaying(t, e.ns, "fought", controllers.ReasonReplicasOverridden, "test-autoscaler") {
+	if !hasEventSaying(t, e.ns, "fought", controllers.ReasonReplicasOverridden, "test-autoscaler (through the scale subresource) set Deployment fought-reserve") {
 		t.Fatal("no ReplicasOverridden event naming test-autoscaler")
+	}
+	// The sweeper's replicas are not the spec's to scale: the advice says so.
+	sweeper := e.deployment("fought-sweeper")
+	if err := k8s.SubResource("scale").Update(ctx, sweeper, client.WithSubResourceBody(&autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 7}}),
+		&client.SubResourceUpdateOptions{UpdateOptions: client.UpdateOptions{FieldManager: "test-autoscaler"}}); err != nil {
+		t.Fatal(err)
+	}
+	if !hasEventSaying(t, e.ns, "fought", controllers.ReasonReplicasOverridden, "fought-sweeper to 7 replicas; the operator puts back 2: the sweeper's replicas are fixed") {
+		t.Fatal("no ReplicasOverridden event for the sweeper with its own advice")
 	}
 	// The operator's own change of the replicas (the spec's) is no override.
 	kubectl(t, "scale", "flashsale", "fought", "-n", e.ns, "--replicas=5")
