@@ -1,11 +1,10 @@
 package ledger
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 // A payment answered "expired, void it" is never committed afterwards, even
@@ -19,7 +18,7 @@ func TestAPaymentToldExpiredNeverCommitsWhenTheClockStepsBack(t *testing.T) {
 	t.Parallel()
 	dsn := newDSN(t, testPG)
 	ctx := testCtx(t)
-	shift := skewClock(ctx, t, dsn)
+	shift := testharness.SkewClock(ctx, t, dsn)
 	l := openLedger(t, dsn)
 	c := newCampaign(t, l, 100, 1)
 	o := insertOrder(t, l, pendingOrder(c, "bob", 0, 0), 5*time.Second)
@@ -40,37 +39,5 @@ func TestAPaymentToldExpiredNeverCommitsWhenTheClockStepsBack(t *testing.T) {
 	}
 	if out, got, err := l.Checkout(ctx, c.ID, o.ReservationID, "bob", "pay-2"); err != nil || out != CheckoutCommitted || got.PaymentToken != "pay-2" {
 		t.Fatalf("a new payment while the clock says valid: %v (%q), %v; want committed with pay-2", out, got.PaymentToken, err)
-	}
-}
-
-// skewClock shadows now() and clock_timestamp() in dsn's database with
-// functions that add an offset, through the database's search_path (set
-// before the ledger connects), and returns what sets the offset, an interval.
-func skewClock(ctx context.Context, t *testing.T, dsn string) func(string) {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	for _, q := range []string{
-		`CREATE SCHEMA skew`,
-		`CREATE TABLE skew.offset_by (d interval NOT NULL)`,
-		`INSERT INTO skew.offset_by VALUES ('0')`,
-		`CREATE FUNCTION skew.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE
-		 AS $$ SELECT pg_catalog.clock_timestamp() + (SELECT d FROM skew.offset_by) $$`,
-		`CREATE FUNCTION skew.now() RETURNS timestamptz LANGUAGE sql STABLE
-		 AS $$ SELECT pg_catalog.now() + (SELECT d FROM skew.offset_by) $$`,
-		`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET search_path = public, skew, pg_catalog', current_database()); END $$`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	return func(d string) {
-		t.Helper()
-		if _, err := conn.Exec(ctx, `UPDATE skew.offset_by SET d = $1::interval`, d); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
