@@ -85,6 +85,12 @@ const (
 	// which the operator then put back from the spec.
 	ReasonReplicasOverridden = "ReplicasOverridden"
 
+	// ClocksInStep's reasons, and the events of its changes: InStep, or
+	// ClockSkew (a Warning too), and ClockSkewCleared when in step again.
+	ReasonInStep           = "InStep"
+	ReasonClockSkew        = "ClockSkew"
+	ReasonClockSkewCleared = "ClockSkewCleared"
+
 	// Ready's reason when a reserve or sweeper Deployment's ReplicaFailure
 	// condition is True: its pods are refused (a ResourceQuota, a
 	// LimitRange, Pod Security admission).

@@ -89,6 +89,9 @@ type facts struct {
 	reservePods *int32
 	// replicas are the reserve and sweeper pods, when they were read.
 	replicas *replicaPods
+	// clocks is the verdict on the ledger's and Redis's clocks, when they
+	// were read.
+	clocks *clockVerdict
 }
 
 // allocationVerdict is what became of spec.allocation: applied, or not

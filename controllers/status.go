@@ -112,8 +112,8 @@ func (d *decided) ready(reason, message string) {
 	d.set(flashsalev1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
 }
 
-// reportHealth: Redis and the ledger as the phases found them, and the
-// allocation's verdict.
+// reportHealth: Redis and the ledger as the phases found them, their
+// clocks, and the allocation's verdict.
 func reportHealth(d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
 	if f.ledgerOK {
 		d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
@@ -126,6 +126,11 @@ func reportHealth(d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
 		}
 		d.set(flashsalev1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonSeeded,
 			fmt.Sprintf("ledger campaign and %d shards hold the sale (epoch %d)", resolve(fs).shards, f.epoch))
+	}
+	if v := f.clocks; v != nil && v.inStep {
+		d.set(flashsalev1alpha1.ConditionClocksInStep, metav1.ConditionTrue, ReasonInStep, v.message)
+	} else if v != nil {
+		d.set(flashsalev1alpha1.ConditionClocksInStep, metav1.ConditionFalse, ReasonClockSkew, v.message)
 	}
 	if v := f.allocation; v != nil {
 		status := metav1.ConditionFalse

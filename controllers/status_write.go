@@ -66,7 +66,7 @@ func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus boo
 }
 
 // healthEvents says when Redis or the ledger stops answering, or refuses the
-// operator, and when it is healthy again: the conditions alone leave no
+// operator, or their clocks part, and when it is healthy again: the conditions alone leave no
 // trace of an outage once it is over. Data loss, an eviction policy and a
 // ledger mismatch have events of their own.
 func (s *scope) healthEvents(before []metav1.Condition) {
@@ -80,6 +80,7 @@ func (s *scope) healthEvents(before []metav1.Condition) {
 			ReasonUnreachable: ReasonLedgerUnreachable, ReasonMigrating: ReasonLedgerMigrating, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid,
 			ReasonReadOnly:    ReasonLedgerReadOnly,
 			ReasonCountsDrift: ReasonLedgerCountsDrift}},
+		{flashsalev1alpha1.ConditionClocksInStep, ReasonClockSkewCleared, map[string]string{ReasonClockSkew: ReasonClockSkew}},
 	} {
 		was := meta.FindStatusCondition(before, h.typ)
 		now := meta.FindStatusCondition(s.fs.Status.Conditions, h.typ)

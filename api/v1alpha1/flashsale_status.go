@@ -24,12 +24,16 @@ import (
 // an on-call engineer needs during an incident is here.
 type FlashSaleStatus struct {
 	// conditions are the latest observations of the sale's state: Ready,
-	// Seeded, Admitting, RedisHealthy, LedgerHealthy, AllocationApplied and
-	// Degraded. Degraded is True while a reserve or sweeper replica crashes
-	// (a container waiting in CrashLoopBackOff, or ended by an OOM kill or a
-	// non-zero exit in the last 10 minutes, as the pod's container states
-	// say), reason OOMKilled, CrashLoopBackOff or Error, its message naming
-	// the pod; Ready stays True meanwhile while another replica serves.
+	// Seeded, Admitting, RedisHealthy, LedgerHealthy, AllocationApplied,
+	// Degraded and ClocksInStep. Degraded is True while a reserve or sweeper
+	// replica crashes (a container waiting in CrashLoopBackOff, or ended by
+	// an OOM kill or a non-zero exit in the last 10 minutes, as the pod's
+	// container states say), reason OOMKilled, CrashLoopBackOff or Error,
+	// its message naming the pod; Ready stays True meanwhile while another
+	// replica serves. ClocksInStep is False (ClockSkew) while PostgreSQL's
+	// clock and a Redis server's differ by more than the smaller of 1s and a
+	// tenth of reservation.ttl: expiries are set by one and judged by the
+	// other.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

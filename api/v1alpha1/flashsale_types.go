@@ -83,6 +83,15 @@ const (
 	// Succeeded (evicted), does not count. Ready keeps its own meaning: a
 	// sale whose other replicas serve stays Ready.
 	ConditionDegraded = "Degraded"
+	// ConditionClocksInStep is True while PostgreSQL's clock and the clock
+	// of every Redis server holding the sale's shards agree within the
+	// smaller of 1s and a tenth of reservation.ttl. A reservation's
+	// expires_at is set by Redis's clock and judged by PostgreSQL's: a
+	// database clock ahead by Δ leaves every buyer Δ less to pay, one behind
+	// gives expired units back Δ late. False (ClockSkew) names the server
+	// and the difference; the operator reads the clocks with every status
+	// refresh. Ready keeps its own meaning.
+	ConditionClocksInStep = "ClocksInStep"
 )
 
 // RedisMode says how the Redis addresses in the Secret are to be used.

@@ -1,0 +1,64 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// clockVerdict is ClocksInStep's verdict: in step, or the message saying
+// which clock is off and what that does to the sale.
+type clockVerdict struct {
+	inStep  bool
+	message string
+}
+
+// readClocks compares the ledger's clock with the Redis servers', briefly:
+// a ledger or a Redis that does not answer is reported by the phases that
+// need them, and ClocksInStep keeps what it said.
+func (r *FlashSaleReconciler) readClocks(ctx context.Context, s *scope) {
+	ctx, cancel := context.WithTimeout(ctx, replaceTimeout)
+	defer cancel()
+	if skew, err := s.conn.engine.ClockSkew(ctx); err == nil {
+		s.clocks = judgeClocks(skew, resolve(s.fs).ttl)
+	}
+}
+
+// clockSkewBound is the difference ClocksInStep tolerates for a sale whose
+// reservations last ttl: a second (NTP keeps hosts within milliseconds, so a
+// second is a clock not kept), less for short reservations.
+func clockSkewBound(ttl time.Duration) time.Duration {
+	return min(time.Second, ttl/10)
+}
+
+// judgeClocks says whether skew, measured for a sale whose reservations last
+// ttl, is beyond the bound even at the end of its uncertainty most in its
+// favour. Its figures are rounded so that a steady difference writes the
+// status once, not with every reading's jitter.
+func judgeClocks(skew engine.ClockSkew, ttl time.Duration) *clockVerdict {
+	bound := clockSkewBound(ttl)
+	if skew.AtLeast() <= bound {
+		return &clockVerdict{inStep: true, message: fmt.Sprintf(
+			"PostgreSQL's clock and the Redis servers' agree within %s", bound)}
+	}
+	by := roughly(skew.Ahead.Abs())
+	if skew.Ahead > 0 {
+		return &clockVerdict{message: fmt.Sprintf(
+			"PostgreSQL's clock is %s ahead of Redis %s's (bound %s): every reservation (reservation.ttl %s) has %s less to be paid than its expires_at says, and a checkout that late is answered 410; set both hosts' clocks by NTP",
+			by, skew.Server, bound, ttl, by)}
+	}
+	return &clockVerdict{message: fmt.Sprintf(
+		"PostgreSQL's clock is %s behind Redis %s's (bound %s): expired reservations are given back to the stock %s late, and checkouts are taken up to %s past their expires_at; set both hosts' clocks by NTP",
+		by, skew.Server, bound, by, by)}
+}
+
+// roughly is d to two significant figures, at least a millisecond.
+func roughly(d time.Duration) time.Duration {
+	unit := time.Millisecond
+	for d >= 100*unit {
+		unit *= 10
+	}
+	return d.Round(unit)
+}
