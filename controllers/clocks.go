@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
@@ -22,7 +26,8 @@ func (r *FlashSaleReconciler) readClocks(ctx context.Context, s *scope) {
 	ctx, cancel := context.WithTimeout(ctx, replaceTimeout)
 	defer cancel()
 	if skew, err := s.conn.engine.ClockSkew(ctx); err == nil {
-		s.clocks = judgeClocks(skew, resolve(s.fs).ttl)
+		was := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionClocksInStep)
+		s.clocks = judgeClocks(skew, resolve(s.fs).ttl, was != nil && was.Status == metav1.ConditionFalse)
 	}
 }
 
@@ -35,11 +40,13 @@ func clockSkewBound(ttl time.Duration) time.Duration {
 
 // judgeClocks says whether skew, measured for a sale whose reservations last
 // ttl, is beyond the bound even at the end of its uncertainty most in its
-// favour. Its figures are rounded so that a steady difference writes the
-// status once, not with every reading's jitter.
-func judgeClocks(skew engine.ClockSkew, ttl time.Duration) *clockVerdict {
+// favour. Clocks found apart are in step again only within half the bound,
+// so a difference hovering at the bound does not turn the condition (and
+// send events) at every refresh. Its figures are rounded so that a steady
+// difference writes the status once, not with every reading's jitter.
+func judgeClocks(skew engine.ClockSkew, ttl time.Duration, apart bool) *clockVerdict {
 	bound := clockSkewBound(ttl)
-	if skew.AtLeast() <= bound {
+	if within := skew.AtLeast(); within <= bound && (!apart || within <= bound/2) {
 		return &clockVerdict{inStep: true, message: fmt.Sprintf(
 			"PostgreSQL's clock and the Redis servers' agree within %s", bound)}
 	}

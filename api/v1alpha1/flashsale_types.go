@@ -89,8 +89,9 @@ const (
 	// expires_at is set by Redis's clock and judged by PostgreSQL's: a
 	// database clock ahead by Δ leaves every buyer Δ less to pay, one behind
 	// gives expired units back Δ late. False (ClockSkew) names the server
-	// and the difference; the operator reads the clocks with every status
-	// refresh. Ready keeps its own meaning.
+	// and the difference, until it is under half the bound; the operator
+	// reads the clocks with every status refresh. Ready keeps its own
+	// meaning.
 	ConditionClocksInStep = "ClocksInStep"
 )
 
