@@ -181,7 +181,8 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		d.ready(f.refErr.reason, f.refErr.message)
 		// Nothing else was checked (an operator restarted while a Secret is
 		// gone): what these said before is not known to hold any more.
-		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy,
+			flashsalev1alpha1.ConditionClocksInStep} {
 			if meta.FindStatusCondition(st.Conditions, typ) != nil {
 				d.set(typ, metav1.ConditionUnknown, f.refErr.reason, "not checked: "+f.refErr.message)
 			}

@@ -38,6 +38,7 @@ func healthy() facts {
 		children:    &readiness{ready: true, reason: ReasonReady},
 		completed:   true,
 		reservePods: ptr.To[int32](3),
+		clocks:      &clockVerdict{inStep: true, message: "PostgreSQL's clock and the Redis servers' agree within 1s"},
 	}
 }
 
@@ -63,6 +64,7 @@ func readStatus() flashsalev1alpha1.FlashSaleStatus {
 			c(flashsalev1alpha1.ConditionLedgerHealthy, ReasonReachable), c(flashsalev1alpha1.ConditionRedisHealthy, ReasonReachable),
 			c(flashsalev1alpha1.ConditionSeeded, ReasonSeeded), c(ConditionAllocationApplied, ReasonApplied),
 			c(flashsalev1alpha1.ConditionAdmitting, ReasonOpen), c(flashsalev1alpha1.ConditionReady, ReasonReady),
+			c(flashsalev1alpha1.ConditionClocksInStep, ReasonInStep),
 		},
 		ReservationReplicas: 2,
 	}
@@ -136,11 +138,19 @@ func TestComputeStatus(t *testing.T) {
 		{name: "children not ready", facts: with(healthy(), func(f *facts) {
 			f.children = &readiness{reason: ReasonSweeperNotReady, message: "Deployment x-sweeper has 0 of 1 replicas ready"}
 		}), phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"Ready": "False/SweeperNotReady", "Admitting": "True/Open"}},
+		{name: "clocks apart: reported beside a Ready sale", facts: with(healthy(), func(f *facts) {
+			f.clocks = &clockVerdict{message: "PostgreSQL's clock is 5s ahead"}
+		}), phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"Ready": "True/Ready", "ClocksInStep": "False/ClockSkew"}},
+		{name: "clocks not read: ClocksInStep keeps what it said", facts: with(healthy(), func(f *facts) { f.clocks = nil }),
+			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
+				st.Conditions[len(st.Conditions)-1].Status = metav1.ConditionFalse
+			},
+			phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"ClocksInStep": "False/InStep"}},
 		{name: "a Secret missing, no connections", facts: stopped(func(f *facts) {
 			f.refErr = &referenceError{reason: ReasonSecretNotFound, message: `Secret "shop-redis" not found`}
 		}), phase: flashsalev1alpha1.PhaseOpen,
 			conds: want{"Ready": "False/SecretNotFound", "Admitting": "Unknown/SecretNotFound", "RedisHealthy": "Unknown/SecretNotFound",
-				"LedgerHealthy": "Unknown/SecretNotFound", "Seeded": "True/Seeded"}},
+				"LedgerHealthy": "Unknown/SecretNotFound", "ClocksInStep": "Unknown/SecretNotFound", "Seeded": "True/Seeded"}},
 		{name: "a Secret missing on a new sale adds no condition it did not check",
 			read: func(st *flashsalev1alpha1.FlashSaleStatus) { *st = flashsalev1alpha1.FlashSaleStatus{} },
 			facts: stopped(func(f *facts) {
