@@ -88,7 +88,9 @@ const (
 	// smaller of 1s and a tenth of reservation.ttl. A reservation's
 	// expires_at is set by Redis's clock and judged by PostgreSQL's: a
 	// database clock ahead by Δ leaves every buyer Δ less to pay, one behind
-	// gives expired units back Δ late. False (ClockSkew) names the server
+	// takes checkouts up to Δ late and gives expired units back Δ late. A
+	// reading counts beyond its round trips' uncertainty, and gives no
+	// verdict when they hide the answer. False (ClockSkew) names the server
 	// and the difference, until it is under half the bound; the operator
 	// reads the clocks with every status refresh. Ready keeps its own
 	// meaning.

@@ -26,14 +26,20 @@ func (s ClockSkew) AtLeast() time.Duration {
 }
 
 // ClockSkew compares the ledger's clock with that of every Redis server
-// holding the sale's shards, each against this process's clock, and returns
-// the server whose clock differs most from the ledger's.
+// holding the sale's shards, each against this process's clock (the reading
+// with the shortest round trip of a few), and returns the server whose clock
+// differs most from the ledger's.
 func (e *Engine) ClockSkew(ctx context.Context) (ClockSkew, error) {
-	at, before, after, err := e.ledger.Clock(ctx)
-	if err != nil {
-		return ClockSkew{}, ledgerFailure("clock", err)
+	var db stock.Reading
+	for i := range stock.ClockReadings {
+		at, before, after, err := e.ledger.Clock(ctx)
+		if err != nil {
+			return ClockSkew{}, ledgerFailure("clock", err)
+		}
+		if r := stock.NewReading("ledger", at, before, after); i == 0 || r.Uncertainty < db.Uncertainty {
+			db = r
+		}
 	}
-	db := stock.NewReading("ledger", at, before, after)
 	servers, err := e.store.Clocks(ctx)
 	if err != nil {
 		return ClockSkew{}, fmt.Errorf("redis: %w", err)

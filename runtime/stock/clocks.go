@@ -15,6 +15,11 @@ type Reading struct {
 	Uncertainty time.Duration
 }
 
+// ClockReadings is how many times a clock is read for one Reading, which
+// keeps the read with the shortest round trip: one slowed by a scheduling
+// delay or a busy server would widen the uncertainty past what it can tell.
+const ClockReadings = 3
+
 // Clocks reads the clock of every server holding the campaign's shards: the
 // clock the reserve script sets each reservation's expiry with.
 func (s *Store) Clocks(ctx context.Context) ([]Reading, error) {
@@ -30,13 +35,19 @@ func (s *Store) Clocks(ctx context.Context) ([]Reading, error) {
 			s.redirected(ctx, err)
 			return nil, fmt.Errorf("%s: %w", node.Options().Addr, err)
 		}
-		before := time.Now()
-		at, err := node.Time(ctx).Result()
-		after := time.Now()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", node.Options().Addr, err)
+		var best Reading
+		for i := range ClockReadings {
+			before := time.Now()
+			at, err := node.Time(ctx).Result()
+			after := time.Now()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", node.Options().Addr, err)
+			}
+			if r := NewReading(node.Options().Addr, at, before, after); i == 0 || r.Uncertainty < best.Uncertainty {
+				best = r
+			}
 		}
-		out = append(out, NewReading(node.Options().Addr, at, before, after))
+		out = append(out, best)
 	}
 	return out, nil
 }
