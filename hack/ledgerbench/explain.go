@@ -23,7 +23,7 @@ func explained(campaign string, shards int) []struct{ name, sql string } {
 		{"rebuild: one shard's pending orders", `SELECT * FROM flashsale_orders WHERE campaign_id = ` + c + ` AND status = 'PENDING' AND shard = 0`},
 		{"rebuild: holders", `SELECT user_id, sum(quantity)::bigint FROM flashsale_orders WHERE campaign_id = ` + c + ` AND status IN ('PENDING', 'COMMITTED') GROUP BY user_id`},
 		{"request lookup", `SELECT * FROM flashsale_orders WHERE campaign_id = ` + c + ` AND request_key = '` + key + `'`},
-		{"sweeper: expired of a batch", `SELECT reservation_id FROM flashsale_orders WHERE campaign_id = ` + c + ` AND reservation_id = ANY(ARRAY['` + id + `']) AND status = 'PENDING' AND expires_at < now() ORDER BY reservation_id`},
+		{"sweeper: expired of a batch", `SELECT reservation_id FROM flashsale_orders WHERE campaign_id = ` + c + ` AND request_key = ANY(ARRAY['` + key + `', '.` + id + `']) AND reservation_id = ANY(ARRAY['` + id + `']) AND status = 'PENDING' AND expires_at < now() ORDER BY reservation_id`},
 		{"rebuild: all expired", `SELECT reservation_id FROM flashsale_orders WHERE campaign_id = ` + c + ` AND status = 'PENDING' AND expires_at < now() ORDER BY reservation_id`},
 		{"status counts", `SELECT shard, sum(pending)::bigint, sum(committed)::bigint FROM flashsale_shard_counts WHERE campaign_id = ` + c + ` GROUP BY shard`},
 	}

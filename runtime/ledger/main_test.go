@@ -87,8 +87,9 @@ func pendingOrder(c Campaign, user string, shard int, ttl time.Duration) Order {
 // database clock so expiry edges do not depend on clock skew.
 const (
 	sqlTestInsertOrder = `INSERT INTO flashsale_orders
-    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, payment_token)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9::bigint * interval '1 microsecond', $10)`
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, payment_token, request_key)
+SELECT t.r, $2, $3, $4, $5, $6, $7, $8, now() + $9::bigint * interval '1 microsecond', $10, ` + requestKeyOfR + `
+FROM (VALUES ($1::text)) AS t(r)`
 	sqlTestCountOrders   = `SELECT count(*) FROM flashsale_orders WHERE campaign_id = $1`
 	sqlTestOrderExists   = `SELECT EXISTS (SELECT 1 FROM flashsale_orders WHERE reservation_id = $1)`
 	sqlTestLatePayments  = `SELECT order_status FROM flashsale_late_payments WHERE reservation_id = $1 ORDER BY id`

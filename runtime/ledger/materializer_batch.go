@@ -29,13 +29,13 @@ const sqlInsertPending = `WITH live AS (
     FOR SHARE)
 INSERT INTO flashsale_orders
     (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, request_key)
-SELECT t.r, $1, $2, t.u, t.sh, t.q, 'PENDING', $3, t.x, nullif(split_part(t.r, '.', 2), '')
+SELECT t.r, $1, $2, t.u, t.sh, t.q, 'PENDING', $3, t.x, ` + requestKeyOfR + `
 FROM unnest($4::text[], $5::text[], $6::integer[], $7::integer[], $8::timestamptz[]) AS t(r, u, sh, q, x)
 WHERE (SELECT epoch FROM live) = $3`
 
 // sqlInsertPendingSkipDuplicates is sqlInsertPending that skips the rows
-// already present (by reservation id, or by request key: the same request on
-// another shard, see 0003_request_key.sql) and returns the ids it wrote.
+// already present (by request key: the same reservation, or the same request
+// on another shard, see 0003_request_key.sql) and returns the ids it wrote.
 const sqlInsertPendingSkipDuplicates = sqlInsertPending + `
 ON CONFLICT DO NOTHING
 RETURNING reservation_id`
@@ -45,10 +45,11 @@ const uniqueViolation = "23505"
 
 // sqlExistingOrders tells, for rows the insert skipped, which already existed
 // as the same reservation or the same request (duplicates); the others were
-// fenced.
+// fenced. A row of the same request has the id's request key, and a row of
+// the same id from before 0003 has '.' || id (see byID1).
 const sqlExistingOrders = `SELECT t.id FROM unnest($1::text[]) AS t(id)
-WHERE EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = (SELECT $2::text) AND o.reservation_id = t.id)
-   OR EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = (SELECT $2::text) AND o.request_key = split_part(t.id, '.', 2))`
+WHERE EXISTS (SELECT 1 FROM flashsale_orders o WHERE o.campaign_id = (SELECT $2::text)
+    AND o.request_key IN (split_part(t.id, '.', 2), '.' || t.id))`
 
 // write runs one batch transaction and tells every caller its row's outcome.
 func (m *Materializer) write(batch []*pendingRow) {

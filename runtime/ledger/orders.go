@@ -51,7 +51,7 @@ const (
 	orderColumns = `reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at,
     payment_token, created_at, updated_at`
 
-	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND reservation_id = $2`
+	sqlGetOrder = `SELECT ` + orderColumns + ` FROM flashsale_orders WHERE campaign_id = (SELECT $1::text) AND ` + byID2
 
 	// I7: commits only while the lease is valid by the database clock, so a
 	// payment racing the sweeper either commits first or finds the row gone.
@@ -62,7 +62,7 @@ const (
 	// back (NTP, a failover to a primary behind) while the row is PENDING.
 	sqlCheckout = `UPDATE flashsale_orders
 SET status = 'COMMITTED', payment_token = $4, updated_at = now()
-WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3
+WHERE ` + byID1 + ` AND campaign_id = (SELECT $2::text) AND user_id = $3
   AND status = 'PENDING' AND expires_at > clock_timestamp()
   AND NOT EXISTS (SELECT 1 FROM flashsale_late_payments p
                   WHERE p.reservation_id = $1 AND p.payment_token = $4 AND p.campaign_id = $2)
@@ -79,7 +79,7 @@ WHERE reservation_id = $1 AND payment_token = $3 AND campaign_id = $2)`
 	// "expired" while an earlier attempt of the same payment, started before
 	// the expiry, went on to commit it.
 	sqlExpiredCheckout = `UPDATE flashsale_orders SET updated_at = updated_at
-WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3
+WHERE ` + byID1 + ` AND campaign_id = (SELECT $2::text) AND user_id = $3
   AND status = 'PENDING' AND expires_at <= clock_timestamp()
 RETURNING ` + orderColumns
 
@@ -89,7 +89,7 @@ ON CONFLICT (reservation_id, payment_token) DO NOTHING`
 
 	sqlCancelByUser = `UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_USER', updated_at = now()
-WHERE reservation_id = $1 AND campaign_id = (SELECT $2::text) AND user_id = $3 AND status = 'PENDING'
+WHERE ` + byID1 + ` AND campaign_id = (SELECT $2::text) AND user_id = $3 AND status = 'PENDING'
 RETURNING ` + orderColumns
 
 	// Grace is passed in microseconds: an exact integer, no interval parsing.
@@ -101,29 +101,47 @@ RETURNING ` + orderColumns
 	// each of them.
 	sqlCancelExpired = `UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
-WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND reservation_id = ANY (ARRAY(
-    SELECT reservation_id FROM flashsale_orders
-    WHERE campaign_id = (SELECT $1::text) AND reservation_id = ANY($2::text[])
+WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND request_key = ANY (ARRAY(
+    SELECT request_key FROM flashsale_orders
+    WHERE campaign_id = (SELECT $1::text) AND ` + byIDs2 + `
       AND status = 'PENDING' AND expires_at + $3::bigint * interval '1 microsecond' < now()
     ORDER BY reservation_id
     FOR UPDATE))`
 
 	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
-WHERE campaign_id = (SELECT $1::text) AND reservation_id = ANY($2::text[])`
+WHERE campaign_id = (SELECT $1::text) AND ` + byIDs2
 
 	// Pairs of (campaign, reservation id): the primary key's order.
 	sqlStatusesAnyCampaign = `SELECT o.reservation_id, o.status
 FROM unnest($1::text[], $2::text[]) AS t(c, r)
-JOIN flashsale_orders o ON o.campaign_id = t.c AND o.reservation_id = t.r`
+JOIN flashsale_orders o ON o.campaign_id = t.c
+    AND o.request_key IN (split_part(t.r, '.', 2), '.' || t.r) AND o.reservation_id = t.r`
 
 	// A row of the same request on another shard (request_key) also wins:
 	// the reservation abandoned then has no row, and is released.
 	sqlInsertAbandoned = `INSERT INTO flashsale_orders
     (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, request_key)
-SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'ABANDONED', t.e, t.x, nullif(split_part(t.r, '.', 2), '')
+SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'ABANDONED', t.e, t.x, ` + requestKeyOfR + `
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
     AS t(r, c, s, u, sh, q, e, x)
 ON CONFLICT DO NOTHING`
+)
+
+// The orders' primary key is (campaign, request key), and a reservation id
+// is "<shard>.<request key>": a row's request key is the id's part after its
+// first dot, or '.' || id for a duplicate written before 0003 and for an id
+// without a dot (0007_request_primary_key.sql). An order is found by id
+// through the primary key by naming both keys the row may have, and the id.
+const (
+	byID1 = `request_key IN (split_part($1, '.', 2), '.' || $1) AND reservation_id = $1`
+	byID2 = `request_key IN (split_part($2, '.', 2), '.' || $2) AND reservation_id = $2`
+	// byIDs2 is byID1 for the array of ids $2.
+	byIDs2 = `request_key = ANY (ARRAY(SELECT k FROM unnest($2::text[]) AS i(id),
+        LATERAL (VALUES (split_part(i.id, '.', 2)), ('.' || i.id)) AS v(k)))
+      AND reservation_id = ANY ($2::text[])`
+	// requestKeyOfR is the request key a writer gives the row of the
+	// reservation id t.r.
+	requestKeyOfR = `coalesce(nullif(split_part(t.r, '.', 2), ''), '.' || t.r)`
 )
 
 func scanOrder(row pgx.Row) (Order, error) {

@@ -10,7 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// migrateUpTo applies the migrations before version `until` as Migrate would.
+// migrateUpTo applies the migrations before version `until` that are not
+// applied yet, as Migrate would.
 func migrateUpTo(t *testing.T, pool *pgxpool.Pool, until int) {
 	t.Helper()
 	ctx := testCtx(t)
@@ -21,9 +22,16 @@ func migrateUpTo(t *testing.T, pool *pgxpool.Pool, until int) {
 	if _, err := pool.Exec(ctx, sqlCreateMigrationsTable); err != nil {
 		t.Fatal(err)
 	}
+	var applied int
+	if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM flashsale_schema_migrations`).Scan(&applied); err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range migs {
 		if m.version >= until {
 			break
+		}
+		if m.version <= applied {
+			continue
 		}
 		if _, err := pool.Exec(ctx, m.sql); err != nil {
 			t.Fatalf("migration %04d: %v", m.version, err)
@@ -69,11 +77,12 @@ VALUES ($1, $2, 'sku', 'u', 0, 1, 'PENDING', 1, now() + interval '1 hour', $3)`,
 			t.Fatal(err)
 		}
 	}
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	migrateUpTo(t, pool, 7)
 	if cols := primaryKeyColumns(t, pool); cols != "campaign_id,reservation_id" {
 		t.Fatalf("after 0006 the primary key is %q, want campaign_id,reservation_id", cols)
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
 	}
 	l := &Ledger{pool: pool}
 	for i, c := range []string{"old-sale", "new-sale"} {
@@ -83,6 +92,65 @@ VALUES ($1, $2, 'sku', 'u', 0, 1, 'PENDING', 1, now() + interval '1 hour', $3)`,
 	}
 	if _, err := l.GetOrder(ctx, "old-sale", "0.key1"); err == nil {
 		t.Fatal("an order found under another campaign")
+	}
+}
+
+// After 0007 the orders have one unique index, the primary key (campaign,
+// request key). The rows of a request written twice before 0003 (on two
+// shards: the second has no request key) and a row whose id has no dot are
+// each still found by their reservation id, taken by checkout and cancel, and
+// a new row of either request is refused.
+func TestMigrationKeysOrdersByRequest(t *testing.T) {
+	ctx := testCtx(t)
+	pool, err := pgxpool.New(ctx, newDSN(t, testPG))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	migrateUpTo(t, pool, 3)
+	for _, id := range []string{"0.k", "1.k", "legacy"} {
+		if _, err := pool.Exec(ctx, `INSERT INTO flashsale_orders
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, created_at)
+VALUES ($1, 'c', 'sku', 'u', 0, 1, 'PENDING', 1, now() + interval '1 hour', now() + make_interval(secs => length($1)))`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if cols := primaryKeyColumns(t, pool); cols != "campaign_id,request_key" {
+		t.Fatalf("after 0007 the primary key is %q, want campaign_id,request_key", cols)
+	}
+	var indexes int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_index WHERE indrelid = 'flashsale_orders'::regclass AND indisunique`).Scan(&indexes); err != nil || indexes != 1 {
+		t.Fatalf("%d unique indexes on the orders (%v), want the primary key alone", indexes, err)
+	}
+	l := &Ledger{pool: pool}
+	for id, key := range map[string]string{"0.k": "k", "1.k": ".1.k", "legacy": ".legacy"} {
+		o, err := l.GetOrder(ctx, "c", id)
+		if err != nil || o.ReservationID != id {
+			t.Fatalf("order %s after the migration: %+v %v", id, o, err)
+		}
+		var got string
+		if err := pool.QueryRow(ctx, `SELECT request_key FROM flashsale_orders WHERE reservation_id = $1`, id).Scan(&got); err != nil || got != key {
+			t.Fatalf("order %s has request key %q (%v), want %q", id, got, err, key)
+		}
+	}
+	if out, o, err := l.Checkout(ctx, "c", "1.k", "u", "pay"); err != nil || out != CheckoutCommitted || o.ReservationID != "1.k" {
+		t.Fatalf("checkout of the duplicate: %v %+v %v", out, o, err)
+	}
+	if out, _, err := l.CancelByUser(ctx, "c", "legacy", "u"); err != nil || out != CancelCancelled {
+		t.Fatalf("cancel of the undotted id: %v %v", out, err)
+	}
+	got, err := l.CancelExpired(ctx, "c", []string{"0.k", "1.k", "legacy"}, 0)
+	if err != nil || got["0.k"] != StatusPending || got["1.k"] != StatusCommitted || got["legacy"] != StatusCancelledByUser {
+		t.Fatalf("statuses after the migration: %v %v", got, err)
+	}
+	// A request's new row, on another shard, is its duplicate.
+	if _, err := pool.Exec(ctx, `INSERT INTO flashsale_orders
+    (reservation_id, campaign_id, sku, user_id, shard, quantity, status, epoch, expires_at, request_key)
+VALUES ('2.k', 'c', 'sku', 'u', 2, 1, 'PENDING', 1, now(), 'k')`); err == nil {
+		t.Fatal("a second row of request k was written")
 	}
 }
 

@@ -30,8 +30,8 @@ RETURNING epoch - 1`
 	// two cannot deadlock, and updated through the primary key as it does.
 	sqlCancelExpiredAll = `UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
-WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND reservation_id = ANY (ARRAY(
-    SELECT reservation_id FROM flashsale_orders
+WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND request_key = ANY (ARRAY(
+    SELECT request_key FROM flashsale_orders
     WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND expires_at + $2::bigint * interval '1 microsecond' < now()
     ORDER BY reservation_id
     FOR UPDATE))`

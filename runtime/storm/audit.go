@@ -275,9 +275,13 @@ func examples(ids []string) string {
 	return fmt.Sprintf("%v and %d more", ids[:maxExamples], len(ids)-maxExamples)
 }
 
-// sqlStatuses reads the status of reservations of one campaign.
+// sqlStatuses reads the status of reservations of one campaign, through the
+// orders' primary key (campaign, request key) as the ledger's own lookups do
+// (runtime/ledger byIDs2).
 const sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
-WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`
+WHERE campaign_id = $1 AND request_key = ANY (ARRAY(SELECT k FROM unnest($2::text[]) AS i(id),
+        LATERAL (VALUES (split_part(i.id, '.', 2)), ('.' || i.id)) AS v(k)))
+  AND reservation_id = ANY ($2::text[])`
 
 // statusBatch bounds the ids sent in one query.
 const statusBatch = 5000
