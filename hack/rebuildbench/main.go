@@ -199,7 +199,7 @@ func newSale(ctx context.Context, dsn string, rs redisServers, shards int, n int
 // index is built from those scores. (All at one instant, the index would cost
 // Redis a string comparison at every step of every insertion.)
 func fillOrders(ctx context.Context, l *ledger.Ledger, cfg engine.Config, n int64) error {
-	cols := []string{"reservation_id", "campaign_id", "sku", "user_id", "shard", "quantity", "status", "epoch", "expires_at", "payment_token"}
+	cols := []string{"reservation_id", "campaign_id", "sku", "user_id", "shard", "quantity", "status", "epoch", "expires_at", "payment_token", "request_key"}
 	last := time.Now().Add(time.Hour)
 	const chunk = 1_000_000
 	for from := int64(0); from < n; from += chunk {
@@ -211,9 +211,10 @@ func fillOrders(ctx context.Context, l *ledger.Ledger, cfg engine.Config, n int6
 			}
 			user := "u" + strconv.FormatInt(i, 10)
 			shard := stock.HomeShard(user, cfg.Shards)
-			id := stock.FormatID(shard, stock.ReservationKey(cfg.IDSecret, cfg.CampaignID, user, "r"))
+			key := stock.ReservationKey(cfg.IDSecret, cfg.CampaignID, user, "r")
+			id := stock.FormatID(shard, key)
 			expires := last.Add(-time.Duration(float64(cfg.TTL) * float64(n-i) / float64(n)))
-			row := []any{id, cfg.CampaignID, cfg.SKU, user, int32(shard), int32(1), "PENDING", int64(1), expires, nil}
+			row := []any{id, cfg.CampaignID, cfg.SKU, user, int32(shard), int32(1), "PENDING", int64(1), expires, nil, key}
 			if i%2 == 0 {
 				row[6], row[9] = "COMMITTED", "pay-"+user
 			}

@@ -111,11 +111,12 @@ WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND request_key = A
 	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
 WHERE campaign_id = (SELECT $1::text) AND ` + byIDs2
 
-	// Pairs of (campaign, reservation id): the primary key's order.
+	// Pairs of (campaign, reservation id). The keys are an array: an IN
+	// list naming t's columns is planned as an OR, and the orders scanned.
 	sqlStatusesAnyCampaign = `SELECT o.reservation_id, o.status
 FROM unnest($1::text[], $2::text[]) AS t(c, r)
 JOIN flashsale_orders o ON o.campaign_id = t.c
-    AND o.request_key IN (split_part(t.r, '.', 2), '.' || t.r) AND o.reservation_id = t.r`
+    AND o.request_key = ANY (ARRAY[split_part(t.r, '.', 2), '.' || t.r]) AND o.reservation_id = t.r`
 
 	// A row of the same request on another shard (request_key) also wins:
 	// the reservation abandoned then has no row, and is released.

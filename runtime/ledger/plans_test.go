@@ -83,6 +83,7 @@ func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 			{"the writer's duplicates", sqlExistingOrders, []any{ids, c.sale.ID}, "request_key = ANY"},
 			{"the sweeper's cancel", sqlCancelExpired, []any{c.sale.ID, ids, int64(0)}, "request_key = ANY"},
 			{"the rebuild's cancel", sqlCancelExpiredAll, []any{c.sale.ID, int64(0)}, "request_key = ANY"},
+			{"statuses of abandoned rows", sqlStatusesAnyCampaign, []any{[]string{c.sale.ID}, ids[:1]}, "request_key = ANY"},
 		} {
 			for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 				plan := explainPrepared(t, l, mode, q.sql, q.args...)

@@ -31,8 +31,8 @@ func (l *Ledger) GetRequestOrder(ctx context.Context, campaignID, requestKey str
 }
 
 // byRequest orders reservation ids by request key, then id: rows inserted in
-// this order take the locks of both unique indexes (id and request key) in one
-// order, so concurrent batches holding two requests each cannot deadlock.
+// this order take the primary key's locks (the request's) in one order, so
+// concurrent batches holding two requests each cannot deadlock.
 func byRequest(a, b string) int {
 	if c := strings.Compare(requestKey(a), requestKey(b)); c != 0 {
 		return c

@@ -148,7 +148,8 @@ func (c *campaign) orders() int {
 func (c *campaign) assertAckedInLedger(acked []string) {
 	c.t.Helper()
 	rows, err := c.l.Pool().Query(context.Background(),
-		`SELECT reservation_id, status FROM flashsale_orders WHERE campaign_id = $1 AND reservation_id = ANY($2::text[])`, c.id, acked)
+		`SELECT reservation_id, status FROM flashsale_orders WHERE campaign_id = $1
+		   AND request_key = ANY (ARRAY(SELECT split_part(id, '.', 2) FROM unnest($2::text[]) AS id)) AND reservation_id = ANY($2::text[])`, c.id, acked)
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -13,10 +13,12 @@
 -- dot), and a lookup by reservation id names both keys a row may have:
 --   request_key IN (split_part(id, '.', 2), '.' || id) AND reservation_id = id
 --
--- Setting the column NOT NULL reads every order under the table's ACCESS
--- EXCLUSIVE lock, as 0006 did: writes wait meanwhile. And a process of an
+-- The table's ACCESS EXCLUSIVE lock is taken first, so that no row without
+-- a key comes in between; setting the column NOT NULL then reads every
+-- order under it, as 0006 did: writes wait meanwhile. And a process of an
 -- earlier version looks orders up by reservation id alone, which no index
 -- serves any more: upgrade between sales.
+LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE;
 UPDATE flashsale_orders SET request_key = '.' || reservation_id WHERE request_key IS NULL;
 ALTER TABLE flashsale_orders ALTER COLUMN request_key SET NOT NULL;
 ALTER TABLE flashsale_orders DROP CONSTRAINT flashsale_orders_pkey;
