@@ -51,7 +51,8 @@ func clockSkewBound(ttl time.Duration) time.Duration {
 // Its figures are rounded so that a steady difference writes the status
 // once, not with every reading's jitter.
 func judgeClocks(skew engine.ClockSkew, ttl time.Duration, apart bool) *clockVerdict {
-	bound, again := clockSkewBound(ttl), clockSkewBound(ttl)/2
+	bound := clockSkewBound(ttl)
+	again := bound / 2
 	least, most := skew.AtLeast(), skew.Ahead.Abs()+skew.Uncertainty
 	switch {
 	case least > bound || (apart && least > again):

@@ -30,15 +30,12 @@ func (s ClockSkew) AtLeast() time.Duration {
 // with the shortest round trip of a few), and returns the server whose clock
 // differs most from the ledger's.
 func (e *Engine) ClockSkew(ctx context.Context) (ClockSkew, error) {
-	var db stock.Reading
-	for i := range stock.ClockReadings {
+	db, err := stock.BestReading(func() (stock.Reading, error) {
 		at, before, after, err := e.ledger.Clock(ctx)
-		if err != nil {
-			return ClockSkew{}, ledgerFailure("clock", err)
-		}
-		if r := stock.NewReading("ledger", at, before, after); i == 0 || r.Uncertainty < db.Uncertainty {
-			db = r
-		}
+		return stock.NewReading("ledger", at, before, after), err
+	})
+	if err != nil {
+		return ClockSkew{}, ledgerFailure("clock", err)
 	}
 	servers, err := e.store.Clocks(ctx)
 	if err != nil {

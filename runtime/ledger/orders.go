@@ -95,10 +95,10 @@ RETURNING ` + orderColumns
 	// Grace is passed in microseconds: an exact integer, no interval parsing.
 	// The rows are locked in reservation id order (the same order as the
 	// rebuild's cancel), so two sweepers and a rebuild cannot deadlock on
-	// each other whatever plan each statement gets. The locked ids go to the
-	// update as one array it looks up in the primary key: a join of the
-	// orders to them could be planned as a loop over the whole sale for
-	// each of them.
+	// each other whatever plan each statement gets. The locked rows' request
+	// keys go to the update as one array it looks up in the primary key: a
+	// join of the orders to them could be planned as a loop over the whole
+	// sale for each of them.
 	sqlCancelExpired = `UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
 WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND request_key = ANY (ARRAY(

@@ -29,27 +29,36 @@ func (s *Store) Clocks(ctx context.Context) ([]Reading, error) {
 	}
 	out := make([]Reading, 0, len(nodes))
 	for _, node := range nodes {
-		// A first call makes sure the connection is open, so the timed one
-		// is one round trip.
-		if err := node.Ping(ctx).Err(); err != nil {
-			s.redirected(ctx, err)
-			return nil, fmt.Errorf("%s: %w", node.Options().Addr, err)
-		}
-		var best Reading
-		for i := range ClockReadings {
+		addr := node.Options().Addr
+		best, err := BestReading(func() (Reading, error) {
 			before := time.Now()
 			at, err := node.Time(ctx).Result()
-			after := time.Now()
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", node.Options().Addr, err)
-			}
-			if r := NewReading(node.Options().Addr, at, before, after); i == 0 || r.Uncertainty < best.Uncertainty {
-				best = r
-			}
+			return NewReading(addr, at, before, time.Now()), err
+		})
+		if err != nil {
+			s.redirected(ctx, err)
+			return nil, fmt.Errorf("%s: %w", addr, err)
 		}
 		out = append(out, best)
 	}
 	return out, nil
+}
+
+// BestReading reads a clock ClockReadings times and keeps the reading with
+// the shortest round trip (a first one that opened the connection, or one
+// slowed by a scheduling delay, is left out).
+func BestReading(read func() (Reading, error)) (Reading, error) {
+	var best Reading
+	for i := range ClockReadings {
+		r, err := read()
+		if err != nil {
+			return Reading{}, err
+		}
+		if i == 0 || r.Uncertainty < best.Uncertainty {
+			best = r
+		}
+	}
+	return best, nil
 }
 
 // NewReading is the reading of a server that said it was at, asked between
