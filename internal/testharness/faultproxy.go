@@ -83,9 +83,14 @@ func (f *FaultProxy) Addr() string { return f.p.Listen }
 // Upstream is the server behind the proxy.
 func (f *FaultProxy) Upstream() string { return f.upstream }
 
-// Latency delays the data flowing in dir by d (each chunk, as it arrives).
-// It returns the fault's name, for Remove.
+// Latency delays the data flowing in dir by d (each chunk, as it arrives),
+// a whole number of milliseconds: the proxy counts in them, and would
+// round anything shorter to no delay at all. It returns the fault's name,
+// for Remove.
 func (f *FaultProxy) Latency(dir Direction, d time.Duration) (string, error) {
+	if d <= 0 || d%time.Millisecond != 0 {
+		return "", fmt.Errorf("fault proxy: latency %v is not a positive whole number of milliseconds", d)
+	}
 	return f.add("latency", dir, map[string]int64{"latency": d.Milliseconds()})
 }
 

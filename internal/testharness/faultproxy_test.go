@@ -188,6 +188,11 @@ func TestFaultProxyRefusesBadFaults(t *testing.T) {
 	if _, err := f.Timeout(Upstream, -time.Second); err == nil {
 		t.Error("a negative timeout: no error")
 	}
+	for _, d := range []time.Duration{500 * time.Microsecond, 1500 * time.Microsecond, 0} {
+		if _, err := f.Latency(Downstream, d); err == nil {
+			t.Errorf("a latency of %v, which the proxy would not add as such: no error", d)
+		}
+	}
 	if len(f.Faults()) != 0 {
 		t.Fatalf("a refused fault is in force: %v", f.Faults())
 	}
