@@ -224,11 +224,8 @@ func (f *fixture) assertQuotaCovers() {
 // SHA1 (EVALSHA), or by its body (EVAL, after a NOSCRIPT).
 func isScript(t testing.TB, name string) func(args []any) bool {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), "runtime", "stock", "scripts", name+".lua"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha1.Sum(src)
+	src := scriptSource(t, name)
+	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
 	return func(args []any) bool {
 		if len(args) < 2 {
@@ -238,8 +235,18 @@ func isScript(t testing.TB, name string) func(args []any) bool {
 		case "evalsha":
 			return fmt.Sprint(args[1]) == sha
 		case "eval":
-			return fmt.Sprint(args[1]) == string(src)
+			return fmt.Sprint(args[1]) == src
 		}
 		return false
 	}
+}
+
+// scriptSource is the body of the named script of runtime/stock/scripts.
+func scriptSource(t testing.TB, name string) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), "runtime", "stock", "scripts", name+".lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(src)
 }

@@ -374,14 +374,6 @@ func (e *Engine) release(ctx context.Context, shard int, key string, expiryMs, e
 	_, _ = e.store.Quota(cctx, r.Home, stock.QuotaRelease, r.User, key, r.Quantity, shard, r.ExpiryMs)
 }
 
-func (e *Engine) releaseNow(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {
-	rr, err := e.store.Release(ctx, shard, key)
-	if err != nil {
-		return rr, err
-	}
-	return rr, e.afterRelease(ctx, shard, key, rr)
-}
-
 func (e *Engine) afterRelease(ctx context.Context, shard int, key string, rr stock.ReleaseResult) error {
 	if rr.Code != stock.Released || rr.Home == shard || rr.Home < 0 {
 		return nil

@@ -241,23 +241,12 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 			}
 		}
 	}
+	var release []string
 	for i, k := range keys {
 		s, ok := status[ids[i]]
 		switch {
 		case !ok, s == ledger.StatusCancelledBySweeper, s == ledger.StatusCancelledByUser, s == ledger.StatusAbandoned:
-			rr, err := e.releaseNow(ctx, shard, k)
-			if err == nil && rr.Code == stock.LedgerNeeded {
-				rr, err = e.releaseFromLedger(ctx, shard, k)
-			}
-			if err != nil {
-				return st, err
-			}
-			switch rr.Code {
-			case stock.Released:
-				st.Released++
-			case stock.Rebuilding:
-				st.Skipped++
-			}
+			release = append(release, k)
 		case s == ledger.StatusCommitted:
 			n, err := e.store.MarkCommitted(ctx, shard, k)
 			if err == nil && n == stock.CommitLedgerNeeded {
@@ -275,7 +264,44 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 			st.Skipped++
 		}
 	}
-	return st, nil
+	released, err := e.releaseExpired(ctx, shard, release)
+	st.add(released)
+	return st, err
+}
+
+// releaseExpired gives back the units of keys on shard, which the ledger has
+// ended: their release scripts go together (Store.ReleaseEach), then each is
+// finished on its own: the quota of a released stolen reservation goes back
+// on its home shard (afterRelease), and one whose hash is gone is released
+// from its ledger row. A failed call does not stop the others' finishing;
+// the first error is returned, and the next pass finds what it left in the
+// expiry index.
+func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (SweepStats, error) {
+	var (
+		st    SweepStats
+		first error
+	)
+	results, errs := e.store.ReleaseEach(ctx, shard, keys)
+	for i, k := range keys {
+		rr, err := results[i], errs[i]
+		if err == nil {
+			err = e.afterRelease(ctx, shard, k, rr)
+		}
+		if err == nil && rr.Code == stock.LedgerNeeded {
+			rr, err = e.releaseFromLedger(ctx, shard, k)
+		}
+		if err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
+		switch rr.Code {
+		case stock.Released:
+			st.Released++
+		case stock.Rebuilding:
+			st.Skipped++
+		}
+	}
+	return st, first
 }
 
 // releaseFromLedger releases a reservation whose Redis hash is gone (it

@@ -16,11 +16,30 @@ import (
 // No re-send after a timeout does not mean no redirect: a script sent to a
 // master that no longer serves its slot (a resharding, a failover the slot
 // map has not caught up with) is answered MOVED without running, and the
-// cluster client sends it on to the new master, where it runs once.
+// cluster client sends it on to the new master, where it runs once. The
+// same for a release in a sweeper's pipeline, which goes to the master the
+// client's slot map names, and then on its own.
 func TestScriptFollowsMoved(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}
+	for _, release := range []struct {
+		name string
+		run  func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error)
+	}{
+		{"alone", func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error) { return s.Release(ctx, 0, key) }},
+		{"pipelined", func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error) {
+			res, errs := s.ReleaseEach(ctx, 0, []string{key})
+			return res[0], errs[0]
+		}},
+	} {
+		t.Run(release.name, func(t *testing.T) {
+			releaseAfterMove(t, release.run)
+		})
+	}
+}
+
+func releaseAfterMove(t *testing.T, release func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error)) {
 	c := testharness.RedisClusterT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -72,7 +91,7 @@ func TestScriptFollowsMoved(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := s.Release(ctx, 0, key)
+	res, err := release(ctx, s)
 	if err != nil || res.Code != stock.Released {
 		t.Fatalf("release after the slot moved: %+v %v", res, err)
 	}

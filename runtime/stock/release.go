@@ -67,6 +67,76 @@ func (s *Store) release(ctx context.Context, script script, shard int, key strin
 	k := s.shards[shard]
 	args := append([]any{key, shard}, extra...)
 	v, err := script.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Res(key), k.Users()}, args...).Slice()
+	return releaseReply(shard, v, err)
+}
+
+// ReleaseBatch is the most release calls ReleaseEach sends in one pipeline.
+// The server runs a pipeline's calls back to back (about 15 µs each), so a
+// larger one would hold the reserve calls queued behind it for longer than
+// one of the reserve pods' own pipelines does (32 calls).
+const ReleaseBatch = 32
+
+// ReleaseEach is Release of each of keys on shard, ReleaseBatch calls to a
+// pipeline to the shard's server: a sweep of expired reservations pays a
+// round trip per pipeline, not per reservation. results[i] and errs[i] are
+// keys[i]'s, whatever the others'. Each call is sent once. Calls the server
+// answered NOSCRIPT (after a restart or a failover) go again, pipelined,
+// once the script is loaded; one refused otherwise before it ran (a moved
+// slot) goes again on its own. Neither had run.
+func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (results []ReleaseResult, errs []error) {
+	results, errs = make([]ReleaseResult, len(keys)), make([]error, len(keys))
+	k := s.shards[shard]
+	node, err := s.node(ctx, k.Meta())
+	if err != nil {
+		for i := range errs {
+			errs[i] = fmt.Errorf("release on shard %d: %w", shard, err)
+		}
+		return results, errs
+	}
+	cmds := make([]*redis.Cmd, len(keys))
+	send := func(which []int) {
+		for start := 0; start < len(which); start += ReleaseBatch {
+			pipe := node.Pipeline()
+			for _, i := range which[start:min(start+ReleaseBatch, len(which))] {
+				cmds[i] = evalCmd(ctx, "evalsha", releaseScript.sha1,
+					[]string{k.Stock(), k.Meta(), k.Index(), k.Res(keys[i]), k.Users()}, []any{keys[i], shard})
+				_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
+			}
+			_, _ = pipe.Exec(ctx) // each call's error is its own
+		}
+	}
+	all := make([]int, len(keys))
+	for i := range all {
+		all[i] = i
+	}
+	send(all)
+	var unloaded []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			unloaded = append(unloaded, i)
+		}
+	}
+	if len(unloaded) > 0 && node.ScriptLoad(ctx, releaseScript.src).Err() == nil {
+		send(unloaded)
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			s.redirected(ctx, err) // once: it only marks the slot map stale
+			break
+		}
+	}
+	for i, cmd := range cmds {
+		v, err := cmd.Slice()
+		if NotRun(err) {
+			results[i], errs[i] = s.Release(ctx, shard, keys[i])
+			continue
+		}
+		results[i], errs[i] = releaseReply(shard, v, err)
+	}
+	return results, errs
+}
+
+func releaseReply(shard int, v []any, err error) (ReleaseResult, error) {
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release on shard %d: %w", shard, err)
 	}

@@ -1,0 +1,183 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// scriptTrips counts the round trips that carry calls of one script: calls
+// sent alone, and pipelines holding at least one of them (and those calls).
+type scriptTrips struct {
+	match func(args []any) bool
+
+	mu                      sync.Mutex
+	alone, pipelines, piped int
+}
+
+func (h *scriptTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.match(cmd.Args()) {
+			h.mu.Lock()
+			h.alone++
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, cmd := range cmds {
+			if h.match(cmd.Args()) {
+				n++
+			}
+		}
+		if n > 0 {
+			h.mu.Lock()
+			h.pipelines++
+			h.piped += n
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *scriptTrips) counts() (alone, pipelines, piped int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.alone, h.pipelines, h.piped
+}
+
+// expireOnOneShard makes n reservations by n buyers on a one-shard sale and
+// waits until they are past expiry and grace.
+func expireOnOneShard(t *testing.T, rdb redis.UniversalClient, n int) *fixture {
+	t.Helper()
+	f := newFixture(t, rdb, withShards(1), withAllocation(int64(n)+10), withTTL(shortTTL, 100*time.Millisecond))
+	reserveMany(t, f, "buyer", n)
+	time.Sleep(shortTTL + 300*time.Millisecond)
+	return f
+}
+
+// A sweep releases a batch of expired reservations in pipelines of
+// stock.ReleaseBatch calls, not one round trip each: a shard's backlog after
+// a sale drains at the rate of pipelines, not of replies. On a server that
+// lost its scripts (restarted, failed over) each pipeline goes twice: every
+// call is answered NOSCRIPT, without running, and goes again once the
+// script is loaded.
+func TestSweepSendsReleasesTogether(t *testing.T) {
+	for _, b := range backends() {
+		for _, flushed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/scripts flushed %v", b.name, flushed), func(t *testing.T) {
+				ctx := context.Background()
+				rdb, _ := withLostReplies(t, b)
+				trips := &scriptTrips{match: isScript(t, "release")}
+				stock.AddHook(rdb, trips)
+				const n = 100
+				f := expireOnOneShard(t, rdb, n)
+				sends := 1
+				if flushed {
+					sends = 2
+					if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := rdb.ScriptLoad(ctx, scriptSource(t, "release")).Err(); err != nil {
+					t.Fatal(err)
+				}
+				st, err := f.e.Sweep(ctx)
+				if err != nil || st.Released != n {
+					t.Fatalf("sweep: %+v %v, want %d released", st, err, n)
+				}
+				alone, pipelines, piped := trips.counts()
+				want := sends * (n + stock.ReleaseBatch - 1) / stock.ReleaseBatch
+				if alone != 0 || piped != sends*n || pipelines != want {
+					t.Fatalf("release calls: %d alone, %d in %d pipelines; want 0 alone, %d in %d pipelines",
+						alone, piped, pipelines, sends*n, want)
+				}
+				if c := f.assertConserved(); c.Available != n+10 || c.Reserved != 0 {
+					t.Fatalf("after the sweep: %+v", c)
+				}
+			})
+		}
+	}
+}
+
+// Faults on the release calls of one sweep, each landing on a named call of
+// its pipelines: a reply lost after the call ran, a call lost on its way,
+// and a call held by a stalled server and run after the next pass. Whatever
+// the pass answered, every unit is given back once (I2, I6), every order
+// ends cancelled by the sweeper, and every buyer's quota comes back.
+func TestSweepReleaseFaults(t *testing.T) {
+	const n = 40
+	faults := []struct {
+		name string
+		arm  func(h *lostReply, match func([]any) bool)
+	}{
+		{"reply lost", func(h *lostReply, m func([]any) bool) { h.arm(3, m) }},
+		{"call lost", func(h *lostReply, m func([]any) bool) { h.armDrop(3, m) }},
+		{"call held", func(h *lostReply, m func([]any) bool) { h.armHold(3, m) }},
+	}
+	for _, b := range backends() {
+		for _, fault := range faults {
+			t.Run(b.name+"/"+fault.name, func(t *testing.T) {
+				ctx := context.Background()
+				rdb, lost := withLostReplies(t, b)
+				f := expireOnOneShard(t, rdb, n)
+				// The 2nd, 17th and 33rd calls: in the first pipeline, and the
+				// second's last (stock.ReleaseBatch 32) and the third's first.
+				seen := 0
+				release := isScript(t, "release")
+				fault.arm(lost, func(args []any) bool {
+					if !release(args) {
+						return false
+					}
+					seen++
+					return seen == 2 || seen == 17 || seen == 33
+				})
+				st, err := f.e.Sweep(ctx)
+				if lost.count() != 3 || err == nil {
+					t.Fatalf("first pass: %+v %v with %d faults, want an error and 3", st, err, lost.count())
+				}
+				if want := n - 3; st.Released != want {
+					t.Fatalf("first pass released %d, want the %d others", st.Released, want)
+				}
+				f.sweepUntilQuiet()
+				for _, cmd := range lost.sendHeld(ctx, rdb) {
+					if v, err := cmd.Slice(); err != nil || len(v) == 0 || v[0] == int64(stock.Released) {
+						t.Fatalf("a held release run late: %v %v, want it to give nothing back", v, err)
+					}
+				}
+				f.sweepUntilQuiet()
+				if c := f.assertConserved(); c.Available != n+10 || c.Reserved != 0 {
+					t.Fatalf("after the faults: %+v, want every unit back once", c)
+				}
+				for i := range n {
+					user := fmt.Sprintf("buyer-%d", i)
+					if units := liveUnits(t, f, user); units != 0 {
+						t.Fatalf("%s still holds %d units in the ledger", user, units)
+					}
+					if r := f.reserve(user, "again", 1); r.Outcome != engine.OutcomeReserved {
+						t.Fatalf("%s after the sweep: %s, want its quota back", user, r.Outcome)
+					}
+				}
+				var cancelled int
+				err = f.l.Pool().QueryRow(ctx, `SELECT count(*) FROM flashsale_orders
+					WHERE campaign_id = $1 AND status = $2`, f.cfg.CampaignID, ledger.StatusCancelledBySweeper).Scan(&cancelled)
+				if err != nil || cancelled != n {
+					t.Fatalf("%d orders cancelled by the sweeper (%v), want %d", cancelled, err, n)
+				}
+			})
+		}
+	}
+}
