@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -94,6 +95,9 @@ type Ledger struct {
 	// cfg is pool's configuration, from which a Materializer makes the pool
 	// of its own (NewMaterializer).
 	cfg *pgxpool.Config
+
+	statsMu   sync.Mutex
+	statsSeen bool // ensureStatistics found or made the orders' statistics
 }
 
 // Option tunes Open.

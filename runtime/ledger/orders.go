@@ -362,6 +362,7 @@ func (l *Ledger) CancelExpired(ctx context.Context, campaignID string, ids []str
 	if grace < 0 {
 		grace = 0
 	}
+	l.ensureStatistics(ctx)
 	if _, err := l.pool.Exec(ctx, sqlCancelExpired, campaignID, ids, grace.Microseconds()); err != nil {
 		return nil, fmt.Errorf("ledger: cancel expired: %w", err)
 	}

@@ -60,6 +60,7 @@ func (l *Ledger) BeginRebuild(ctx context.Context, campaignID string, grace time
 	if grace < 0 {
 		grace = 0
 	}
+	l.ensureStatistics(ctx)
 	var snap RebuildSnapshot
 	// Must stay READ COMMITTED: under REPEATABLE READ the cancel would use the
 	// snapshot from before the lock wait and miss batches that committed
