@@ -225,6 +225,7 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 	existing := map[string]bool{}
 	var lookup error
 	if len(skipped) > 0 {
+		m.l.ensureStatistics(ctx)
 		if testHookLookupDuplicates != nil {
 			testHookLookupDuplicates(conn.Conn().PgConn().PID())
 		}

@@ -17,8 +17,8 @@ const sqlOrdersStatistics = `SELECT EXISTS (SELECT 1 FROM flashsale_orders), EXI
 // sweeper's cancel of each batch read the whole sale twice, 80–98 ms a
 // batch at 20,000 orders against 8–10 ms (docs/tuning.md). Autovacuum
 // analyzes a new table within a minute of its first rows, unless it is off
-// or behind; the sweeper and a rebuild, which meet this first, do not wait
-// for it. It only helps the plans: an error (the database away, an ANALYZE
+// or behind; the sweeper, a rebuild and the writer's lookup of duplicates,
+// which meet this first, do not wait for it. It only helps the plans: an error (the database away, an ANALYZE
 // refused to a role that does not own the table) leaves them as they were,
 // and the statement that called it goes on.
 func (l *Ledger) ensureStatistics(ctx context.Context) {

@@ -1,21 +1,24 @@
 package ledger
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // A ledger whose orders were never analyzed (a new database, autovacuum off
 // or not there yet) has its first sale's expired reservations cancelled
-// through their key all the same: the sweeper's first cancel, or a
-// rebuild's, analyzes the orders first. Without statistics, each cancel read
-// every order of the sale (through the buyers' index, by the campaign alone).
+// through their key all the same: the sweeper's first cancel, a rebuild's,
+// or the writer's first lookup of duplicates analyzes the orders first.
+// Without statistics, each cancel read every order of the sale (through the
+// buyers' index, by the campaign alone).
 func TestCancelsOfALedgerNeverAnalyzedUseTheKey(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	for _, cancel := range []string{"the sweeper's", "a rebuild's"} {
+	for _, cancel := range []string{"the sweeper's", "a rebuild's", "the writer's duplicates"} {
 		t.Run(cancel, func(t *testing.T) {
 			l := newLedger(t)
 			if _, err := l.pool.Exec(ctx, `ALTER TABLE flashsale_orders SET (autovacuum_enabled = off)`); err != nil {
@@ -51,10 +54,18 @@ func TestCancelsOfALedgerNeverAnalyzedUseTheKey(t *testing.T) {
 				if err != nil || len(got) != len(ids) {
 					t.Fatalf("cancel: %d statuses, %v; want %d", len(got), err, len(ids))
 				}
-			default:
+			case "a rebuild's":
 				snap, err := l.BeginRebuild(ctx, sale.ID, 0)
 				if err != nil || snap.Expired != 20_000 {
 					t.Fatalf("rebuild: %d expired cancelled, %v; want 20000", snap.Expired, err)
+				}
+			default:
+				m := l.NewMaterializer(MaterializerConfig{})
+				defer m.Close()
+				again := pendingOrder(sale, "u", 0, time.Hour)
+				again.ReservationID = ids[0]
+				if err := m.Submit(ctx, again); !errors.Is(err, ErrDuplicate) {
+					t.Fatalf("a row written again: %v, want ErrDuplicate", err)
 				}
 			}
 			var analyzed bool
