@@ -94,10 +94,22 @@ func (f *FaultProxy) Latency(dir Direction, d time.Duration) (string, error) {
 	return f.add("latency", dir, map[string]int64{"latency": d.Milliseconds()})
 }
 
+// wholeMillis refuses a duration the proxy would round down: to 0, which
+// means "at once" or "never", the opposite of a short delay.
+func wholeMillis(what string, d time.Duration) error {
+	if d < 0 || d%time.Millisecond != 0 {
+		return fmt.Errorf("fault proxy: %s %v is not a whole number of milliseconds", what, d)
+	}
+	return nil
+}
+
 // Timeout swallows every byte flowing in dir. With after > 0 the proxy then
 // closes the connection after that long; with 0 it holds it open, silent,
 // until the fault is removed. Data swallowed is lost, also after the removal.
 func (f *FaultProxy) Timeout(dir Direction, after time.Duration) (string, error) {
+	if err := wholeMillis("timeout", after); err != nil {
+		return "", err
+	}
 	return f.add("timeout", dir, map[string]int64{"timeout": after.Milliseconds()})
 }
 
@@ -105,6 +117,9 @@ func (f *FaultProxy) Timeout(dir Direction, after time.Duration) (string, error)
 // flows in dir, after the given delay: with Downstream, a request reaches
 // the server and its reply never comes back.
 func (f *FaultProxy) ResetPeer(dir Direction, after time.Duration) (string, error) {
+	if err := wholeMillis("reset delay", after); err != nil {
+		return "", err
+	}
 	return f.add("reset_peer", dir, map[string]int64{"timeout": after.Milliseconds()})
 }
 

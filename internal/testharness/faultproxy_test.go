@@ -193,6 +193,14 @@ func TestFaultProxyRefusesBadFaults(t *testing.T) {
 			t.Errorf("a latency of %v, which the proxy would not add as such: no error", d)
 		}
 	}
+	for _, d := range []time.Duration{500 * time.Microsecond, 1500 * time.Microsecond} {
+		if _, err := f.Timeout(Downstream, d); err == nil {
+			t.Errorf("a timeout of %v, which the proxy would round down: no error", d)
+		}
+		if _, err := f.ResetPeer(Downstream, d); err == nil {
+			t.Errorf("a reset after %v, which the proxy would round down: no error", d)
+		}
+	}
 	if len(f.Faults()) != 0 {
 		t.Fatalf("a refused fault is in force: %v", f.Faults())
 	}
