@@ -31,6 +31,9 @@ type lostReply struct {
 	drop  bool // lose the command itself: it never reaches the server
 	hold  bool // with drop: keep the command, for the test to send late
 	held  [][]any
+	// tail: a reply lost in a pipeline loses the replies behind it too, as
+	// a broken connection does (they ran, and were never read).
+	tail bool
 }
 
 // errLostReply is what a reply lost to a read deadline looks like to a caller.
@@ -40,7 +43,16 @@ var errLostReply error = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlin
 func (h *lostReply) arm(n int, match func(args []any) bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.match, h.left, h.drop = match, n, false
+	h.match, h.left, h.drop, h.tail = match, n, false, false
+}
+
+// armTail is arm for replies lost in a pipeline with every reply behind
+// them in it.
+func (h *lostReply) armTail(n int, match func(args []any) bool) {
+	h.arm(n, match)
+	h.mu.Lock()
+	h.tail = true
+	h.mu.Unlock()
 }
 
 // armDrop is arm for commands lost on the way to the server: they do not run.
@@ -114,10 +126,15 @@ func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		if len(send) > 0 {
 			err = next(ctx, send)
 		}
+		h.mu.Lock()
+		tail := h.tail
+		h.mu.Unlock()
+		lostBefore := false
 		for _, cmd := range send {
-			if cmd.Err() == nil && h.take(cmd.Args(), false) {
+			if lostBefore || cmd.Err() == nil && h.take(cmd.Args(), false) {
 				cmd.SetErr(errLostReply)
 				err = errLostReply
+				lostBefore = tail
 			}
 		}
 		if len(send) < len(cmds) && err == nil {

@@ -241,7 +241,12 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 			}
 		}
 	}
-	var release []string
+	// A key that fails leaves the others to be done: the first error is
+	// returned, and the next pass finds what it left in the expiry index.
+	var (
+		release []string
+		first   error
+	)
 	for i, k := range keys {
 		s, ok := status[ids[i]]
 		switch {
@@ -252,30 +257,29 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 			if err == nil && n == stock.CommitLedgerNeeded {
 				n, err = e.markCommittedFromLedger(ctx, shard, k)
 			}
-			if err != nil {
-				return st, err
-			}
-			if n == stock.CommitRebuilding {
+			switch {
+			case err != nil:
+				first = cmp.Or(first, err)
+			case n == stock.CommitRebuilding:
 				st.Skipped++
-				continue
+			default:
+				st.Committed++
 			}
-			st.Committed++
 		default: // PENDING: not past expiry + grace by the database clock yet
 			st.Skipped++
 		}
 	}
 	released, err := e.releaseExpired(ctx, shard, release)
 	st.add(released)
-	return st, err
+	return st, cmp.Or(first, err)
 }
 
 // releaseExpired gives back the units of keys on shard, which the ledger has
 // ended: their release scripts go together (Store.ReleaseEach), then each is
 // finished on its own: the quota of a released stolen reservation goes back
 // on its home shard (afterRelease), and one whose hash is gone is released
-// from its ledger row. A failed call does not stop the others' finishing;
-// the first error is returned, and the next pass finds what it left in the
-// expiry index.
+// from its ledger row. A release is counted by what Redis did, even when
+// its give-back failed; that one is settled by reapClaims.
 func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (SweepStats, error) {
 	var (
 		st    SweepStats
@@ -284,15 +288,12 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 	results, errs := e.store.ReleaseEach(ctx, shard, keys)
 	for i, k := range keys {
 		rr, err := results[i], errs[i]
-		if err == nil {
+		switch {
+		case err != nil:
+		case rr.Code == stock.LedgerNeeded:
+			rr, err = e.releaseFromLedger(ctx, shard, k) // gives the quota back itself
+		default:
 			err = e.afterRelease(ctx, shard, k, rr)
-		}
-		if err == nil && rr.Code == stock.LedgerNeeded {
-			rr, err = e.releaseFromLedger(ctx, shard, k)
-		}
-		if err != nil {
-			first = cmp.Or(first, err)
-			continue
 		}
 		switch rr.Code {
 		case stock.Released:
@@ -300,6 +301,7 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 		case stock.Rebuilding:
 			st.Skipped++
 		}
+		first = cmp.Or(first, err)
 	}
 	return st, first
 }

@@ -119,7 +119,7 @@ func TestSweepSendsReleasesTogether(t *testing.T) {
 // the pass answered, every unit is given back once (I2, I6), every order
 // ends cancelled by the sweeper, and every buyer's quota comes back.
 func TestSweepReleaseFaults(t *testing.T) {
-	const n = 40
+	const n = 80
 	faults := []struct {
 		name string
 		arm  func(h *lostReply, match func([]any) bool)
@@ -134,8 +134,9 @@ func TestSweepReleaseFaults(t *testing.T) {
 				ctx := context.Background()
 				rdb, lost := withLostReplies(t, b)
 				f := expireOnOneShard(t, rdb, n)
-				// The 2nd, 17th and 33rd calls: in the first pipeline, and the
-				// second's last (stock.ReleaseBatch 32) and the third's first.
+				// The 2nd, 32nd and 33rd calls: in the first pipeline, its last
+				// (stock.ReleaseBatch 32), and the second's first; the third
+				// pipeline has no fault.
 				seen := 0
 				release := isScript(t, "release")
 				fault.arm(lost, func(args []any) bool {
@@ -143,7 +144,7 @@ func TestSweepReleaseFaults(t *testing.T) {
 						return false
 					}
 					seen++
-					return seen == 2 || seen == 17 || seen == 33
+					return seen == 2 || seen == 32 || seen == 33
 				})
 				st, err := f.e.Sweep(ctx)
 				if lost.count() != 3 || err == nil {
@@ -179,5 +180,85 @@ func TestSweepReleaseFaults(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A sold reservation whose Redis step failed (the ledger says COMMITTED,
+// Redis still holds it) and fails again in the sweep does not keep the
+// rest of its batch from being released: before, the pass stopped at it,
+// and every expired reservation behind it waited, pass after pass.
+func TestSweepReleasesPastAFailedSoldKey(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb, lost := withLostReplies(t, b)
+			const n = 10
+			f := newFixture(t, rdb, withShards(1), withAllocation(n+10), withTTL(shortTTL, 100*time.Millisecond))
+			ids := reserveMany(t, f, "buyer", n)
+			lost.armDrop(1, isScript(t, "commit"))
+			_, _ = f.e.Checkout(ctx, "buyer-0", ids[0], "pay")
+			if lost.count() != 1 || orderStatus(t, f, ids[0]) != ledger.StatusCommitted {
+				t.Fatalf("checkout: %d Redis steps lost, order %s; want 1 and COMMITTED", lost.count(), orderStatus(t, f, ids[0]))
+			}
+			time.Sleep(shortTTL + 300*time.Millisecond)
+			lost.armDrop(1, isScript(t, "commit"))
+			st, err := f.e.Sweep(ctx)
+			if err == nil || st.Released != n-1 {
+				t.Fatalf("sweep with the sold one failing: %+v %v; want an error and the %d others released", st, err, n-1)
+			}
+			f.sweepUntilQuiet()
+			if c := f.assertConserved(); c.Sold != 1 || c.Reserved != 0 || c.Available != n+10-1 {
+				t.Fatalf("after the sweeps: %+v", c)
+			}
+		})
+	}
+}
+
+// A reply lost in a pipeline loses the replies behind it in that pipeline:
+// those releases ran, and the sweeper does not know it. For reservations
+// stolen from another shard, the buyers' quota on their home shard is then
+// not given back by the release's own step, and is given back by the
+// sweep's reaping of claims instead, once ClaimSlack has passed.
+func TestSweepLostPipelineTailOfStolenReservations(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb, lost := withLostReplies(t, b)
+			const n = 20
+			f := newFixture(t, rdb, withShards(2), withAllocation(2*n), withSteal(1),
+				withTTL(shortTTL, 100*time.Millisecond), withClaimSlack(100*time.Millisecond))
+			fillers := f.sellOutShard(1)
+			var buyers []string
+			for i := 0; len(buyers) < n; i++ {
+				if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 2) == 1 {
+					if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
+						t.Fatalf("%s: %+v, want a unit stolen from shard 0", u, r)
+					}
+					buyers = append(buyers, u)
+				}
+			}
+			time.Sleep(shortTTL + 300*time.Millisecond)
+			first, err := f.e.Store().Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 1)
+			if err != nil || len(first) != 1 {
+				t.Fatalf("shard 0's first expired reservation: %v %v", first, err)
+			}
+			release := isScript(t, "release")
+			lost.armTail(1, func(args []any) bool { return release(args) && fmt.Sprint(args[8]) == first[0] })
+			st, err := f.e.Sweep(ctx)
+			if lost.count() != 1 || err == nil || st.Released != fillers {
+				t.Fatalf("first pass: %+v %v, %d replies lost; want an error, shard 1's %d released and none of shard 0's counted",
+					st, err, lost.count(), fillers)
+			}
+			f.sweepUntilQuiet()
+			f.assertQuotaCovers()
+			if c := f.assertConserved(); c.Available != 2*n || c.Reserved != 0 {
+				t.Fatalf("after the sweeps: %+v, want every unit back once", c)
+			}
+			for _, u := range buyers {
+				if r := f.reserve(u, "again", 1); r.Outcome != engine.OutcomeReserved {
+					t.Fatalf("%s after the sweeps: %s, want its quota back", u, r.Outcome)
+				}
+			}
+		})
 	}
 }

@@ -79,12 +79,18 @@ const ReleaseBatch = 32
 // ReleaseEach is Release of each of keys on shard, ReleaseBatch calls to a
 // pipeline to the shard's server: a sweep of expired reservations pays a
 // round trip per pipeline, not per reservation. results[i] and errs[i] are
-// keys[i]'s, whatever the others'. Each call is sent once. Calls the server
-// answered NOSCRIPT (after a restart or a failover) go again, pipelined,
-// once the script is loaded; one refused otherwise before it ran (a moved
-// slot) goes again on its own. Neither had run.
+// keys[i]'s. Each call is sent once. Calls answered NOSCRIPT (the server
+// restarted or failed over) go again, pipelined, once the script is
+// loaded, and calls redirected (MOVED, ASK: the slot moved) go again on
+// their own through the cluster client, which follows them; neither had
+// run. An error is otherwise the call's: after a lost reply it and the
+// calls behind it in its pipeline, whose replies were never read, may have
+// run, and the caller looks again later.
 func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (results []ReleaseResult, errs []error) {
 	results, errs = make([]ReleaseResult, len(keys)), make([]error, len(keys))
+	if len(keys) == 0 {
+		return results, errs
+	}
 	k := s.shards[shard]
 	node, err := s.node(ctx, k.Meta())
 	if err != nil {
@@ -102,7 +108,7 @@ func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (resu
 					[]string{k.Stock(), k.Meta(), k.Index(), k.Res(keys[i]), k.Users()}, []any{keys[i], shard})
 				_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
 			}
-			_, _ = pipe.Exec(ctx) // each call's error is its own
+			_, _ = pipe.Exec(ctx) // the calls' errors are read one by one below
 		}
 	}
 	all := make([]int, len(keys))
@@ -119,15 +125,10 @@ func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (resu
 	if len(unloaded) > 0 && node.ScriptLoad(ctx, releaseScript.src).Err() == nil {
 		send(unloaded)
 	}
-	for _, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
-			s.redirected(ctx, err) // once: it only marks the slot map stale
-			break
-		}
-	}
 	for i, cmd := range cmds {
 		v, err := cmd.Slice()
-		if NotRun(err) {
+		s.redirected(ctx, err) // a moved slot or a lost server: reload the slot map (lazily, once)
+		if redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") {
 			results[i], errs[i] = s.Release(ctx, shard, keys[i])
 			continue
 		}
