@@ -96,8 +96,9 @@ type Ledger struct {
 	// of its own (NewMaterializer).
 	cfg *pgxpool.Config
 
-	statsMu   sync.Mutex
-	statsSeen bool // ensureStatistics found or made the orders' statistics
+	statsMu    sync.Mutex
+	statsSeen  bool      // ensureStatistics found or made the orders' statistics
+	statsRetry time.Time // after a failure, when ensureStatistics tries again
 }
 
 // Option tunes Open.

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,53 @@ func TestCancelsOfALedgerNeverAnalyzedUseTheKey(t *testing.T) {
 				t.Fatal("after the first cancel the sweeper's still reaches the orders by the campaign alone")
 			}
 		})
+	}
+}
+
+// The orders locked against ANALYZE (autovacuum at work on them, or another
+// process's ANALYZE) do not hold the sweeper's cancel: its ANALYZE gives up
+// after analyzeLockTimeout, the cancel goes on, and the statistics are
+// tried again later.
+func TestCancelDoesNotWaitForALockedAnalyze(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	l := newLedger(t)
+	sale := newCampaign(t, l, 100, 4)
+	if _, err := l.pool.Exec(ctx, sqlTestBulkOrders, sale.ID, 100, string(StatusPending)); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	if err := l.pool.QueryRow(ctx, `SELECT reservation_id FROM flashsale_orders WHERE campaign_id = $1 LIMIT 1`, sale.ID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(ctx) }()
+	if _, err := locker.Exec(ctx, `LOCK TABLE flashsale_orders IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		got, err := l.CancelExpired(ctx, sale.ID, []string{id}, 0)
+		if err == nil && got[id] != StatusCancelledBySweeper {
+			err = fmt.Errorf("status %q, want %s", got[id], StatusCancelledBySweeper)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("cancel beside a locked ANALYZE: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the cancel waits for the table lock held against ANALYZE")
+	}
+	if _, _, err := l.ordersStatistics(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l.statsSeen || l.statsRetry.IsZero() {
+		t.Fatalf("after a failed ANALYZE: seen %v, retry at %v; want it tried again later", l.statsSeen, l.statsRetry)
 	}
 }
