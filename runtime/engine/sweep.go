@@ -275,15 +275,16 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 }
 
 // releaseExpired gives back the units of keys on shard, which the ledger has
-// ended: their release scripts go together (Store.ReleaseEach), then each is
-// finished on its own: the quota of a released stolen reservation goes back
-// on its home shard (afterRelease), and one whose hash is gone is released
-// from its ledger row. A release is counted by what Redis did, even when
-// its give-back failed; that one is settled by reapClaims.
+// ended: their release scripts go together (Store.ReleaseEach), then the
+// quota of the stolen ones among them together on each home shard
+// (Store.QuotaEach, as afterRelease gives one back); one whose hash is gone
+// is released from its ledger row, on its own. A release is counted by what
+// Redis did, even when its give-back failed; reapClaims settles that one.
 func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (SweepStats, error) {
 	var (
 		st    SweepStats
 		first error
+		gives = map[int][]stock.QuotaGive{} // by home shard
 	)
 	results, errs := e.store.ReleaseEach(ctx, shard, keys)
 	for i, k := range keys {
@@ -292,8 +293,10 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 		case err != nil:
 		case rr.Code == stock.LedgerNeeded:
 			rr, err = e.releaseFromLedger(ctx, shard, k) // gives the quota back itself
-		default:
-			err = e.afterRelease(ctx, shard, k, rr)
+		case rr.Code == stock.Released && rr.Home != shard && rr.Home >= 0:
+			gives[rr.Home] = append(gives[rr.Home], stock.QuotaGive{
+				Op: stock.QuotaRelease, User: rr.User, Key: k, Quantity: rr.Quantity, Shard: shard, ExpiryMs: rr.ExpiryMs,
+			})
 		}
 		switch rr.Code {
 		case stock.Released:
@@ -302,6 +305,12 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 			st.Skipped++
 		}
 		first = cmp.Or(first, err)
+	}
+	for home, g := range gives {
+		_, errs := e.store.QuotaEach(ctx, home, g)
+		for _, err := range errs {
+			first = cmp.Or(first, err)
+		}
 	}
 	return st, first
 }

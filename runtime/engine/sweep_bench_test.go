@@ -11,6 +11,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
 // sweepBenchRTTs are the delays BenchmarkSweep adds to the round trips
@@ -19,20 +20,30 @@ import (
 var sweepBenchRTTs = []time.Duration{0, time.Millisecond}
 
 // BenchmarkSweep measures how fast the sweeper gives back a backlog of
-// expired reservations: b.N of them, made by as many buyers on a 4-shard
-// sale outside the timer, then swept by a sweeper engine of its own until
-// every one is released. The sweeper reaches Redis through a fault proxy
-// that delays each reply by the variant's delay. It reports releases
-// per second and the CPU of this process, Redis and PostgreSQL per release.
+// expired reservations: b.N of them, made by as many buyers outside the
+// timer, then swept by a sweeper engine of its own until every one is
+// released. The sweeper reaches Redis through a fault proxy that delays
+// each reply by the variant's delay. It reports releases per second and
+// the CPU of this process, Redis and PostgreSQL per release. The sale has 4
+// shards and every buyer reserves on its home shard; in the stolen
+// variants it has 2, every buyer is homed on the second, and half of them
+// find it sold out and take their unit from the first: those releases also
+// give the buyers' quota back on the home shard, as in a sale that sold out.
 //
 //	go test -run '^$' -bench Sweep -benchtime 20000x ./runtime/engine/
 func BenchmarkSweep(b *testing.B) {
-	for _, rtt := range sweepBenchRTTs {
-		b.Run(fmt.Sprintf("rtt=+%v", rtt), func(b *testing.B) { benchmarkSweep(b, rtt) })
+	for _, stolen := range []bool{false, true} {
+		for _, rtt := range sweepBenchRTTs {
+			name := fmt.Sprintf("rtt=+%v", rtt)
+			if stolen {
+				name += "/stolen"
+			}
+			b.Run(name, func(b *testing.B) { benchmarkSweep(b, rtt, stolen) })
+		}
 	}
 }
 
-func benchmarkSweep(b *testing.B, rtt time.Duration) {
+func benchmarkSweep(b *testing.B, rtt time.Duration, stolen bool) {
 	ctx := context.Background()
 	direct := redis.NewClient(&redis.Options{Addr: sharedRedis.Addr(), PoolSize: 64})
 	defer direct.Close()
@@ -48,8 +59,19 @@ func benchmarkSweep(b *testing.B, rtt time.Duration) {
 	viaProxy := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 64})
 	defer viaProxy.Close()
 
-	f := newFixture(b, direct, withShards(4), withAllocation(2*int64(b.N)), withTTL(time.Second, 0))
-	reserveConcurrently(b, f, b.N)
+	shards, allocation, buyer := 4, 2*int64(b.N), func(i int) string { return fmt.Sprintf("buyer-%d", i) }
+	if stolen {
+		shards, allocation = 2, int64(b.N)
+		var homed []string
+		for i := 0; len(homed) < b.N; i++ {
+			if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 2) == 1 {
+				homed = append(homed, u)
+			}
+		}
+		buyer = func(i int) string { return homed[i] }
+	}
+	f := newFixture(b, direct, withShards(shards), withAllocation(allocation), withSteal(1), withTTL(time.Second, 0))
+	reserveConcurrently(b, f, b.N, buyer)
 	// As autovacuum would have within a minute of the sale's first orders
 	// (and the sweeper's first cancel does, since it needs them): with no
 	// statistics, the planner takes the new sale for a few rows and reaches
@@ -77,14 +99,14 @@ func benchmarkSweep(b *testing.B, rtt time.Duration) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "releases/s")
 	markCPU().since(cpu0).report(b, b.N)
-	if c := f.assertConserved(); c.Reserved != 0 || c.Available != 2*int64(b.N) {
+	if c := f.assertConserved(); c.Reserved != 0 || c.Available != allocation {
 		b.Fatalf("after the sweep: %+v", c)
 	}
 }
 
-// reserveConcurrently makes n one-unit reservations by n buyers, 64 at a
-// time (one at a time, each would wait for its own ledger commit).
-func reserveConcurrently(b *testing.B, f *fixture, n int) {
+// reserveConcurrently makes n one-unit reservations by the buyers buyer(i),
+// 64 at a time (one at a time, each would wait for its own ledger commit).
+func reserveConcurrently(b *testing.B, f *fixture, n int, buyer func(i int) string) {
 	var (
 		wg   sync.WaitGroup
 		next = make(chan int)
@@ -95,7 +117,7 @@ func reserveConcurrently(b *testing.B, f *fixture, n int) {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				r, err := f.e.Reserve(context.Background(), fmt.Sprintf("buyer-%d", i), "r", 1)
+				r, err := f.e.Reserve(context.Background(), buyer(i), "r", 1)
 				if err == nil && r.Outcome != engine.OutcomeReserved {
 					err = fmt.Errorf("reserve %d: %s", i, r.Outcome)
 				}

@@ -34,6 +34,53 @@ func (s *Store) Quota(ctx context.Context, home int, op, user, key string, qty i
 	return s.quota(ctx, home, op, user, key, qty, Pointer(shard, expiryMs), "")
 }
 
+// QuotaGive is one Quota call of QuotaEach.
+type QuotaGive struct {
+	Op, User, Key string
+	Quantity      int
+	Shard         int // where the reservation was placed
+	ExpiryMs      int64
+}
+
+// QuotaEach is Quota of each of gives on the home shard, in pipelines as
+// ReleaseEach sends its calls: the sweeper's give-back of the quota of the
+// stolen reservations it released. changed[i] and errs[i] are gives[i]'s.
+func (s *Store) QuotaEach(ctx context.Context, home int, gives []QuotaGive) (changed []bool, errs []error) {
+	changed = make([]bool, len(gives))
+	for _, g := range gives {
+		if g.Op != QuotaRelease && g.Op != QuotaForget {
+			errs = make([]error, len(gives))
+			for i := range errs {
+				errs[i] = fmt.Errorf("quota on shard %d: unknown operation %q", home, g.Op)
+			}
+			return changed, errs
+		}
+	}
+	k := s.shards[home]
+	replies, errs := s.eachOn(ctx, home, quotaScript, len(gives),
+		func(i int) ([]string, []any) {
+			g := gives[i]
+			return []string{k.Users(), k.Claims()}, []any{g.Op, g.User, g.Key, g.Quantity, Pointer(g.Shard, g.ExpiryMs), ""}
+		},
+		func(i int) (any, error) {
+			g := gives[i]
+			return s.Quota(ctx, home, g.Op, g.User, g.Key, g.Quantity, g.Shard, g.ExpiryMs)
+		})
+	for i := range gives {
+		switch r := replies[i].(type) {
+		case bool: // sent again alone, its error already says so
+			changed[i] = r
+		default:
+			n, _ := r.(int64)
+			changed[i] = n == 1
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("quota %s on shard %d: %w", gives[i].Op, home, errs[i])
+			}
+		}
+	}
+	return changed, errs
+}
+
 func (s *Store) quota(ctx context.Context, home int, op, user, key string, qty int, ptr, claim string) (bool, error) {
 	k := s.shards[home]
 	n, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, op, user, key, qty, ptr, claim).Int()

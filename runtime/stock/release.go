@@ -77,41 +77,64 @@ func (s *Store) release(ctx context.Context, script script, shard int, key strin
 const ReleaseBatch = 32
 
 // ReleaseEach is Release of each of keys on shard, ReleaseBatch calls to a
-// pipeline to the shard's server: a sweep of expired reservations pays a
-// round trip per pipeline, not per reservation. results[i] and errs[i] are
-// keys[i]'s. Each call is sent once. Calls answered NOSCRIPT (the server
-// restarted or failed over) go again, pipelined, once the script is
-// loaded, and calls redirected (MOVED, ASK: the slot moved) go again on
-// their own through the cluster client, which follows them; neither had
-// run. An error is otherwise the call's: after a lost reply it and the
-// calls behind it in its pipeline, whose replies were never read, may have
-// run, and the caller looks again later.
+// pipeline to the shard's server (see eachOn): a sweep of expired
+// reservations pays a round trip per pipeline, not per reservation.
+// results[i] and errs[i] are keys[i]'s.
 func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (results []ReleaseResult, errs []error) {
-	results, errs = make([]ReleaseResult, len(keys)), make([]error, len(keys))
-	if len(keys) == 0 {
-		return results, errs
-	}
+	results = make([]ReleaseResult, len(keys))
 	k := s.shards[shard]
-	node, err := s.node(ctx, k.Meta())
+	replies, errs := s.eachOn(ctx, shard, releaseScript, len(keys),
+		func(i int) ([]string, []any) {
+			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(keys[i]), k.Users()}, []any{keys[i], shard}
+		},
+		func(i int) (any, error) { return s.Release(ctx, shard, keys[i]) })
+	for i := range keys {
+		switch r := replies[i].(type) {
+		case ReleaseResult: // sent again alone
+			results[i] = r
+		default:
+			results[i], errs[i] = releaseReply(shard, r, errs[i])
+		}
+	}
+	return results, errs
+}
+
+// eachOn runs n calls of sc on the server holding shard, ReleaseBatch to a
+// pipeline; call(i) is the i-th call's keys and arguments. Each call is
+// sent once. Calls answered NOSCRIPT (the server restarted or failed over)
+// go again, pipelined, once the script is loaded; calls redirected (MOVED,
+// ASK: the slot moved) go again through alone(i), on their own, through the
+// cluster client, which follows them: neither had run. Otherwise replies[i]
+// is the i-th call's reply (a []any), or alone's answer, and errs[i] its
+// error: after a lost reply, the call and those behind it in its pipeline,
+// whose replies were never read, may have run, and the caller looks again
+// later.
+func (s *Store) eachOn(ctx context.Context, shard int, sc script, n int,
+	call func(i int) ([]string, []any), alone func(i int) (any, error)) (replies []any, errs []error) {
+	replies, errs = make([]any, n), make([]error, n)
+	if n == 0 {
+		return replies, errs
+	}
+	node, err := s.node(ctx, s.shards[shard].Meta())
 	if err != nil {
 		for i := range errs {
-			errs[i] = fmt.Errorf("release on shard %d: %w", shard, err)
+			errs[i] = err
 		}
-		return results, errs
+		return replies, errs
 	}
-	cmds := make([]*redis.Cmd, len(keys))
+	cmds := make([]*redis.Cmd, n)
 	send := func(which []int) {
 		for start := 0; start < len(which); start += ReleaseBatch {
 			pipe := node.Pipeline()
 			for _, i := range which[start:min(start+ReleaseBatch, len(which))] {
-				cmds[i] = evalCmd(ctx, "evalsha", releaseScript.sha1,
-					[]string{k.Stock(), k.Meta(), k.Index(), k.Res(keys[i]), k.Users()}, []any{keys[i], shard})
+				keys, args := call(i)
+				cmds[i] = evalCmd(ctx, "evalsha", sc.sha1, keys, args)
 				_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
 			}
 			_, _ = pipe.Exec(ctx) // the calls' errors are read one by one below
 		}
 	}
-	all := make([]int, len(keys))
+	all := make([]int, n)
 	for i := range all {
 		all[i] = i
 	}
@@ -122,22 +145,23 @@ func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (resu
 			unloaded = append(unloaded, i)
 		}
 	}
-	if len(unloaded) > 0 && node.ScriptLoad(ctx, releaseScript.src).Err() == nil {
+	if len(unloaded) > 0 && node.ScriptLoad(ctx, sc.src).Err() == nil {
 		send(unloaded)
 	}
 	for i, cmd := range cmds {
-		v, err := cmd.Slice()
+		err := cmd.Err()
 		s.redirected(ctx, err) // a moved slot or a lost server: reload the slot map (lazily, once)
 		if redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") {
-			results[i], errs[i] = s.Release(ctx, shard, keys[i])
+			replies[i], errs[i] = alone(i)
 			continue
 		}
-		results[i], errs[i] = releaseReply(shard, v, err)
+		replies[i], errs[i] = cmd.Val(), err
 	}
-	return results, errs
+	return replies, errs
 }
 
-func releaseReply(shard int, v []any, err error) (ReleaseResult, error) {
+func releaseReply(shard int, reply any, err error) (ReleaseResult, error) {
+	v, _ := reply.([]any)
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release on shard %d: %w", shard, err)
 	}
