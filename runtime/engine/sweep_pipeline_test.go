@@ -227,22 +227,30 @@ func TestSweepLostPipelineTailOfStolenReservations(t *testing.T) {
 	}
 }
 
+// stealFromShard0 sells out shard 1 of a 2-shard sale to buyers homed there
+// (fillers of them), then has n more buyers homed there take a unit each
+// from shard 0, and returns them.
+func (f *fixture) stealFromShard0(n int) (fillers int, buyers []string) {
+	f.t.Helper()
+	fillers = f.sellOutShard(1)
+	for i := 0; len(buyers) < n; i++ {
+		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 2) == 1 {
+			if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
+				f.t.Fatalf("%s: %+v, want a unit stolen from shard 0", u, r)
+			}
+			buyers = append(buyers, u)
+		}
+	}
+	return fillers, buyers
+}
+
 func lostTailOfStolen(t *testing.T, b backend, script string) {
 	ctx := context.Background()
 	rdb, lost := withLostReplies(t, b)
 	const n = 20
 	f := newFixture(t, rdb, withShards(2), withAllocation(2*n), withSteal(1),
 		withTTL(shortTTL, 100*time.Millisecond), withClaimSlack(100*time.Millisecond))
-	fillers := f.sellOutShard(1)
-	var buyers []string
-	for i := 0; len(buyers) < n; i++ {
-		if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 2) == 1 {
-			if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
-				t.Fatalf("%s: %+v, want a unit stolen from shard 0", u, r)
-			}
-			buyers = append(buyers, u)
-		}
-	}
+	fillers, buyers := f.stealFromShard0(n)
 	time.Sleep(shortTTL + 300*time.Millisecond)
 	first, err := f.e.Store().Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 1)
 	if err != nil || len(first) != 1 {
@@ -284,16 +292,7 @@ func TestSweepGivesStolenQuotaBackTogether(t *testing.T) {
 			stock.AddHook(rdb, trips)
 			const n = 40
 			f := newFixture(t, rdb, withShards(2), withAllocation(2*n), withSteal(1), withTTL(shortTTL, 100*time.Millisecond))
-			fillers := f.sellOutShard(1)
-			var buyers []string
-			for i := 0; len(buyers) < n; i++ {
-				if u := fmt.Sprintf("buyer-%d", i); stock.HomeShard(u, 2) == 1 {
-					if r := f.reserve(u, "r", 1); r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
-						t.Fatalf("%s: %+v, want a unit stolen from shard 0", u, r)
-					}
-					buyers = append(buyers, u)
-				}
-			}
+			fillers, buyers := f.stealFromShard0(n)
 			time.Sleep(shortTTL + 300*time.Millisecond)
 			if err := rdb.ScriptLoad(ctx, scriptSource(t, "quota")).Err(); err != nil {
 				t.Fatal(err)
