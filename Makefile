@@ -137,12 +137,16 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps bench-rebuild bench-ledger ## Run the benchmarks of docs/benchmarks.md, docs/capacity.md and docs/rebuild-benchmarks.md (about an hour: the reservation storms 25–30 minutes, the rebuild and the ledger beside old sales about 15 each); BENCH_ARGS="--json": the storms' report as JSON (after the rebuild and ledger tables).
+bench: deps bench-rebuild bench-ledger bench-sweep ## Run the benchmarks of docs/benchmarks.md, docs/capacity.md, docs/rebuild-benchmarks.md and docs/tuning.md's sweep (about an hour: the reservation storms 25–30 minutes, the rebuild and the ledger beside old sales about 15 each, the sweep under a minute); BENCH_ARGS="--json": the storms' report as JSON (after the other tables).
 	go run ./hack/bench $(BENCH_ARGS)
 
 .PHONY: bench-rebuild
 bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (REBUILD_ARGS="--orders 100000" for fewer).
 	go run ./hack/rebuildbench $(REBUILD_ARGS)
+
+.PHONY: bench-sweep
+bench-sweep: deps ## The sweeper draining 20,000 expired reservations, with 0 and 1 ms added to each Redis reply, every buyer at home or half of them stolen (docs/tuning.md).
+	go test -run '^$$' -bench Sweep -benchtime 20000x ./runtime/engine/
 
 .PHONY: bench-ledger
 bench-ledger: deps ## A new sale's ledger queries beside 10 finished sales of 1M orders each, bytes per order, 0002's insert cost (LEDGER_ARGS="--old-orders 100000" for less).
