@@ -375,11 +375,23 @@ func (e *Engine) release(ctx context.Context, shard int, key string, expiryMs, e
 }
 
 func (e *Engine) afterRelease(ctx context.Context, shard int, key string, rr stock.ReleaseResult) error {
-	if rr.Code != stock.Released || rr.Home == shard || rr.Home < 0 {
+	g, ok := quotaGiveBack(shard, key, rr)
+	if !ok {
 		return nil
 	}
-	// Named by this shard and the reservation's expiry: a pointer the key has
-	// now to another placement of the same request keeps its quota.
-	_, err := e.store.Quota(ctx, rr.Home, stock.QuotaRelease, rr.User, key, rr.Quantity, shard, rr.ExpiryMs)
+	_, err := e.store.Quota(ctx, rr.Home, g.Op, g.User, g.Key, g.Quantity, g.Shard, g.ExpiryMs)
 	return err
+}
+
+// quotaGiveBack is the give-back on its home shard of the quota of a
+// reservation of key released on shard, if it was stolen there. Named by
+// this shard and the reservation's expiry: a pointer the key has now to
+// another placement of the same request keeps its quota.
+func quotaGiveBack(shard int, key string, rr stock.ReleaseResult) (stock.QuotaGive, bool) {
+	if rr.Code != stock.Released || rr.Home == shard || rr.Home < 0 {
+		return stock.QuotaGive{}, false
+	}
+	return stock.QuotaGive{
+		Op: stock.QuotaRelease, User: rr.User, Key: key, Quantity: rr.Quantity, Shard: shard, ExpiryMs: rr.ExpiryMs,
+	}, true
 }

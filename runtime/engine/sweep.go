@@ -293,10 +293,10 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 		case err != nil:
 		case rr.Code == stock.LedgerNeeded:
 			rr, err = e.releaseFromLedger(ctx, shard, k) // gives the quota back itself
-		case rr.Code == stock.Released && rr.Home != shard && rr.Home >= 0:
-			gives[rr.Home] = append(gives[rr.Home], stock.QuotaGive{
-				Op: stock.QuotaRelease, User: rr.User, Key: k, Quantity: rr.Quantity, Shard: shard, ExpiryMs: rr.ExpiryMs,
-			})
+		default:
+			if g, ok := quotaGiveBack(shard, k, rr); ok {
+				gives[rr.Home] = append(gives[rr.Home], g)
+			}
 		}
 		switch rr.Code {
 		case stock.Released:
