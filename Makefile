@@ -137,7 +137,7 @@ demo: ## Run a whole flash sale on this machine: local cluster, operator, storm,
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: bench
-bench: deps bench-rebuild bench-ledger bench-sweep ## Run the benchmarks of docs/benchmarks.md, docs/capacity.md, docs/rebuild-benchmarks.md and docs/tuning.md's sweep (about an hour: the reservation storms 25–30 minutes, the rebuild and the ledger beside old sales about 15 each, the sweep under a minute); BENCH_ARGS="--json": the storms' report as JSON (after the other tables).
+bench: deps bench-rebuild bench-ledger bench-sweep ## Run the benchmarks of docs/benchmarks.md, docs/capacity.md, docs/rebuild-benchmarks.md and docs/sweeper.md (about an hour: the reservation storms 25–30 minutes, the rebuild and the ledger beside old sales about 15 each, the sweep under a minute); BENCH_ARGS="--json": the storms' report as JSON (after the other tables).
 	go run ./hack/bench $(BENCH_ARGS)
 
 .PHONY: bench-rebuild
@@ -145,7 +145,7 @@ bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (RE
 	go run ./hack/rebuildbench $(REBUILD_ARGS)
 
 .PHONY: bench-sweep
-bench-sweep: deps ## The sweeper draining 20,000 expired reservations, with 0 and 1 ms added to each Redis reply, every buyer at home or half of them stolen (docs/tuning.md).
+bench-sweep: deps ## The sweeper draining 20,000 expired reservations, with 0 and 1 ms added to each Redis reply, every buyer at home or half of them stolen (docs/sweeper.md).
 	go test -run '^$$' -bench Sweep -benchtime 20000x ./runtime/engine/
 
 .PHONY: bench-ledger
