@@ -265,7 +265,7 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 			default:
 				st.Committed++
 			}
-		default: // PENDING: not past expiry + grace by the database clock yet
+		default: // PENDING: not past expiry + grace by the database clock yet, or ended by another writer meanwhile
 			st.Skipped++
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/cpustat"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/util/uuid"
 )
 
@@ -119,4 +121,59 @@ func productionID(shard int) string {
 	var key [12]byte
 	_, _ = rand.Read(key[:])
 	return strconv.Itoa(shard) + "." + base64.RawURLEncoding.EncodeToString(key[:])
+}
+
+// BenchmarkCancelExpiredPostgresCPU prices the sweeper's cancel in
+// PostgreSQL's CPU per order: b.N expired PENDING orders of one sale,
+// cancelled in the sweeper's batches of 256 ids (each shard's in random
+// order, as its expiry index gives them), with their statuses read back:
+//
+//	go test -run '^$' -bench CancelExpiredPostgresCPU -benchtime 20000x -count 3 ./runtime/ledger/
+func BenchmarkCancelExpiredPostgresCPU(b *testing.B) {
+	pg, err := testharness.StartPostgresArgs("fsync=on", "synchronous_commit=on")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = pg.Close() })
+	const batch = 256
+	l := openLedger(b, newDSN(b, pg))
+	ctx := testCtx(b)
+	c := newCampaign(b, l, int64(b.N), 4)
+	if _, err := l.pool.Exec(ctx, sqlTestBulkOrders, c.ID, b.N, string(StatusPending)); err != nil {
+		b.Fatal(err)
+	}
+	rows, err := l.pool.Query(ctx, `SELECT reservation_id FROM flashsale_orders
+WHERE campaign_id = $1 ORDER BY shard, random()`, c.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, q := range []string{"ANALYZE flashsale_orders", "CHECKPOINT"} {
+		if _, err := l.pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	cpu0 := cpustat.TreeWithExited(pg.PID())
+	cancelled := 0
+	for ids := range slices.Chunk(ids, batch) {
+		got, err := l.CancelExpired(ctx, c.ID, ids, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range got {
+			if s == StatusCancelledBySweeper {
+				cancelled++
+			}
+		}
+	}
+	cpu := cpustat.TreeWithExited(pg.PID()) - cpu0
+	b.StopTimer()
+	if cancelled != b.N {
+		b.Fatalf("%d orders cancelled, want %d", cancelled, b.N)
+	}
+	b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(b.N), "pg-µs/order")
 }

@@ -99,17 +99,30 @@ RETURNING ` + orderColumns
 	// keys go to the update as one array it looks up in the primary key: a
 	// join of the orders to them could be planned as a loop over the whole
 	// sale for each of them.
-	sqlCancelExpired = `UPDATE flashsale_orders
+	//
+	// The same statement reads every id's status: the cancelled rows from
+	// the update, the others as the statement's snapshot has them (it cannot
+	// see its own update), looked up by the ids not cancelled only. A row another transaction ended while the update
+	// waited for its lock reads PENDING there, and the sweeper skips it for
+	// this pass; rows only ever leave PENDING, so no other status is stale.
+	sqlCancelExpired = `WITH cancelled AS (
+UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
 WHERE campaign_id = (SELECT $1::text) AND status = 'PENDING' AND request_key = ANY (ARRAY(
     SELECT request_key FROM flashsale_orders
     WHERE campaign_id = (SELECT $1::text) AND ` + byIDs2 + `
       AND status = 'PENDING' AND expires_at + $3::bigint * interval '1 microsecond' < now()
     ORDER BY reservation_id
-    FOR UPDATE))`
-
-	sqlStatuses = `SELECT reservation_id, status FROM flashsale_orders
-WHERE campaign_id = (SELECT $1::text) AND ` + byIDs2
+    FOR UPDATE))
+RETURNING reservation_id, status)
+SELECT reservation_id, status FROM cancelled
+UNION ALL
+SELECT reservation_id, status FROM flashsale_orders
+WHERE campaign_id = (SELECT $1::text) AND request_key = ANY (ARRAY(
+    SELECT k FROM unnest($2::text[]) AS i(id),
+        LATERAL (VALUES (split_part(i.id, '.', 2)), ('.' || i.id)) AS v(k)
+    WHERE i.id NOT IN (SELECT reservation_id FROM cancelled)))
+  AND reservation_id = ANY ($2::text[])`
 
 	// Pairs of (campaign, reservation id). The keys are an array: an IN
 	// list naming t's columns is planned as an OR, and the orders scanned.
@@ -352,9 +365,11 @@ func (l *Ledger) CancelByUser(ctx context.Context, campaignID, reservationID, us
 
 // CancelExpired is the sweeper's SQL-first step: PENDING rows of ids whose
 // expires_at + grace has passed (database clock) become
-// CANCELLED_BY_SWEEPER. It returns the current status of every id that has a
-// row in this campaign, so a sweeper that crashed after this update and
-// before the Redis release still sees CANCELLED_BY_SWEEPER and releases.
+// CANCELLED_BY_SWEEPER. It returns the status of every id that has a row in
+// this campaign, in the same statement, so a sweeper that crashed after this
+// update and before the Redis release still sees CANCELLED_BY_SWEEPER and
+// releases. A row another writer ended while this one waited for it reads
+// PENDING (sqlCancelExpired).
 func (l *Ledger) CancelExpired(ctx context.Context, campaignID string, ids []string, grace time.Duration) (map[string]Status, error) {
 	if len(ids) == 0 {
 		return map[string]Status{}, nil
@@ -363,10 +378,7 @@ func (l *Ledger) CancelExpired(ctx context.Context, campaignID string, ids []str
 		grace = 0
 	}
 	l.ensureStatistics(ctx)
-	if _, err := l.pool.Exec(ctx, sqlCancelExpired, campaignID, ids, grace.Microseconds()); err != nil {
-		return nil, fmt.Errorf("ledger: cancel expired: %w", err)
-	}
-	out, err := collectStatuses(l.pool.Query(ctx, sqlStatuses, campaignID, ids))
+	out, err := collectStatuses(l.pool.Query(ctx, sqlCancelExpired, campaignID, ids, grace.Microseconds()))
 	if err != nil {
 		return nil, fmt.Errorf("ledger: cancel expired: %w", err)
 	}

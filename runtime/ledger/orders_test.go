@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 func latePayments(t *testing.T, l *Ledger, id string) []string {
@@ -313,7 +315,9 @@ func TestCancelExpired(t *testing.T) {
 		valid.ReservationID:     StatusPending,
 		paid.ReservationID:      StatusCommitted,
 	}
-	// Two sweepers at once both see the cancelled row as CANCELLED_BY_SWEEPER.
+	// Two sweepers at once: one cancels the row and says so; the other sees
+	// it cancelled, or PENDING when its statement began before that cancel
+	// committed (it skips it, and releases nothing).
 	var wg sync.WaitGroup
 	got := make([]map[string]Status, 2)
 	for i := range got {
@@ -325,10 +329,20 @@ func TestCancelExpired(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	cancellers := 0
 	for i := range got {
+		switch got[i][pastGrace.ReservationID] {
+		case StatusCancelledBySweeper:
+			cancellers++
+		case StatusPending:
+			got[i][pastGrace.ReservationID] = StatusCancelledBySweeper // for the comparison below
+		}
 		if !mapsEqual(got[i], want) {
 			t.Errorf("sweeper %d saw %v, want %v", i, got[i], want)
 		}
+	}
+	if cancellers == 0 {
+		t.Errorf("neither sweeper saw the expired row cancelled: %v", got)
 	}
 	mustStatus(t, l, foreign.ReservationID, StatusPending)
 
@@ -342,6 +356,61 @@ func TestCancelExpired(t *testing.T) {
 	}
 	if m, err := l.CancelExpired(ctx, c.ID, nil, 0); err != nil || len(m) != 0 {
 		t.Errorf("no ids: %v %v", m, err)
+	}
+}
+
+// A sweeper's cancel that waits for a row held by another writer (a
+// checkout, another sweeper) never reports that row cancelled by itself: it
+// reads the row as the writer left it, or as PENDING (skipped this pass).
+// The rest of its batch is cancelled as usual.
+func TestCancelExpiredAfterWaitingForAnotherWriter(t *testing.T) {
+	t.Parallel()
+	for _, w := range []struct {
+		name, sql string
+		after     Status
+	}{
+		{"a checkout", `UPDATE flashsale_orders SET status = 'COMMITTED', payment_token = 'pay', updated_at = now()
+WHERE reservation_id = $1`, StatusCommitted},
+		{"another sweeper", `UPDATE flashsale_orders SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
+WHERE reservation_id = $1`, StatusCancelledBySweeper},
+		{"a buyer's cancel", `UPDATE flashsale_orders SET status = 'CANCELLED_BY_USER', updated_at = now()
+WHERE reservation_id = $1`, StatusCancelledByUser},
+	} {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := newDSN(t, testPG)
+			l := openLedger(t, dsn)
+			ctx := testCtx(t)
+			c := newCampaign(t, l, 100, 2)
+			held := insertOrder(t, l, pendingOrder(c, "u", 0, 0), -time.Minute)
+			other := insertOrder(t, l, pendingOrder(c, "v", 1, 0), -time.Minute)
+			blocker := holdLock(t, l, w.sql, held.ReservationID)
+			type result struct {
+				got map[string]Status
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				got, err := l.CancelExpired(ctx, c.ID, []string{held.ReservationID, other.ReservationID}, 0)
+				done <- result{got, err}
+			}()
+			testharness.WaitForLockWaiters(t, dsn, 1, 30*time.Second, "the cancel to wait for the held row")
+			if err := blocker.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if s := r.got[held.ReservationID]; s != StatusPending && s != w.after {
+				t.Errorf("the held row read %q, want %q or PENDING", s, w.after)
+			}
+			if s := r.got[other.ReservationID]; s != StatusCancelledBySweeper {
+				t.Errorf("the other row read %q, want CANCELLED_BY_SWEEPER", s)
+			}
+			mustStatus(t, l, held.ReservationID, w.after)
+			mustStatus(t, l, other.ReservationID, StatusCancelledBySweeper)
+		})
 	}
 }
 

@@ -79,7 +79,6 @@ func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 			{"GetOrder", sqlGetOrder, []any{c.sale.ID, ids[0]}, "request_key = ANY"},
 			{"cancel by the buyer", sqlCancelByUser, []any{ids[0], c.sale.ID, "u"}, byKeyOrBuyer},
 			{"a request's order", sqlGetRequestOrder, []any{c.sale.ID, "k"}, "request_key = "},
-			{"statuses", sqlStatuses, []any{c.sale.ID, ids}, "request_key = ANY"},
 			{"the writer's duplicates", sqlExistingOrders, []any{ids, c.sale.ID}, "request_key = ANY"},
 			{"the sweeper's cancel", sqlCancelExpired, []any{c.sale.ID, ids, int64(0)}, "request_key = ANY"},
 			{"the rebuild's cancel", sqlCancelExpiredAll, []any{c.sale.ID, int64(0)}, "request_key = ANY"},

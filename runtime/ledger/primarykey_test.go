@@ -172,7 +172,6 @@ func TestOrderLookupsByIDUseThePrimaryKey(t *testing.T) {
 		{"cancel by the buyer", sqlCancelByUser, []any{"0.a", "c", "u"}},
 		{"the sweeper's cancel", sqlCancelExpired, []any{"c", ids, int64(0)}},
 		{"the rebuild's cancel", sqlCancelExpiredAll, []any{"c", int64(0)}},
-		{"statuses", sqlStatuses, []any{"c", ids}},
 		{"statuses of abandoned rows", sqlStatusesAnyCampaign, []any{campaigns, ids}},
 		{"the writer's duplicates", sqlExistingOrders, []any{ids, "c"}},
 	}

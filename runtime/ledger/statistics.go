@@ -31,7 +31,7 @@ const (
 // orders through a scan of the sale by the buyers' index instead of one
 // probe of the primary key per order: the sweeper's cancel of each batch
 // read the whole sale twice, 80–98 ms a batch at 20,000 orders against
-// 8–10 ms (docs/tuning.md). Autovacuum analyzes a new table within a
+// 8–10 ms (docs/sweeper.md). Autovacuum analyzes a new table within a
 // minute of its first rows, unless it is off or behind; the sweeper, a
 // rebuild and the writer's lookup of duplicates, which meet this first, do
 // not wait for it.
