@@ -32,7 +32,7 @@ type SweepStats struct {
 	Released  int // units' reservations given back to stock
 	Committed int // committed in the ledger: only Redis was cleaned (expired, or marked paying)
 	Abandoned int // no ledger row (the API died before writing it): recorded, released
-	Skipped   int // not yet expired by the database clock, or shard being rebuilt
+	Skipped   int // not yet expired by the database clock, ended by another writer during the pass, or shard being rebuilt
 	// ReapedClaims counts quota given back on home shards: claims for stealing
 	// whose placing process died (see Config.ClaimSlack), and released stolen
 	// reservations whose give-back had failed.

@@ -128,7 +128,7 @@ func productionID(shard int) string {
 // cancelled in the sweeper's batches of 256 ids (each shard's in random
 // order, as its expiry index gives them), with their statuses read back:
 //
-//	go test -run '^$' -bench CancelExpiredPostgresCPU -benchtime 20000x -count 3 ./runtime/ledger/
+//	go test -run '^$' -bench CancelExpiredPostgresCPU -benchtime 20000x ./runtime/ledger/
 func BenchmarkCancelExpiredPostgresCPU(b *testing.B) {
 	pg, err := testharness.StartPostgresArgs("fsync=on", "synchronous_commit=on")
 	if err != nil {

@@ -102,9 +102,12 @@ RETURNING ` + orderColumns
 	//
 	// The same statement reads every id's status: the cancelled rows from
 	// the update, the others as the statement's snapshot has them (it cannot
-	// see its own update), looked up by the ids not cancelled only. A row another transaction ended while the update
-	// waited for its lock reads PENDING there, and the sweeper skips it for
-	// this pass; rows only ever leave PENDING, so no other status is stale.
+	// see its own update), looked up by the ids not cancelled only. A row
+	// that a transaction committing after the statement began ended (a
+	// checkout, a buyer's cancel, another sweeper, a rebuild) reads PENDING,
+	// and the sweeper skips it for this pass; one it inserted reads missing
+	// (the sweeper's RecordAbandoned then finds it). Rows only ever leave
+	// PENDING, so no other status read is stale.
 	sqlCancelExpired = `WITH cancelled AS (
 UPDATE flashsale_orders
 SET status = 'CANCELLED_BY_SWEEPER', updated_at = now()
@@ -365,11 +368,11 @@ func (l *Ledger) CancelByUser(ctx context.Context, campaignID, reservationID, us
 
 // CancelExpired is the sweeper's SQL-first step: PENDING rows of ids whose
 // expires_at + grace has passed (database clock) become
-// CANCELLED_BY_SWEEPER. It returns the status of every id that has a row in
-// this campaign, in the same statement, so a sweeper that crashed after this
-// update and before the Redis release still sees CANCELLED_BY_SWEEPER and
-// releases. A row another writer ended while this one waited for it reads
-// PENDING (sqlCancelExpired).
+// CANCELLED_BY_SWEEPER. It returns the status of every id whose row in this
+// campaign the statement's snapshot holds, so a sweeper that crashed after
+// this update and before the Redis release still sees CANCELLED_BY_SWEEPER
+// and releases. A row another writer ended or inserted meanwhile reads
+// PENDING or missing (sqlCancelExpired).
 func (l *Ledger) CancelExpired(ctx context.Context, campaignID string, ids []string, grace time.Duration) (map[string]Status, error) {
 	if len(ids) == 0 {
 		return map[string]Status{}, nil

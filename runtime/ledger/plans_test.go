@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +64,10 @@ func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 		}
 		return ids
 	}
+	// How many index conditions a statement that looks the orders up more
+	// than once must have by its key: the sweeper's cancel, the lock's, the
+	// update's, and the statuses' of the ids it did not cancel.
+	lookups := map[string]int{"the sweeper's cancel": 3}
 	for _, c := range []struct {
 		name string
 		sale Campaign
@@ -87,7 +92,7 @@ func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 			for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 				plan := explainPrepared(t, l, mode, q.sql, q.args...)
 				if strings.Contains(plan, "Seq Scan on flashsale_orders") || strings.Contains(plan, "Join Filter") ||
-					strings.Contains(plan, "Hash Join") || !indexCondNames(plan, q.key) {
+					strings.Contains(plan, "Hash Join") || indexCondsNaming(plan, q.key) < cmp.Or(lookups[q.name], 1) {
 					t.Errorf("%s, %s (%s): the orders are not reached by their key (%s):\n%s", q.name, c.name, mode, q.key, clip(plan))
 				}
 			}
@@ -139,16 +144,17 @@ func explainPrepared(t *testing.T, l *Ledger, mode, sql string, args ...any) str
 // most maxPerUser in fact): either reads a few rows of the sale.
 const byKeyOrBuyer = "request_key = ANY|user_id = "
 
-// indexCondNames reports whether an index condition of plan names key, or
+// indexCondsNaming counts the index conditions of plan that name key, or
 // one of the keys it lists separated by "|".
-func indexCondNames(plan, key string) bool {
+func indexCondsNaming(plan, key string) int {
+	n := 0
 	for _, line := range strings.Split(plan, "\n") {
 		cond, ok := strings.CutPrefix(strings.TrimSpace(line), "Index Cond: ")
 		if ok && slices.ContainsFunc(strings.Split(key, "|"), func(k string) bool { return strings.Contains(cond, k) }) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // clip cuts each line of a plan to 160 bytes (a batch's ids are one line).
