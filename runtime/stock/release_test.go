@@ -2,6 +2,8 @@ package stock_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -40,5 +42,43 @@ func TestReleasePlacedLeavesAnotherPlacement(t *testing.T) {
 	}
 	if st, err := s.State(ctx); err != nil || st[0].Available != 5 || st[0].Reserved != 0 {
 		t.Fatalf("stock after the give-back: %+v %v; want 5", st, err)
+	}
+}
+
+// QuotaEach refuses a batch naming an operation it does not know, whole:
+// every give gets the error, and none is sent, not even the valid ones.
+func TestQuotaEachRefusesAnUnknownOperation(t *testing.T) {
+	_, rdb := standalone(t)
+	ctx := context.Background()
+	s := stock.New(rdb, "quota-each-"+randomID(), 2)
+	if err := then(seed(0), reserved(stock.Claimed, stock.ModeClaim), quota("confirm"))(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	held := func() string {
+		t.Helper()
+		n, err := rdb.HGet(ctx, s.Keys(0).Users(), user).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return n
+	}
+	give := stock.QuotaGive{Op: stock.QuotaRelease, User: user, Key: key, Quantity: 1, Shard: 1, ExpiryMs: placedExpiry}
+	bad := give
+	bad.Op = "give"
+	changed, errs := s.QuotaEach(ctx, 0, []stock.QuotaGive{give, bad})
+	for i := range 2 {
+		if errs[i] == nil || !strings.Contains(errs[i].Error(), `unknown operation "give"`) || changed[i] {
+			t.Errorf("give %d: changed %v, %v; want the unknown operation named", i, changed[i], errs[i])
+		}
+	}
+	if n := held(); n != "1" {
+		t.Fatalf("the buyer's quota after the refused batch: %q; want 1 (nothing sent)", n)
+	}
+	changed, errs = s.QuotaEach(ctx, 0, []stock.QuotaGive{give})
+	if errs[0] != nil || !changed[0] {
+		t.Fatalf("the valid give alone: changed %v, %v", changed[0], errs[0])
+	}
+	if n := held(); n != "" {
+		t.Fatalf("the buyer's quota after the give-back: %q; want none", n)
 	}
 }
