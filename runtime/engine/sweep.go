@@ -52,7 +52,8 @@ func (s *SweepStats) add(o SweepStats) {
 }
 
 // Sweep makes one pass over every shard: expired reservations (expiry + grace, by the
-// Redis clock) are cancelled in the ledger first, then released atomically in Redis.
+// clock of the shard's Redis server) are cancelled in the ledger first, then released
+// atomically in Redis.
 // Two sweepers running at once release each unit once: the ledger update and the
 // release script are both conditional. Then it gives back the quota of claims
 // older than TTL + grace + ClaimSlack that were never confirmed: their placing
@@ -61,12 +62,6 @@ func (s *SweepStats) add(o SweepStats) {
 // died between the two) is settled on the first pass after it, whatever its
 // expiry (settlePaying).
 func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
-	now, err := e.store.Now(ctx)
-	if err != nil {
-		return SweepStats{}, fmt.Errorf("redis time: %w", err)
-	}
-	cutoff := now.Add(-e.cfg.Grace).UnixMilli()
-	claimCutoff := now.Add(-e.cfg.TTL - e.cfg.Grace - e.cfg.ClaimSlack)
 	var (
 		mu    sync.Mutex
 		total SweepStats
@@ -79,15 +74,7 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			st, err := e.sweepShard(ctx, shard, cutoff)
-			if err == nil {
-				var paid int
-				paid, err = e.settlePaying(ctx, shard, now)
-				st.Committed += paid
-			}
-			if err == nil {
-				st.ReapedClaims, err = e.reapClaims(ctx, shard, claimCutoff)
-			}
+			st, err := e.sweepOne(ctx, shard)
 			mu.Lock()
 			defer mu.Unlock()
 			total.add(st)
@@ -98,6 +85,27 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 	}
 	wg.Wait()
 	return total, first
+}
+
+// sweepOne is Sweep's pass over one shard, by the clock of the shard's own
+// server: the one its expiries, paying marks and claims were written by (on
+// a Redis Cluster each master has its own), and a server that does not
+// answer holds back its own shards only.
+func (e *Engine) sweepOne(ctx context.Context, shard int) (SweepStats, error) {
+	now, err := e.store.ShardNow(ctx, shard)
+	if err != nil {
+		return SweepStats{}, fmt.Errorf("redis time: %w", err)
+	}
+	st, err := e.sweepShard(ctx, shard, now.Add(-e.cfg.Grace).UnixMilli())
+	if err == nil {
+		var paid int
+		paid, err = e.settlePaying(ctx, shard, now)
+		st.Committed += paid
+	}
+	if err == nil {
+		st.ReapedClaims, err = e.reapClaims(ctx, shard, now.Add(-e.cfg.TTL-e.cfg.Grace-e.cfg.ClaimSlack))
+	}
+	return st, err
 }
 
 func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (SweepStats, error) {

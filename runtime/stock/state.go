@@ -24,9 +24,22 @@ func Unverified(states []ShardState) []int {
 	return out
 }
 
-// Now is the Redis server's clock, the one expiries are measured with.
+// Now is the Redis server's clock, the one expiries are measured with. On a
+// Redis Cluster it is any master's: ShardNow is the clock of a shard's own.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return s.rdb.Time(ctx).Result()
+}
+
+// ShardNow is the clock of shard's server, the one that wrote its
+// reservations' expiries, its paying marks and its claims' times.
+func (s *Store) ShardNow(ctx context.Context, shard int) (time.Time, error) {
+	node, err := s.node(ctx, s.shards[shard].Meta())
+	if err != nil {
+		return time.Time{}, err
+	}
+	now, err := node.Time(ctx).Result()
+	s.redirected(ctx, err)
+	return now, err
 }
 
 // ShardState is what a shard holds right now.

@@ -1,0 +1,150 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// On a Redis Cluster each shard is swept by its own master's clock: the one
+// that wrote its expiries, paying marks and claims' times. A master that
+// does not answer holds back its own shards only. Before, one TIME of any
+// master set every shard's cutoff, and a pass whose TIME went to a stalled
+// master swept nothing.
+func TestSweepReadsEachShardsOwnClock(t *testing.T) {
+	t.Parallel()
+	cluster := testharness.RedisClusterT(t) // its own: the test counts TIME calls and pauses a master
+	rdb := clusterClient(t, cluster.Addrs())
+	ctx := context.Background()
+	const shards = 6
+	campaign, onMaster := spreadCampaign(t, rdb, shards)
+	f := newFixture(t, rdb, withShards(shards), withAllocation(600), withTTL(time.Second, 0),
+		func(c *fixtureConfig) { c.CampaignID = campaign })
+	for i := range 120 {
+		f.reserve(fmt.Sprintf("buyer-%d", i), "r", 1)
+	}
+	time.Sleep(1200 * time.Millisecond)
+
+	// One pass: each master answers TIME once for each of its shards.
+	before := timeCalls(t, onMaster)
+	st, err := f.e.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := timeCalls(t, onMaster)
+	for addr, held := range onMaster {
+		if got := after[addr] - before[addr]; got != int64(len(held)) {
+			t.Errorf("master %s (shards %v) answered TIME %d times in a pass, want %d", addr, held, got, len(held))
+		}
+	}
+	if st.Released == 0 {
+		t.Fatalf("the first pass released nothing: %+v", st)
+	}
+
+	// More expired reservations, then one master stalls for 3 s: a pass
+	// that gives up after 1 s has swept every other master's shards.
+	for i := range 120 {
+		f.reserve(fmt.Sprintf("buyer-%d", i), "r2", 1)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	var stalled string
+	for addr := range onMaster {
+		stalled = addr
+		break
+	}
+	want := reservedOnShards(t, f, onMaster, stalled)
+	pauseClient := redis.NewClient(&redis.Options{Addr: stalled})
+	defer pauseClient.Close()
+	if err := pauseClient.Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	pausedUntil := time.Now().Add(3 * time.Second)
+	passCtx, cancel := context.WithTimeout(ctx, time.Second)
+	st, err = f.e.Sweep(passCtx)
+	cancel()
+	if err == nil {
+		t.Fatalf("a pass with master %s stalled: no error", stalled)
+	}
+	if want == 0 || st.Released != want {
+		t.Fatalf("a pass with master %s (shards %v) stalled released %d, want the %d reservations of the other masters' shards (%v)",
+			stalled, onMaster[stalled], st.Released, want, err)
+	}
+	time.Sleep(time.Until(pausedUntil) + 100*time.Millisecond)
+	f.sweepUntilQuiet()
+	if c := f.assertConserved(); c.Reserved != 0 {
+		t.Fatalf("after the stall: %+v", c)
+	}
+}
+
+// spreadCampaign finds a campaign id whose shards lie on at least two of the
+// cluster's masters (the shards' slots come from the id), and says which
+// shards each master holds.
+func spreadCampaign(t *testing.T, rdb redis.UniversalClient, shards int) (string, map[string][]int) {
+	t.Helper()
+	cc := rdb.(*redis.ClusterClient)
+	for n := range 100 {
+		campaign := "c-sweep-clock-" + strconv.Itoa(n)
+		s := stock.New(rdb, campaign, shards)
+		onMaster := map[string][]int{}
+		for i := range shards {
+			node, err := cc.MasterForKey(context.Background(), s.Keys(i).Meta())
+			if err != nil {
+				t.Fatal(err)
+			}
+			onMaster[node.Options().Addr] = append(onMaster[node.Options().Addr], i)
+		}
+		if len(onMaster) >= 2 {
+			return campaign, onMaster
+		}
+	}
+	t.Fatal("no campaign id spreads its shards over two masters")
+	return "", nil
+}
+
+var timeCallsRE = regexp.MustCompile(`(?m)^cmdstat_time:calls=(\d+),`)
+
+// timeCalls is how many TIME commands each master has answered.
+func timeCalls(t *testing.T, masters map[string][]int) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for addr := range masters {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		_ = c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := timeCallsRE.FindStringSubmatch(info); m != nil {
+			out[addr], _ = strconv.ParseInt(m[1], 10, 64)
+		}
+	}
+	return out
+}
+
+// reservedOnShards is the units reserved on the shards of every master but
+// except.
+func reservedOnShards(t *testing.T, f *fixture, masters map[string][]int, except string) int {
+	t.Helper()
+	states, err := stock.New(f.rdb, f.cfg.CampaignID, f.cfg.Shards).State(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for addr, held := range masters {
+		if addr == except {
+			continue
+		}
+		for _, i := range held {
+			n += int(states[i].Reserved)
+		}
+	}
+	return n
+}
