@@ -142,6 +142,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName
 	}
+	durableSessions(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: connect: %w", err)

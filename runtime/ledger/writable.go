@@ -119,16 +119,35 @@ func (m *Materializer) ProbeWrite(ctx context.Context, campaignID string) error 
 	return nil
 }
 
-// sqlDurableCommits turns synchronous_commit back on in a writer's session
-// when the role or database turned it off: a 201 says the reservation is
-// durable, and with it off a commit returns before its WAL is flushed (a
-// crash of PostgreSQL loses it). Its other values (local, remote_write,
-// remote_apply) flush locally, and are the operator's choice.
+// sqlDurableCommits turns synchronous_commit back on in a session when the
+// role or database turned it off: a 201 says the reservation is durable, and
+// a checkout's answer that the order is paid, and with it off a commit
+// returns before its WAL is flushed (a crash of PostgreSQL loses it). Its
+// other values (local, remote_write, remote_apply) flush locally, and are the
+// operator's choice.
 const sqlDurableCommits = `SELECT set_config('synchronous_commit', 'on', false)
 WHERE current_setting('synchronous_commit') = 'off'`
 
-// writerSessions readies a writer connection when it opens: its commits
-// durable (sqlDurableCommits), and its statements prepared, so that a batch
+// durableSessions makes every connection of cfg commit durably when it opens
+// (sqlDurableCommits): the writers' batches, and the checkouts, cancels and
+// sweeps of the ledger's own pool.
+func durableSessions(cfg *pgxpool.Config) {
+	prev := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if prev != nil {
+			if err := prev(ctx, c); err != nil {
+				return err
+			}
+		}
+		if _, err := c.Exec(ctx, sqlDurableCommits); err != nil {
+			return fmt.Errorf("ledger: the session's synchronous_commit: %w", err)
+		}
+		return nil
+	}
+}
+
+// writerSessions readies a writer connection when it opens (its commits are
+// durable already, durableSessions): its statements prepared, so that a batch
 // whose deadline ends while its statement is still being prepared is not
 // "outcome unknown" (ErrAmbiguous) with its insert never sent, its units
 // held until they expire. Nothing is prepared with a DSN that asks for
@@ -142,9 +161,6 @@ func writerSessions(cfg *pgxpool.Config) {
 			if err := prev(ctx, c); err != nil {
 				return err
 			}
-		}
-		if _, err := c.Exec(ctx, sqlDurableCommits); err != nil {
-			return fmt.Errorf("ledger: the writer's synchronous_commit: %w", err)
 		}
 		if !prepare {
 			return nil

@@ -176,8 +176,10 @@ func TestAWriterConnectionPreparesBeforeItsBatch(t *testing.T) {
 }
 
 // A role or database that turns synchronous_commit off does not make the
-// writers' commits return before their WAL is flushed: a 201 says the
-// reservation is durable. Its other values are left as set.
+// ledger's commits return before their WAL is flushed, the writers' nor the
+// pool's (checkouts, cancels, sweeps): a 201 says the reservation is
+// durable, and a checkout's answer that the order is paid. Its other values
+// are left as set.
 func TestWritersCommitDurably(t *testing.T) {
 	t.Parallel()
 	for set, want := range map[string]string{"off": "on", "local": "local", "on": "on"} {
@@ -208,8 +210,8 @@ func TestWritersCommitDurably(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if writer != want || reader != set {
-			t.Errorf("synchronous_commit %s for the database: the writers' %s (want %s), the pool's %s", set, writer, want, reader)
+		if writer != want || reader != want {
+			t.Errorf("synchronous_commit %s for the database: the writers' %s, the pool's %s; want %s", set, writer, reader, want)
 		}
 	}
 }
