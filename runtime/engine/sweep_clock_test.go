@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +23,11 @@ import (
 func TestSweepReadsEachShardsOwnClock(t *testing.T) {
 	t.Parallel()
 	cluster := testharness.RedisClusterT(t) // its own: the test counts TIME calls and pauses a master
-	rdb := clusterClient(t, cluster.Addrs())
+	// Read timeouts as production's client sets them (runtime/config), so a
+	// stalled master fails its calls after a second, not the default three.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), PoolSize: 64,
+		ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
 	const shards = 6
 	campaign, onMaster := spreadCampaign(t, rdb, shards)
@@ -50,7 +55,8 @@ func TestSweepReadsEachShardsOwnClock(t *testing.T) {
 	}
 
 	// More expired reservations, then one master stalls for 3 s: a pass
-	// that gives up after 1 s has swept every other master's shards.
+	// whose calls to it time out after 1 s (and that gives up after 2.5 s)
+	// has swept every other master's shards.
 	for i := range 120 {
 		f.reserve(fmt.Sprintf("buyer-%d", i), "r2", 1)
 	}
@@ -67,11 +73,11 @@ func TestSweepReadsEachShardsOwnClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	pausedUntil := time.Now().Add(3 * time.Second)
-	passCtx, cancel := context.WithTimeout(ctx, time.Second)
+	passCtx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
 	st, err = f.e.Sweep(passCtx)
 	cancel()
-	if err == nil {
-		t.Fatalf("a pass with master %s stalled: no error", stalled)
+	if err == nil || !strings.Contains(err.Error(), stalled) {
+		t.Fatalf("a pass with master %s stalled: %v; want an error naming it", stalled, err)
 	}
 	if want == 0 || st.Released != want {
 		t.Fatalf("a pass with master %s (shards %v) stalled released %d, want the %d reservations of the other masters' shards (%v)",

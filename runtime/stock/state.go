@@ -3,6 +3,7 @@ package stock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,8 +39,11 @@ func (s *Store) ShardNow(ctx context.Context, shard int) (time.Time, error) {
 		return time.Time{}, err
 	}
 	now, err := node.Time(ctx).Result()
-	s.redirected(ctx, err)
-	return now, err
+	if err != nil {
+		s.redirected(ctx, err)
+		return time.Time{}, fmt.Errorf("time of %s: %w", node.Options().Addr, err)
+	}
+	return now, nil
 }
 
 // ShardState is what a shard holds right now.
