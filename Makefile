@@ -145,8 +145,9 @@ bench-rebuild: deps ## Rebuild after a Redis loss at 100k, 1M and 10M orders (RE
 	go run ./hack/rebuildbench $(REBUILD_ARGS)
 
 .PHONY: bench-sweep
-bench-sweep: deps ## The sweeper draining 20,000 expired reservations, with 0 and 1 ms added to each Redis reply, every buyer at home or half of them stolen (docs/sweeper.md).
+bench-sweep: deps ## The sweeper draining 20,000 expired reservations, with 0 and 1 ms added to each Redis reply, every buyer at home or half of them stolen, then the ledger's cancel of 20,000 alone, in PostgreSQL's CPU (docs/sweeper.md).
 	go test -run '^$$' -bench Sweep -benchtime 20000x ./runtime/engine/
+	go test -run '^$$' -bench CancelExpiredPostgresCPU -benchtime 20000x ./runtime/ledger/
 
 .PHONY: bench-ledger
 bench-ledger: deps ## A new sale's ledger queries beside 10 finished sales of 1M orders each, bytes per order, 0002's insert cost (LEDGER_ARGS="--old-orders 100000" for less).
