@@ -128,10 +128,9 @@ func (m *Materializer) ProbeWrite(ctx context.Context, campaignID string) error 
 const sqlDurableCommits = `SELECT set_config('synchronous_commit', 'on', false)
 WHERE current_setting('synchronous_commit') = 'off'`
 
-// durableSessions makes every connection of cfg commit durably when it opens
-// (sqlDurableCommits): the writers' batches, and the checkouts, cancels and
-// sweeps of the ledger's own pool.
-func durableSessions(cfg *pgxpool.Config) {
+// onConnect runs step on each connection of cfg when it opens, after what
+// cfg ran there already.
+func onConnect(cfg *pgxpool.Config, step func(ctx context.Context, c *pgx.Conn) error) {
 	prev := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if prev != nil {
@@ -139,11 +138,20 @@ func durableSessions(cfg *pgxpool.Config) {
 				return err
 			}
 		}
+		return step(ctx, c)
+	}
+}
+
+// durableSessions makes every connection of cfg commit durably when it opens
+// (sqlDurableCommits): the writers' batches, and the checkouts, cancels and
+// sweeps of the ledger's own pool.
+func durableSessions(cfg *pgxpool.Config) {
+	onConnect(cfg, func(ctx context.Context, c *pgx.Conn) error {
 		if _, err := c.Exec(ctx, sqlDurableCommits); err != nil {
 			return fmt.Errorf("ledger: the session's synchronous_commit: %w", err)
 		}
 		return nil
-	}
+	})
 }
 
 // writerSessions readies a writer connection when it opens (its commits are
@@ -154,22 +162,15 @@ func durableSessions(cfg *pgxpool.Config) {
 // another query mode than pgx's default (a pooler in transaction mode keeps
 // no prepared statement).
 func writerSessions(cfg *pgxpool.Config) {
-	prepare := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
-	prev := cfg.AfterConnect
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		if prev != nil {
-			if err := prev(ctx, c); err != nil {
-				return err
-			}
-		}
-		if !prepare {
-			return nil
-		}
+	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return
+	}
+	onConnect(cfg, func(ctx context.Context, c *pgx.Conn) error {
 		for _, q := range []string{sqlInsertPending, sqlInsertPendingSkipDuplicates} {
 			if _, err := c.Prepare(ctx, q, q); err != nil {
 				return fmt.Errorf("ledger: preparing the writer's statements: %w", err)
 			}
 		}
 		return nil
-	}
+	})
 }
