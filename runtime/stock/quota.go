@@ -28,10 +28,18 @@ const (
 // has there now is left alone. It reports whether it changed anything (false:
 // already done, another placement's, or lost with the data).
 func (s *Store) Quota(ctx context.Context, home int, op, user, key string, qty int, shard int, expiryMs int64) (bool, error) {
-	if op != QuotaRelease && op != QuotaForget {
-		return false, fmt.Errorf("quota on shard %d: unknown operation %q", home, op)
+	if err := checkQuotaOp(home, op); err != nil {
+		return false, err
 	}
 	return s.quota(ctx, home, op, user, key, qty, Pointer(shard, expiryMs), "")
+}
+
+// checkQuotaOp refuses an operation Quota does not know.
+func checkQuotaOp(home int, op string) error {
+	if op != QuotaRelease && op != QuotaForget {
+		return fmt.Errorf("quota on shard %d: unknown operation %q", home, op)
+	}
+	return nil
 }
 
 // QuotaGive is one Quota call of QuotaEach.
@@ -48,10 +56,10 @@ type QuotaGive struct {
 func (s *Store) QuotaEach(ctx context.Context, home int, gives []QuotaGive) (changed []bool, errs []error) {
 	changed = make([]bool, len(gives))
 	for _, g := range gives {
-		if g.Op != QuotaRelease && g.Op != QuotaForget {
+		if err := checkQuotaOp(home, g.Op); err != nil {
 			errs = make([]error, len(gives))
 			for i := range errs {
-				errs[i] = fmt.Errorf("quota on shard %d: unknown operation %q", home, g.Op)
+				errs[i] = err
 			}
 			return changed, errs
 		}
