@@ -139,7 +139,7 @@ func timeCalls(t *testing.T, masters map[string][]int) map[string]int64 {
 // except.
 func reservedOnShards(t *testing.T, f *fixture, masters map[string][]int, except string) int {
 	t.Helper()
-	states, err := stock.New(f.rdb, f.cfg.CampaignID, f.cfg.Shards).State(context.Background())
+	states, err := f.e.Store().State(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
