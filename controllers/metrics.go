@@ -103,7 +103,7 @@ func (c saleCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, typ := range []string{flashsalev1alpha1.ConditionReady, flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionSeeded,
 			flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy, ConditionAllocationApplied,
-			flashsalev1alpha1.ConditionDegraded, flashsalev1alpha1.ConditionClocksInStep} {
+			flashsalev1alpha1.ConditionDegraded, flashsalev1alpha1.ConditionClocksInStep, flashsalev1alpha1.ConditionLedgerFailoverSafe} {
 			if cond := meta.FindStatusCondition(st.Conditions, typ); cond != nil {
 				gauge(descCondition, boolValue(cond.Status == metav1.ConditionTrue), ns, name, typ, cond.Reason)
 			}

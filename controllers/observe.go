@@ -34,6 +34,7 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 		}
 	}
 	r.readClocks(ctx, s)
+	r.readReplication(ctx, s)
 	ready, reason, msg, err := r.childrenReady(ctx, s.fs)
 	if err != nil {
 		return true, err

@@ -91,6 +91,15 @@ const (
 	ReasonClockSkew        = "ClockSkew"
 	ReasonClockSkewCleared = "ClockSkewCleared"
 
+	// LedgerFailoverSafe's reasons, and the events of its changes:
+	// NoStandby or SynchronousStandby; AsynchronousStandby or LocalCommit
+	// (Warnings too), and FailoverSafe when safe again.
+	ReasonNoStandby           = "NoStandby"
+	ReasonSynchronousStandby  = "SynchronousStandby"
+	ReasonAsynchronousStandby = "AsynchronousStandby"
+	ReasonLocalCommit         = "LocalCommit"
+	ReasonFailoverSafe        = "FailoverSafe"
+
 	// Ready's reason when a reserve or sweeper Deployment's ReplicaFailure
 	// condition is True: its pods are refused (a ResourceQuota, a
 	// LimitRange, Pod Security admission).

@@ -92,6 +92,9 @@ type facts struct {
 	// clocks is the verdict on the ledger's and Redis's clocks, when they
 	// were read.
 	clocks *clockVerdict
+	// replication is the verdict on how the ledger's commits reach its
+	// standbys, when it was read.
+	replication *replicationVerdict
 }
 
 // allocationVerdict is what became of spec.allocation: applied, or not

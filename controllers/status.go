@@ -113,7 +113,7 @@ func (d *decided) ready(reason, message string) {
 }
 
 // reportHealth: Redis and the ledger as the phases found them, their
-// clocks, and the allocation's verdict.
+// clocks, the ledger's replication, and the allocation's verdict.
 func reportHealth(d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
 	if f.ledgerOK {
 		d.set(flashsalev1alpha1.ConditionLedgerHealthy, metav1.ConditionTrue, ReasonReachable, "PostgreSQL answers")
@@ -131,6 +131,13 @@ func reportHealth(d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
 		d.set(flashsalev1alpha1.ConditionClocksInStep, metav1.ConditionTrue, ReasonInStep, v.message)
 	} else if v != nil {
 		d.set(flashsalev1alpha1.ConditionClocksInStep, metav1.ConditionFalse, ReasonClockSkew, v.message)
+	}
+	if v := f.replication; v != nil {
+		status := metav1.ConditionFalse
+		if v.safe {
+			status = metav1.ConditionTrue
+		}
+		d.set(flashsalev1alpha1.ConditionLedgerFailoverSafe, status, v.reason, v.message)
 	}
 	if v := f.allocation; v != nil {
 		status := metav1.ConditionFalse
@@ -182,7 +189,7 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		// Nothing else was checked (an operator restarted while a Secret is
 		// gone): what these said before is not known to hold any more.
 		for _, typ := range []string{flashsalev1alpha1.ConditionAdmitting, flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy,
-			flashsalev1alpha1.ConditionClocksInStep} {
+			flashsalev1alpha1.ConditionClocksInStep, flashsalev1alpha1.ConditionLedgerFailoverSafe} {
 			if meta.FindStatusCondition(st.Conditions, typ) != nil {
 				d.set(typ, metav1.ConditionUnknown, f.refErr.reason, "not checked: "+f.refErr.message)
 			}

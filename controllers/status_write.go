@@ -66,7 +66,8 @@ func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus boo
 }
 
 // healthEvents says when Redis or the ledger stops answering, or refuses the
-// operator, or their clocks part, and when it is healthy again: the conditions alone leave no
+// operator, or their clocks part, or the ledger's commits stop waiting for
+// its standbys, and when it is healthy again: the conditions alone leave no
 // trace of an outage once it is over. Data loss, an eviction policy and a
 // ledger mismatch have events of their own.
 func (s *scope) healthEvents(before []metav1.Condition) {
@@ -81,6 +82,8 @@ func (s *scope) healthEvents(before []metav1.Condition) {
 			ReasonReadOnly:    ReasonLedgerReadOnly,
 			ReasonCountsDrift: ReasonLedgerCountsDrift}},
 		{flashsalev1alpha1.ConditionClocksInStep, ReasonClockSkewCleared, map[string]string{ReasonClockSkew: ReasonClockSkew}},
+		{flashsalev1alpha1.ConditionLedgerFailoverSafe, ReasonFailoverSafe, map[string]string{
+			ReasonAsynchronousStandby: ReasonAsynchronousStandby, ReasonLocalCommit: ReasonLocalCommit}},
 	} {
 		was := meta.FindStatusCondition(before, h.typ)
 		now := meta.FindStatusCondition(s.fs.Status.Conditions, h.typ)

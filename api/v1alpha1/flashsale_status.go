@@ -25,7 +25,7 @@ import (
 type FlashSaleStatus struct {
 	// conditions are the latest observations of the sale's state: Ready,
 	// Seeded, Admitting, RedisHealthy, LedgerHealthy, AllocationApplied,
-	// Degraded and ClocksInStep. Degraded is True while a reserve or sweeper
+	// Degraded, ClocksInStep and LedgerFailoverSafe. Degraded is True while a reserve or sweeper
 	// replica crashes (a container waiting in CrashLoopBackOff, or ended by
 	// an OOM kill or a non-zero exit in the last 10 minutes, as the pod's
 	// container states say), reason OOMKilled, CrashLoopBackOff or Error,
@@ -33,7 +33,10 @@ type FlashSaleStatus struct {
 	// replica serves. ClocksInStep is False (ClockSkew) while PostgreSQL's
 	// clock and a Redis server's differ by more than the smaller of 1s and a
 	// tenth of reservation.ttl: expiries are set by one and judged by the
-	// other.
+	// other. LedgerFailoverSafe is False (AsynchronousStandby, LocalCommit)
+	// while PostgreSQL streams to standbys without waiting for one at
+	// commit: a failover to one loses acknowledged reservations and
+	// payments.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -95,6 +95,17 @@ const (
 	// reads the clocks with every status refresh. Ready keeps its own
 	// meaning.
 	ConditionClocksInStep = "ClocksInStep"
+	// ConditionLedgerFailoverSafe is True while a failover of PostgreSQL to
+	// a standby keeps every commit the sale answered for: the server streams
+	// its WAL to no standby (NoStandby), or a commit waits for the standbys
+	// synchronous_standby_names names (SynchronousStandby). False
+	// (AsynchronousStandby) names the standbys when that setting is empty,
+	// or (LocalCommit) says synchronous_commit is local: a failover then
+	// loses the last reservations and payments, and a rebuild sells their
+	// units again. Logical walsenders and base backups are no standbys. The
+	// operator reads it with every status refresh; Ready keeps its own
+	// meaning.
+	ConditionLedgerFailoverSafe = "LedgerFailoverSafe"
 )
 
 // RedisMode says how the Redis addresses in the Secret are to be used.

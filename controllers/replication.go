@@ -1,0 +1,81 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// replicationVerdict is LedgerFailoverSafe's verdict: whether a failover of
+// the ledger to a standby keeps every commit the sale answered for, and why.
+type replicationVerdict struct {
+	safe            bool
+	reason, message string
+}
+
+// readReplication asks the ledger how its commits reach its standbys. A
+// ledger that does not answer is reported by the phases that need it, and
+// LedgerFailoverSafe keeps what it said.
+func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
+	ctx, cancel := context.WithTimeout(ctx, replaceTimeout)
+	defer cancel()
+	rep, err := s.conn.engine.LedgerReplication(ctx)
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("ledger replication not read", "err", err)
+		return
+	}
+	s.replication = judgeReplication(rep)
+}
+
+// judgeReplication: a ledger streaming to a standby is failover safe when a
+// commit waits for a synchronous standby (synchronous_standby_names, and
+// synchronous_commit on, remote_write or remote_apply). Which standby a
+// failover promotes is the HA manager's (CloudNativePG and Patroni promote
+// a synchronous one); a standby outside synchronous_standby_names is not
+// judged here.
+func judgeReplication(r engine.Replication) *replicationVerdict {
+	switch {
+	case len(r.Standbys) == 0:
+		return &replicationVerdict{safe: true, reason: ReasonNoStandby,
+			message: "PostgreSQL streams its WAL to no standby: nothing a failover could promote has fewer commits than it"}
+	case r.SynchronousStandbyNames == "":
+		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
+			"PostgreSQL streams to %s asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote %s",
+			standbys(r.Standbys), them(r.Standbys))}
+	case r.SynchronousCommit == "local" || r.SynchronousCommit == "off":
+		return &replicationVerdict{reason: ReasonLocalCommit, message: fmt.Sprintf(
+			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of the %s PostgreSQL streams to, so a failover loses the last reservations and payments the sale answered for; set it to on for the ledger's role or database",
+			r.SynchronousCommit, r.SynchronousStandbyNames, standbys(r.Standbys))}
+	}
+	return &replicationVerdict{safe: true, reason: ReasonSynchronousStandby, message: fmt.Sprintf(
+		"PostgreSQL streams to %s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
+		standbys(r.Standbys), r.SynchronousStandbyNames, r.SynchronousCommit)}
+}
+
+// standbysNamed is how many standbys a message names: a cluster has a few.
+const standbysNamed = 5
+
+// standbys is "1 standby (pg-b)", or "7 standbys (a, b, c, d, e and 2 more)".
+func standbys(names []string) string {
+	noun := "standbys"
+	if len(names) == 1 {
+		noun = "standby"
+	}
+	shown := names[:min(len(names), standbysNamed)]
+	list := strings.Join(shown, ", ")
+	if more := len(names) - len(shown); more > 0 {
+		list += fmt.Sprintf(" and %d more", more)
+	}
+	return fmt.Sprintf("%d %s (%s)", len(names), noun, list)
+}
+
+func them(names []string) string {
+	if len(names) == 1 {
+		return "it"
+	}
+	return "them"
+}

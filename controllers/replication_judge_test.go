@@ -1,0 +1,44 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+)
+
+// judgeReplication: safe with no standby, or with commits waiting for the
+// named synchronous standbys; not safe when standbys stream asynchronously
+// or commits are local, and the message names the standbys.
+func TestJudgeReplication(t *testing.T) {
+	many := []string{"a", "b", "c", "d", "e", "f", "g"}
+	for _, c := range []struct {
+		name   string
+		rep    engine.Replication
+		safe   bool
+		reason string
+		says   string
+	}{
+		{"no standby", engine.Replication{SynchronousCommit: "on"}, true, ReasonNoStandby,
+			"PostgreSQL streams its WAL to no standby"},
+		{"no standby, local commits", engine.Replication{SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, true, ReasonNoStandby,
+			"no standby"},
+		{"one asynchronous standby", engine.Replication{Standbys: []string{"pg-b"}, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			"PostgreSQL streams to 1 standby (pg-b) asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote it"},
+		{"many asynchronous standbys", engine.Replication{Standbys: many, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			"streams to 7 standbys (a, b, c, d, e and 2 more) asynchronously"},
+		{"synchronous", engine.Replication{Standbys: []string{"pg-b", "pg-c"}, SynchronousStandbyNames: `ANY 1 ("pg-b", "pg-c")`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
+			`PostgreSQL streams to 2 standbys (pg-b, pg-c), and a commit waits for synchronous_standby_names ANY 1 ("pg-b", "pg-c") (synchronous_commit on)`},
+		{"synchronous, remote_write", engine.Replication{Standbys: []string{"pg-b"}, SynchronousStandbyNames: "*", SynchronousCommit: "remote_write"}, true, ReasonSynchronousStandby,
+			"(synchronous_commit remote_write)"},
+		{"local commits", engine.Replication{Standbys: []string{"pg-b"}, SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, false, ReasonLocalCommit,
+			"synchronous_commit is local: a commit returns without waiting for the synchronous standbys (synchronous_standby_names pg-b) of the 1 standby (pg-b) PostgreSQL streams to"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v := judgeReplication(c.rep)
+			if v.safe != c.safe || v.reason != c.reason || !strings.Contains(v.message, c.says) {
+				t.Fatalf("%+v: got safe %v, %s: %q; want safe %v, %s, saying %q", c.rep, v.safe, v.reason, v.message, c.safe, c.reason, c.says)
+			}
+		})
+	}
+}

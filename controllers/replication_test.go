@@ -1,0 +1,81 @@
+package controllers_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
+	"github.com/flashsale-dev/flashsale-operator/controllers"
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/jackc/pgx/v5"
+)
+
+// A ledger that streams to a standby without waiting for it is reported:
+// LedgerFailoverSafe turns False naming the standby, with a Warning, then
+// True once commits wait for it, and False again when they are made local.
+// The sale stays Ready throughout.
+func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
+	t.Parallel()
+	pg := testharness.PostgresT(t) // its own server: its standbys and settings are the server's
+	e := newEnv(t, sharedRedis.Addr(), pg)
+	e.startController()
+	e.openSale("repl", 10)
+	markReady(t, e.ns, "repl-reserve")
+	markReady(t, e.ns, "repl-sweeper")
+	e.waitFor("repl", settle, "Ready", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonReady))
+	e.waitFor("repl", settle, "LedgerFailoverSafe True, no standby", reasonIs(flashsalev1alpha1.ConditionLedgerFailoverSafe, controllers.ReasonNoStandby))
+
+	says := func(status metav1.ConditionStatus, reason, text string) func(*flashsalev1alpha1.FlashSale) bool {
+		return func(fs *flashsalev1alpha1.FlashSale) bool {
+			c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerFailoverSafe)
+			return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, text)
+		}
+	}
+	standby, err := pg.StartStandby("pg-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = standby.Close() })
+	fs := e.waitFor("repl", settle, "LedgerFailoverSafe False, the standby asynchronous",
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams to 1 standby (pg-b) asynchronously"))
+	if !conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue) {
+		t.Fatalf("Ready is not True beside an asynchronous standby: %+v", meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady))
+	}
+	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonAsynchronousStandby, "1 standby (pg-b)") {
+		t.Fatal("no AsynchronousStandby event")
+	}
+
+	// Commits wait for the standby from here on: it must outlive every
+	// session that commits, so the settings are put back before it stops.
+	admin, err := pgx.Connect(context.Background(), pg.AdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	set := func(stmts ...string) {
+		t.Helper()
+		for _, stmt := range append(stmts, `SELECT pg_reload_conf()`) {
+			if _, err := admin.Exec(context.Background(), stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+	}
+	defer set(`ALTER SYSTEM RESET synchronous_standby_names`, `ALTER SYSTEM RESET synchronous_commit`)
+	set(`ALTER SYSTEM SET synchronous_standby_names = '"pg-b"'`)
+	e.waitFor("repl", settle, "LedgerFailoverSafe True, the standby synchronous",
+		says(metav1.ConditionTrue, controllers.ReasonSynchronousStandby, `a commit waits for synchronous_standby_names "pg-b"`))
+	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonFailoverSafe, "LedgerFailoverSafe again") {
+		t.Fatal("no FailoverSafe event")
+	}
+
+	set(`ALTER SYSTEM SET synchronous_commit = 'local'`)
+	e.waitFor("repl", settle, "LedgerFailoverSafe False, commits local",
+		says(metav1.ConditionFalse, controllers.ReasonLocalCommit, "synchronous_commit is local"))
+	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonLocalCommit, "synchronous_commit is local") {
+		t.Fatal("no LocalCommit event")
+	}
+}

@@ -1,0 +1,159 @@
+package testharness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// StartStandby makes a streaming standby of pg, as an operator's HA setup
+// would: a base backup taken over a replication connection (pg_basebackup
+// -R writes primary_conninfo), started on a free port. name becomes its
+// cluster_name, which it gives pg as its application_name. It returns once
+// pg lists it among its walsenders; Close stops it and removes its files.
+func (pg *Postgres) StartStandby(name string) (*Postgres, error) {
+	dir, err := tempDir("pgstandby")
+	if err != nil {
+		return nil, err
+	}
+	sb := &Postgres{binDir: pg.binDir, dir: dir, dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log"),
+		cred: pg.cred, extra: append(slices.Clone(pg.extra), "cluster_name="+name)}
+	if err := sb.baseBackup(pg); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	for range startAttempts {
+		_ = os.Remove(sb.logPath)
+		if sb.port, err = pickPort(); err != nil {
+			break
+		}
+		if err = sb.start(); err == nil || !portInUse(sb.logPath) {
+			break
+		}
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	register(sb)
+	if err := waitForWalsender(pg, sb.p, name, "streaming"); err != nil {
+		return nil, errors.Join(err, sb.Close())
+	}
+	return sb, nil
+}
+
+func (sb *Postgres) baseBackup(primary *Postgres) error {
+	if sb.cred != nil {
+		if err := os.Chown(sb.dir, int(sb.cred.Uid), int(sb.cred.Gid)); err != nil {
+			return err
+		}
+	}
+	logPath := filepath.Join(sb.dir, "pg_basebackup.log")
+	p, err := startProc(logPath, sb.dir, sb.cred, []string{"LC_ALL=C"}, filepath.Join(sb.binDir, "pg_basebackup"),
+		"-D", sb.dataDir, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
+		"-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", pgSuperuser)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.done:
+	case <-time.After(readyTimeout):
+		return errors.Join(fmt.Errorf("pg_basebackup of port %d not done after %v\n%s", primary.port, readyTimeout, logTail(logPath)), p.kill())
+	}
+	if p.waitErr != nil {
+		return fmt.Errorf("pg_basebackup: %v\n%s", p.waitErr, logTail(logPath))
+	}
+	return nil
+}
+
+// waitForWalsender waits until pg has a walsender of a client named name in
+// state (while p, that client's process, runs).
+func waitForWalsender(pg *Postgres, p *proc, name, state string) error {
+	return waitReady(p, fmt.Sprintf("replication client %s of port %d", name, pg.port), func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, pg.AdminDSN())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = $2", name, state).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("port %d has no walsender of %s in state %s yet", pg.port, name, state)
+		}
+		return nil
+	})
+}
+
+// receivers numbers the slots of ReceiveLogical.
+var receivers atomic.Int64
+
+// ReplicationClient is a client process of pg's replication protocol that
+// is no standby: a logical receiver, or a base backup.
+type ReplicationClient struct {
+	mu  sync.Mutex
+	p   *proc
+	dir string
+}
+
+// ReceiveLogical starts pg_recvlogical on db (pg needs wal_level=logical)
+// with a new test_decoding slot, writing the changes nowhere, as a
+// change-data-capture consumer streams them. It returns once pg lists its
+// walsender.
+func (pg *Postgres) ReceiveLogical(db string) (*ReplicationClient, error) {
+	slot := fmt.Sprintf("flashsale_test_%d_%d", os.Getpid(), receivers.Add(1))
+	return pg.replicationClient("pg_recvlogical", "streaming",
+		"-d", db, "--slot", slot, "--create-slot", "--start", "--plugin", "test_decoding", "--file", "/dev/null")
+}
+
+// SlowBaseBackup starts a base backup of pg that sends its tar to nowhere at
+// 32 kB/s, so that it runs until closed. It returns once pg lists its
+// walsender.
+func (pg *Postgres) SlowBaseBackup() (*ReplicationClient, error) {
+	return pg.replicationClient("pg_basebackup", "backup",
+		"-D", "-", "-F", "tar", "-X", "none", "--checkpoint=fast", "--max-rate=32k")
+}
+
+func (pg *Postgres) replicationClient(name, state string, args ...string) (*ReplicationClient, error) {
+	dir, err := tempDir(name)
+	if err != nil {
+		return nil, err
+	}
+	args = append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(pg.port), "-U", pgSuperuser}, args...)
+	p, err := startProc(filepath.Join(dir, name+".log"), dir, nil, []string{"LC_ALL=C"}, filepath.Join(pg.binDir, name), args...)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c := &ReplicationClient{p: p, dir: dir}
+	register(c)
+	if err := waitForWalsender(pg, p, name, state); err != nil {
+		return nil, errors.Join(err, c.Close())
+	}
+	return c, nil
+}
+
+// Close stops the client and removes its files. It is idempotent.
+func (c *ReplicationClient) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.p == nil {
+		return nil
+	}
+	unregister(c)
+	err := c.p.kill()
+	c.p = nil
+	return errors.Join(err, os.RemoveAll(c.dir))
+}
