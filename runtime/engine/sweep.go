@@ -69,12 +69,20 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 		wg    sync.WaitGroup
 		sem   = make(chan struct{}, sweepParallel)
 	)
+	clocks, unread := e.store.ShardClocks(ctx)
 	for shard := 0; shard < e.cfg.Shards; shard++ {
+		if err := unread[shard]; err != nil {
+			// Its server did not answer: it holds back its own shards only.
+			mu.Lock()
+			first = cmp.Or(first, fmt.Errorf("sweep shard %d: redis time: %w", shard, err))
+			mu.Unlock()
+			continue
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			st, err := e.sweepOne(ctx, shard)
+			st, err := e.sweepOne(ctx, shard, clocks[shard])
 			mu.Lock()
 			defer mu.Unlock()
 			total.add(st)
@@ -87,15 +95,13 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 	return total, first
 }
 
-// sweepOne is Sweep's pass over one shard, by the clock of the shard's own
-// server: the one its expiries, paying marks and claims were written by (on
-// a Redis Cluster each master has its own), and a server that does not
-// answer holds back its own shards only.
-func (e *Engine) sweepOne(ctx context.Context, shard int) (SweepStats, error) {
-	now, err := e.store.ShardNow(ctx, shard)
-	if err != nil {
-		return SweepStats{}, fmt.Errorf("redis time: %w", err)
-	}
+// sweepOne is Sweep's pass over one shard, by now, the clock of the shard's
+// own server read at the pass's start: the one its expiries, paying marks
+// and claims were written by (on a Redis Cluster each master has its own).
+// A reading older than the shard's turn only holds back what expired
+// meanwhile until the next pass: every decision here is about what is older
+// than a cutoff.
+func (e *Engine) sweepOne(ctx context.Context, shard int, now time.Time) (SweepStats, error) {
 	st, err := e.sweepShard(ctx, shard, now.Add(-e.cfg.Grace).UnixMilli())
 	if err == nil {
 		var paid int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,24 +27,44 @@ func Unverified(states []ShardState) []int {
 }
 
 // Now is the Redis server's clock, the one expiries are measured with. On a
-// Redis Cluster it is any master's: ShardNow is the clock of a shard's own.
+// Redis Cluster it is any master's: ShardClocks are the clocks of the shards' own.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return s.rdb.Time(ctx).Result()
 }
 
-// ShardNow is the clock of shard's server, the one that wrote its
-// reservations' expiries, its paying marks and its claims' times.
-func (s *Store) ShardNow(ctx context.Context, shard int) (time.Time, error) {
-	node, err := s.node(ctx, s.shards[shard].Meta())
-	if err != nil {
-		return time.Time{}, err
+// ShardClocks reads the clock of each shard's server, the one that wrote
+// its reservations' expiries, its paying marks and its claims' times: once
+// per server, the servers at once, so that one that does not answer costs
+// its read timeout once, not once for each shard it holds. errs[i], naming
+// the server, says why shard i's was not read.
+func (s *Store) ShardClocks(ctx context.Context) (times []time.Time, errs []error) {
+	times, errs = make([]time.Time, len(s.shards)), make([]error, len(s.shards))
+	servers := map[string][]int{}
+	nodes := map[string]*redis.Client{}
+	for i, sh := range s.shards {
+		node, err := s.node(ctx, sh.Meta())
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		addr := node.Options().Addr
+		servers[addr], nodes[addr] = append(servers[addr], i), node
 	}
-	now, err := node.Time(ctx).Result()
-	if err != nil {
-		s.redirected(ctx, err)
-		return time.Time{}, fmt.Errorf("time of %s: %w", node.Options().Addr, err)
+	var wg sync.WaitGroup
+	for addr, held := range servers {
+		wg.Go(func() {
+			now, err := nodes[addr].Time(ctx).Result()
+			if err != nil {
+				s.redirected(ctx, err)
+				err = fmt.Errorf("time of %s: %w", addr, err)
+			}
+			for _, i := range held {
+				times[i], errs[i] = now, err
+			}
+		})
 	}
-	return now, nil
+	wg.Wait()
+	return times, errs
 }
 
 // ShardState is what a shard holds right now.
