@@ -108,7 +108,7 @@ func TestSecretDeletedDuringTheSaleStillPauses(t *testing.T) {
 	fs = e.waitFor("rotated", settle, "Admitting Unknown", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionUnknown)
 	})
-	for _, c := range []string{flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy} {
+	for _, c := range []string{flashsalev1alpha1.ConditionRedisHealthy, flashsalev1alpha1.ConditionLedgerHealthy, flashsalev1alpha1.ConditionLedgerFailoverSafe} {
 		if !conditionIs(fs, c, metav1.ConditionUnknown) {
 			t.Errorf("%s after a restart without the Secret: %+v", c, meta.FindStatusCondition(fs.Status.Conditions, c))
 		}
