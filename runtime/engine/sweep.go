@@ -69,38 +69,40 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 		wg    sync.WaitGroup
 		sem   = make(chan struct{}, sweepParallel)
 	)
-	clocks, unread := e.store.ShardClocks(ctx)
-	for shard := 0; shard < e.cfg.Shards; shard++ {
-		if err := unread[shard]; err != nil {
-			// Its server did not answer: it holds back its own shards only.
+	// Each server's shards start as soon as it has told its clock: one
+	// that does not answer holds back its own shards only.
+	e.store.EachShardClock(ctx, func(shards []int, now time.Time, err error) {
+		if err != nil {
 			mu.Lock()
-			first = cmp.Or(first, fmt.Errorf("sweep shard %d: redis time: %w", shard, err))
+			first = cmp.Or(first, fmt.Errorf("sweep shards %v: redis time: %w", shards, err))
 			mu.Unlock()
-			continue
+			return
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			st, err := e.sweepOne(ctx, shard, clocks[shard])
-			mu.Lock()
-			defer mu.Unlock()
-			total.add(st)
-			if err != nil && first == nil {
-				first = fmt.Errorf("sweep shard %d: %w", shard, err)
-			}
-		}()
-	}
+		for _, shard := range shards {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				st, err := e.sweepOne(ctx, shard, now)
+				mu.Lock()
+				defer mu.Unlock()
+				total.add(st)
+				if err != nil && first == nil {
+					first = fmt.Errorf("sweep shard %d: %w", shard, err)
+				}
+			}()
+		}
+	})
 	wg.Wait()
 	return total, first
 }
 
 // sweepOne is Sweep's pass over one shard, by now, the clock of the shard's
-// own server read at the pass's start: the one its expiries, paying marks
-// and claims were written by (on a Redis Cluster each master has its own).
-// A reading older than the shard's turn only holds back what expired
-// meanwhile until the next pass: every decision here is about what is older
-// than a cutoff.
+// own server read when the pass began with that server: the one its
+// expiries, paying marks and claims were written by (on a Redis Cluster
+// each master has its own). A reading older than the shard's turn (it
+// waited for a sweep slot) only holds back what expired meanwhile until the
+// next pass: every decision here is about what is older than a cutoff.
 func (e *Engine) sweepOne(ctx context.Context, shard int, now time.Time) (SweepStats, error) {
 	st, err := e.sweepShard(ctx, shard, now.Add(-e.cfg.Grace).UnixMilli())
 	if err == nil {

@@ -61,11 +61,7 @@ func TestSweepReadsEachShardsOwnClock(t *testing.T) {
 		f.reserve(fmt.Sprintf("buyer-%d", i), "r2", 1)
 	}
 	time.Sleep(1200 * time.Millisecond)
-	var stalled string
-	for addr := range onMaster {
-		stalled = addr
-		break
-	}
+	stalled := mostShards(onMaster)
 	want := reservedOnShards(t, f, onMaster, stalled)
 	pauseClient := redis.NewClient(&redis.Options{Addr: stalled})
 	defer pauseClient.Close()
@@ -88,6 +84,74 @@ func TestSweepReadsEachShardsOwnClock(t *testing.T) {
 	if c := f.assertConserved(); c.Reserved != 0 {
 		t.Fatalf("after the stall: %+v", c)
 	}
+
+	// The other masters' shards do not wait for the stalled one's clock:
+	// with a client that waits 30 s for an answer and a master paused for
+	// 8 s (a pause cannot be lifted early), their expired orders are
+	// cancelled within 4 s.
+	patient := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), PoolSize: 64,
+		ReadTimeout: 30 * time.Second, WriteTimeout: time.Second, MaxRetries: -1})
+	t.Cleanup(func() { _ = patient.Close() })
+	e2 := openEngine(t, f.cfg, patient, f.l)
+	if _, err := e2.Sweep(ctx); err != nil { // its slot map loaded before the stall
+		t.Fatal(err)
+	}
+	for i := range 120 {
+		f.reserve(fmt.Sprintf("buyer-%d", i), "r3", 1)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	var others []int
+	for addr, held := range onMaster {
+		if addr != stalled {
+			others = append(others, held...)
+		}
+	}
+	if pendingOn(t, f, others) == 0 {
+		t.Fatalf("no order pending on the shards %v of the masters that do not stall", others)
+	}
+	if err := pauseClient.Do(ctx, "CLIENT", "PAUSE", "8000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	passDone := make(chan error, 1)
+	go func() { _, err := e2.Sweep(ctx); passDone <- err }()
+	deadline := time.Now().Add(4 * time.Second)
+	for n := pendingOn(t, f, others); n != 0; n = pendingOn(t, f, others) {
+		if time.Now().After(deadline) {
+			<-passDone
+			t.Fatalf("with master %s (shards %v) paused, %d orders of the other masters' shards %v were not swept in 4 s: they waited for its clock",
+				stalled, onMaster[stalled], n, others)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := <-passDone; err != nil {
+		t.Fatalf("the pass with the patient client, once the master answered: %v", err)
+	}
+	f.sweepUntilQuiet()
+	if c := f.assertConserved(); c.Reserved != 0 {
+		t.Fatalf("after the second stall: %+v", c)
+	}
+}
+
+// mostShards is the master holding the most shards.
+func mostShards(masters map[string][]int) string {
+	var most string
+	for addr, held := range masters {
+		if most == "" || len(held) > len(masters[most]) || len(held) == len(masters[most]) && addr < most {
+			most = addr
+		}
+	}
+	return most
+}
+
+// pendingOn is the orders of f's sale still PENDING in the ledger on shards.
+func pendingOn(t *testing.T, f *fixture, shards []int) int {
+	t.Helper()
+	var n int
+	if err := f.l.Pool().QueryRow(context.Background(), `SELECT count(*) FROM flashsale_orders
+WHERE campaign_id = $1 AND status = 'PENDING' AND shard = ANY ($2)`, f.cfg.CampaignID, shards).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // spreadCampaign finds a campaign id whose shards lie on at least two of the

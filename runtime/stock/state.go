@@ -27,25 +27,29 @@ func Unverified(states []ShardState) []int {
 }
 
 // Now is the Redis server's clock, the one expiries are measured with. On a
-// Redis Cluster it is any master's: ShardClocks are the clocks of the shards' own.
+// Redis Cluster it is any master's: EachShardClock reads the shards' own.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return s.rdb.Time(ctx).Result()
 }
 
-// ShardClocks reads the clock of each shard's server, the one that wrote
+// EachShardClock reads the clock of each shard's server, the one that wrote
 // its reservations' expiries, its paying marks and its claims' times: once
-// per server, the servers at once, so that one that does not answer costs
-// its read timeout once, not once for each shard it holds. errs[i], naming
-// the server, says why shard i's was not read.
-func (s *Store) ShardClocks(ctx context.Context) (times []time.Time, errs []error) {
-	times, errs = make([]time.Time, len(s.shards)), make([]error, len(s.shards))
+// per server, the servers at once. fn gets each server's shards with its
+// clock as soon as that server answers, or with the error (naming the
+// server) when it does not, so that a stalled server holds back its own
+// shards only, and costs its read timeout once, not once for each shard it
+// holds. fn runs on one goroutine per server; EachShardClock returns once
+// every call of fn has.
+func (s *Store) EachShardClock(ctx context.Context, fn func(shards []int, now time.Time, err error)) {
 	servers := map[string][]int{}
 	nodes := map[string]*redis.Client{}
 	for i, sh := range s.shards {
 		node, err := s.node(ctx, sh.Meta())
 		if err != nil {
-			errs[i] = err
-			continue
+			// The cluster's slot map is not there: no other shard's lookup
+			// would do better, and each would try to load it again.
+			fn(seq(i, len(s.shards)), time.Time{}, err)
+			break
 		}
 		addr := node.Options().Addr
 		servers[addr], nodes[addr] = append(servers[addr], i), node
@@ -58,13 +62,19 @@ func (s *Store) ShardClocks(ctx context.Context) (times []time.Time, errs []erro
 				s.redirected(ctx, err)
 				err = fmt.Errorf("time of %s: %w", addr, err)
 			}
-			for _, i := range held {
-				times[i], errs[i] = now, err
-			}
+			fn(held, now, err)
 		})
 	}
 	wg.Wait()
-	return times, errs
+}
+
+// seq is from, from+1, ..., to-1.
+func seq(from, to int) []int {
+	out := make([]int, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
 }
 
 // ShardState is what a shard holds right now.
