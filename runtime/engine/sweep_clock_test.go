@@ -117,9 +117,9 @@ func TestSweepReadsEachShardsOwnClock(t *testing.T) {
 	deadline := time.Now().Add(4 * time.Second)
 	for n := pendingOn(t, f, others); n != 0; n = pendingOn(t, f, others) {
 		if time.Now().After(deadline) {
-			<-passDone
-			t.Fatalf("with master %s (shards %v) paused, %d orders of the other masters' shards %v were not swept in 4 s: they waited for its clock",
-				stalled, onMaster[stalled], n, others)
+			passErr := <-passDone
+			t.Fatalf("%v; the pass: %v", fmt.Sprintf("with master %s (shards %v) paused, %d orders of the other masters' shards %v were not swept in 4 s: they waited for its clock",
+				stalled, onMaster[stalled], n, others), passErr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
