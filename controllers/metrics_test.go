@@ -73,6 +73,7 @@ func TestSaleMetrics(t *testing.T) {
 		"flashsale_sale_condition{condition=Seeded,reason=Seeded} 1",
 		"flashsale_sale_condition{condition=Admitting,reason=Open} 1",
 		"flashsale_sale_condition{condition=ClocksInStep,reason=InStep} 1",
+		"flashsale_sale_condition{condition=LedgerFailoverSafe,reason=NoStandby} 1",
 		"flashsale_sale_epoch{} 1",
 		fmt.Sprintf("flashsale_sale_counts_observed_timestamp_seconds{} %d", e.get("metered").Status.CountsObservedAt.Unix()),
 	} {

@@ -35,21 +35,36 @@ func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
 // commit waits for a synchronous standby (synchronous_standby_names, and
 // synchronous_commit on, remote_write or remote_apply). Which standby a
 // failover promotes is the HA manager's (CloudNativePG and Patroni promote
-// a synchronous one); a standby outside synchronous_standby_names is not
-// judged here.
+// a synchronous one). A role that may read the standbys' sync_state
+// (pg_monitor) also has them checked: none synchronous now, a commit waits
+// for something else (a WAL archiver named in the setting).
 func judgeReplication(r engine.Replication) *replicationVerdict {
+	var synchronous, seen int
+	for _, sb := range r.Standbys {
+		if sb.SyncState != "" {
+			seen++
+		}
+		if sb.SyncState == "sync" || sb.SyncState == "quorum" {
+			synchronous++
+		}
+	}
+	const loses = "a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice)"
 	switch {
 	case len(r.Standbys) == 0:
 		return &replicationVerdict{safe: true, reason: ReasonNoStandby,
 			message: "PostgreSQL streams its WAL to no standby: nothing a failover could promote has fewer commits than it"}
 	case r.SynchronousStandbyNames == "":
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"PostgreSQL streams to %s asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote %s",
-			standbys(r.Standbys), them(r.Standbys))}
+			"PostgreSQL streams to %s asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so %s; make the replication synchronous, or never promote %s",
+			standbys(r.Standbys), loses, them(r.Standbys))}
 	case r.SynchronousCommit == "local" || r.SynchronousCommit == "off":
 		return &replicationVerdict{reason: ReasonLocalCommit, message: fmt.Sprintf(
-			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of the %s PostgreSQL streams to, so a failover loses the last reservations and payments the sale answered for; set it to on for the ledger's role or database",
-			r.SynchronousCommit, r.SynchronousStandbyNames, standbys(r.Standbys))}
+			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of the %s PostgreSQL streams to, so %s; set it to on for the ledger's role and database",
+			r.SynchronousCommit, r.SynchronousStandbyNames, standbys(r.Standbys), loses)}
+	case seen > 0 && synchronous == 0:
+		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
+			"none of the %s PostgreSQL streams to is synchronous now (synchronous_standby_names %s): a commit waits for none of them, so %s; name them in synchronous_standby_names",
+			standbys(r.Standbys), r.SynchronousStandbyNames, loses)}
 	}
 	return &replicationVerdict{safe: true, reason: ReasonSynchronousStandby, message: fmt.Sprintf(
 		"PostgreSQL streams to %s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
@@ -59,22 +74,26 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 // standbysNamed is how many standbys a message names: a cluster has a few.
 const standbysNamed = 5
 
-// standbys is "1 standby (pg-b)", or "7 standbys (a, b, c, d, e and 2 more)".
-func standbys(names []string) string {
+// standbys is "1 standby (pg-b)", "2 standbys (pg-b sync, pg-c potential)"
+// when their sync_state is known, or "7 standbys (a, b, c, d, e and 2 more)".
+func standbys(list []engine.Standby) string {
 	noun := "standbys"
-	if len(names) == 1 {
+	if len(list) == 1 {
 		noun = "standby"
 	}
-	shown := names[:min(len(names), standbysNamed)]
-	list := strings.Join(shown, ", ")
-	if more := len(names) - len(shown); more > 0 {
-		list += fmt.Sprintf(" and %d more", more)
+	shown := make([]string, 0, standbysNamed)
+	for _, sb := range list[:min(len(list), standbysNamed)] {
+		shown = append(shown, strings.TrimSpace(sb.Name+" "+sb.SyncState))
 	}
-	return fmt.Sprintf("%d %s (%s)", len(names), noun, list)
+	names := strings.Join(shown, ", ")
+	if more := len(list) - len(shown); more > 0 {
+		names += fmt.Sprintf(" and %d more", more)
+	}
+	return fmt.Sprintf("%d %s (%s)", len(list), noun, names)
 }
 
-func them(names []string) string {
-	if len(names) == 1 {
+func them(list []engine.Standby) string {
+	if len(list) == 1 {
 		return "it"
 	}
 	return "them"

@@ -8,10 +8,18 @@ import (
 )
 
 // judgeReplication: safe with no standby, or with commits waiting for the
-// named synchronous standbys; not safe when standbys stream asynchronously
-// or commits are local, and the message names the standbys.
+// named synchronous standbys; not safe when standbys stream asynchronously,
+// when commits are local, or when the standbys' sync_state shows none of
+// them synchronous; the message names the standbys.
 func TestJudgeReplication(t *testing.T) {
-	many := []string{"a", "b", "c", "d", "e", "f", "g"}
+	named := func(names ...string) []engine.Standby {
+		var out []engine.Standby
+		for _, n := range names {
+			name, sync, _ := strings.Cut(n, " ")
+			out = append(out, engine.Standby{Name: name, SyncState: sync})
+		}
+		return out
+	}
 	for _, c := range []struct {
 		name   string
 		rep    engine.Replication
@@ -23,15 +31,21 @@ func TestJudgeReplication(t *testing.T) {
 			"PostgreSQL streams its WAL to no standby"},
 		{"no standby, local commits", engine.Replication{SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, true, ReasonNoStandby,
 			"no standby"},
-		{"one asynchronous standby", engine.Replication{Standbys: []string{"pg-b"}, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+		{"one asynchronous standby", engine.Replication{Standbys: named("pg-b"), SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
 			"PostgreSQL streams to 1 standby (pg-b) asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote it"},
-		{"many asynchronous standbys", engine.Replication{Standbys: many, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+		{"many asynchronous standbys", engine.Replication{Standbys: named("a", "b", "c", "d", "e", "f", "g"), SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
 			"streams to 7 standbys (a, b, c, d, e and 2 more) asynchronously"},
-		{"synchronous", engine.Replication{Standbys: []string{"pg-b", "pg-c"}, SynchronousStandbyNames: `ANY 1 ("pg-b", "pg-c")`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
+		{"synchronous, sync_state unseen", engine.Replication{Standbys: named("pg-b", "pg-c"), SynchronousStandbyNames: `ANY 1 ("pg-b", "pg-c")`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
 			`PostgreSQL streams to 2 standbys (pg-b, pg-c), and a commit waits for synchronous_standby_names ANY 1 ("pg-b", "pg-c") (synchronous_commit on)`},
-		{"synchronous, remote_write", engine.Replication{Standbys: []string{"pg-b"}, SynchronousStandbyNames: "*", SynchronousCommit: "remote_write"}, true, ReasonSynchronousStandby,
+		{"synchronous, sync_state seen", engine.Replication{Standbys: named("pg-b sync", "pg-c potential"), SynchronousStandbyNames: `FIRST 1 ("pg-b", "pg-c")`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
+			`PostgreSQL streams to 2 standbys (pg-b sync, pg-c potential), and a commit waits`},
+		{"quorum", engine.Replication{Standbys: named("pg-b quorum", "pg-c quorum"), SynchronousStandbyNames: `ANY 1 (*)`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
+			"(pg-b quorum, pg-c quorum)"},
+		{"synchronous, remote_write", engine.Replication{Standbys: named("pg-b"), SynchronousStandbyNames: "*", SynchronousCommit: "remote_write"}, true, ReasonSynchronousStandby,
 			"(synchronous_commit remote_write)"},
-		{"local commits", engine.Replication{Standbys: []string{"pg-b"}, SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, false, ReasonLocalCommit,
+		{"the setting names another client", engine.Replication{Standbys: named("pg-b potential"), SynchronousStandbyNames: `FIRST 1 (archiver, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			`none of the 1 standby (pg-b potential) PostgreSQL streams to is synchronous now (synchronous_standby_names FIRST 1 (archiver, "pg-b"))`},
+		{"local commits", engine.Replication{Standbys: named("pg-b"), SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, false, ReasonLocalCommit,
 			"synchronous_commit is local: a commit returns without waiting for the synchronous standbys (synchronous_standby_names pg-b) of the 1 standby (pg-b) PostgreSQL streams to"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -17,7 +17,8 @@ import (
 // A ledger that streams to a standby without waiting for it is reported:
 // LedgerFailoverSafe turns False naming the standby, with a Warning, then
 // True once commits wait for it, and False again when they are made local.
-// The sale stays Ready throughout.
+// The sale stays Ready throughout. (The operator's role here is a
+// superuser, so the messages carry the standby's sync_state.)
 func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 	t.Parallel()
 	pg := testharness.PostgresT(t) // its own server: its standbys and settings are the server's
@@ -41,11 +42,11 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = standby.Close() })
 	fs := e.waitFor("repl", settle, "LedgerFailoverSafe False, the standby asynchronous",
-		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams to 1 standby (pg-b) asynchronously"))
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams to 1 standby (pg-b async) asynchronously"))
 	if !conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue) {
 		t.Fatalf("Ready is not True beside an asynchronous standby: %+v", meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady))
 	}
-	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonAsynchronousStandby, "1 standby (pg-b)") {
+	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonAsynchronousStandby, "1 standby (pg-b async)") {
 		t.Fatal("no AsynchronousStandby event")
 	}
 
@@ -67,7 +68,7 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 	defer set(`ALTER SYSTEM RESET synchronous_standby_names`, `ALTER SYSTEM RESET synchronous_commit`)
 	set(`ALTER SYSTEM SET synchronous_standby_names = '"pg-b"'`)
 	e.waitFor("repl", settle, "LedgerFailoverSafe True, the standby synchronous",
-		says(metav1.ConditionTrue, controllers.ReasonSynchronousStandby, `a commit waits for synchronous_standby_names "pg-b"`))
+		says(metav1.ConditionTrue, controllers.ReasonSynchronousStandby, `PostgreSQL streams to 1 standby (pg-b sync), and a commit waits for synchronous_standby_names "pg-b"`))
 	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonFailoverSafe, "LedgerFailoverSafe again") {
 		t.Fatal("no FailoverSafe event")
 	}

@@ -39,6 +39,7 @@ func healthy() facts {
 		completed:   true,
 		reservePods: ptr.To[int32](3),
 		clocks:      &clockVerdict{inStep: true, message: "PostgreSQL's clock and the Redis servers' agree within 1s"},
+		replication: &replicationVerdict{safe: true, reason: ReasonNoStandby, message: "PostgreSQL streams its WAL to no standby"},
 	}
 }
 
@@ -64,7 +65,8 @@ func readStatus() flashsalev1alpha1.FlashSaleStatus {
 			c(flashsalev1alpha1.ConditionLedgerHealthy, ReasonReachable), c(flashsalev1alpha1.ConditionRedisHealthy, ReasonReachable),
 			c(flashsalev1alpha1.ConditionSeeded, ReasonSeeded), c(ConditionAllocationApplied, ReasonApplied),
 			c(flashsalev1alpha1.ConditionAdmitting, ReasonOpen), c(flashsalev1alpha1.ConditionReady, ReasonReady),
-			c(flashsalev1alpha1.ConditionClocksInStep, ReasonInStep),
+			c(flashsalev1alpha1.ConditionLedgerFailoverSafe, ReasonNoStandby),
+			c(flashsalev1alpha1.ConditionClocksInStep, ReasonInStep), // last: a case below changes it
 		},
 		ReservationReplicas: 2,
 	}
@@ -146,11 +148,21 @@ func TestComputeStatus(t *testing.T) {
 				st.Conditions[len(st.Conditions)-1].Status = metav1.ConditionFalse
 			},
 			phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"ClocksInStep": "False/InStep"}},
+		{name: "an asynchronous standby: reported beside a Ready sale", facts: with(healthy(), func(f *facts) {
+			f.replication = &replicationVerdict{reason: ReasonAsynchronousStandby, message: "PostgreSQL streams to 1 standby (pg-b) asynchronously"}
+		}), phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"Ready": "True/Ready", "LedgerFailoverSafe": "False/AsynchronousStandby"}},
+		{name: "replication not read: LedgerFailoverSafe keeps what it said", facts: with(healthy(), func(f *facts) { f.replication = nil }),
+			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
+				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: flashsalev1alpha1.ConditionLedgerFailoverSafe,
+					Status: metav1.ConditionFalse, Reason: ReasonAsynchronousStandby, Message: "PostgreSQL streams to 1 standby (pg-b) asynchronously"})
+			},
+			phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"LedgerFailoverSafe": "False/AsynchronousStandby"}},
 		{name: "a Secret missing, no connections", facts: stopped(func(f *facts) {
 			f.refErr = &referenceError{reason: ReasonSecretNotFound, message: `Secret "shop-redis" not found`}
 		}), phase: flashsalev1alpha1.PhaseOpen,
 			conds: want{"Ready": "False/SecretNotFound", "Admitting": "Unknown/SecretNotFound", "RedisHealthy": "Unknown/SecretNotFound",
-				"LedgerHealthy": "Unknown/SecretNotFound", "ClocksInStep": "Unknown/SecretNotFound", "Seeded": "True/Seeded"}},
+				"LedgerHealthy": "Unknown/SecretNotFound", "ClocksInStep": "Unknown/SecretNotFound", "LedgerFailoverSafe": "Unknown/SecretNotFound",
+				"Seeded": "True/Seeded"}},
 		{name: "a Secret missing on a new sale adds no condition it did not check",
 			read: func(st *flashsalev1alpha1.FlashSaleStatus) { *st = flashsalev1alpha1.FlashSaleStatus{} },
 			facts: stopped(func(f *facts) {

@@ -100,11 +100,12 @@ const (
 	// its WAL to no standby (NoStandby), or a commit waits for the standbys
 	// synchronous_standby_names names (SynchronousStandby). False
 	// (AsynchronousStandby) names the standbys when that setting is empty,
-	// or (LocalCommit) says synchronous_commit is local: a failover then
-	// loses the last reservations and payments, and a rebuild sells their
-	// units again. Logical walsenders and base backups are no standbys. The
-	// operator reads it with every status refresh; Ready keeps its own
-	// meaning.
+	// or when the ledger's role may read their sync_state (pg_monitor) and
+	// none is synchronous; False (LocalCommit) says synchronous_commit is
+	// local. A failover then loses the last reservations and payments, and
+	// a rebuild sells their units again. Logical walsenders and the WAL
+	// clients of backup tools are no standbys. The operator reads it with
+	// every status refresh; Ready keeps its own meaning.
 	ConditionLedgerFailoverSafe = "LedgerFailoverSafe"
 )
 

@@ -101,11 +101,13 @@ func waitForWalsender(pg *Postgres, p *proc, name, state string) error {
 var receivers atomic.Int64
 
 // ReplicationClient is a client process of pg's replication protocol that
-// is no standby: a logical receiver, or a base backup.
+// is no standby: a logical receiver, a WAL receiver or a base backup.
 type ReplicationClient struct {
-	mu  sync.Mutex
-	p   *proc
-	dir string
+	mu   sync.Mutex
+	p    *proc
+	dir  string
+	pg   *Postgres
+	slot string // the logical slot it made, dropped by Close
 }
 
 // ReceiveLogical starts pg_recvlogical on db (pg needs wal_level=logical)
@@ -114,30 +116,52 @@ type ReplicationClient struct {
 // walsender.
 func (pg *Postgres) ReceiveLogical(db string) (*ReplicationClient, error) {
 	slot := fmt.Sprintf("flashsale_test_%d_%d", os.Getpid(), receivers.Add(1))
-	return pg.replicationClient("pg_recvlogical", "streaming",
-		"-d", db, "--slot", slot, "--create-slot", "--start", "--plugin", "test_decoding", "--file", "/dev/null")
+	c, err := pg.replicationClient("pg_recvlogical", "streaming", func(string) ([]string, error) {
+		return []string{"-d", db, "--slot", slot, "--create-slot", "--start", "--plugin", "test_decoding", "--file", "/dev/null"}, nil
+	})
+	if c != nil {
+		c.slot = slot
+	}
+	return c, err
 }
 
-// SlowBaseBackup starts a base backup of pg that sends its tar to nowhere at
-// 32 kB/s, so that it runs until closed. It returns once pg lists its
-// walsender.
+// ReceiveWAL starts pg_receivewal into a directory of its own, as a backup
+// tool archives the WAL. It returns once pg lists its walsender.
+func (pg *Postgres) ReceiveWAL() (*ReplicationClient, error) {
+	return pg.replicationClient("pg_receivewal", "streaming", func(dir string) ([]string, error) {
+		wal := filepath.Join(dir, "wal")
+		return []string{"-D", wal, "--no-sync"}, os.Mkdir(wal, 0o700)
+	})
+}
+
+// SlowBaseBackup starts a base backup of pg at 32 kB/s, its tar written to
+// its own log file, so that it runs until closed. It returns once pg lists
+// its walsender.
 func (pg *Postgres) SlowBaseBackup() (*ReplicationClient, error) {
-	return pg.replicationClient("pg_basebackup", "backup",
-		"-D", "-", "-F", "tar", "-X", "none", "--checkpoint=fast", "--max-rate=32k")
+	return pg.replicationClient("pg_basebackup", "backup", func(string) ([]string, error) {
+		return []string{"-D", "-", "-F", "tar", "-X", "none", "--checkpoint=fast", "--max-rate=32k"}, nil
+	})
 }
 
-func (pg *Postgres) replicationClient(name, state string, args ...string) (*ReplicationClient, error) {
+// replicationClient runs the client name with args(its own directory) and
+// waits for its walsender in state.
+func (pg *Postgres) replicationClient(name, state string, args func(dir string) ([]string, error)) (*ReplicationClient, error) {
 	dir, err := tempDir(name)
 	if err != nil {
 		return nil, err
 	}
-	args = append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(pg.port), "-U", pgSuperuser}, args...)
-	p, err := startProc(filepath.Join(dir, name+".log"), dir, nil, []string{"LC_ALL=C"}, filepath.Join(pg.binDir, name), args...)
+	rest, err := args(dir)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	c := &ReplicationClient{p: p, dir: dir}
+	argv := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(pg.port), "-U", pgSuperuser}, rest...)
+	p, err := startProc(filepath.Join(dir, name+".log"), dir, nil, []string{"LC_ALL=C"}, filepath.Join(pg.binDir, name), argv...)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c := &ReplicationClient{p: p, dir: dir, pg: pg}
 	register(c)
 	if err := waitForWalsender(pg, p, name, state); err != nil {
 		return nil, errors.Join(err, c.Close())
@@ -145,7 +169,8 @@ func (pg *Postgres) replicationClient(name, state string, args ...string) (*Repl
 	return c, nil
 }
 
-// Close stops the client and removes its files. It is idempotent.
+// Close stops the client, drops the slot it made (when its server still
+// runs) and removes its files. It is idempotent.
 func (c *ReplicationClient) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -155,5 +180,35 @@ func (c *ReplicationClient) Close() error {
 	unregister(c)
 	err := c.p.kill()
 	c.p = nil
+	if c.slot != "" {
+		err = errors.Join(err, c.dropSlot())
+	}
 	return errors.Join(err, os.RemoveAll(c.dir))
+}
+
+// dropSlot drops the client's slot once its walsender has let it go; a
+// server that is down has nothing to drop it from.
+func (c *ReplicationClient) dropSlot() error {
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.pg.AdminDSN())
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(context.Background())
+	for {
+		_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", c.slot)
+		if err != nil {
+			return fmt.Errorf("drop slot %s: %w", c.slot, err)
+		}
+		var left bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", c.slot).Scan(&left); err != nil || !left {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("slot %s still in use: %w", c.slot, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

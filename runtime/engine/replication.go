@@ -6,8 +6,12 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
-// Replication is how the ledger's commits reach its standbys.
-type Replication = ledger.Replication
+type (
+	// Replication is how the ledger's commits reach its standbys.
+	Replication = ledger.Replication
+	// Standby is one physical standby of the ledger's server.
+	Standby = ledger.Standby
+)
 
 // LedgerReplication reads how the ledger's commits reach the standbys its
 // server streams to: a failover to an asynchronous one loses the last

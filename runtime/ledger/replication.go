@@ -6,14 +6,15 @@ import (
 )
 
 // Replication is what the ledger's server says of the standbys it streams
-// its WAL to, as any role can read it: a role without pg_monitor sees a
-// walsender's process and its application_name, not its sync_state.
+// its WAL to, as the ledger's role can read it: any role sees a walsender's
+// process and its application_name; only one with pg_monitor (or
+// pg_read_all_stats) its sync_state.
 type Replication struct {
-	// Standbys are the application_names of the physical standbys streaming
-	// now (a standby's cluster_name, or "walreceiver"). Logical walsenders
-	// (change-data-capture, logical replication) are no failover target and
-	// are left out.
-	Standbys []string
+	// Standbys are the physical standbys streaming now, by name. Logical
+	// walsenders (change-data-capture, logical replication) and the WAL
+	// clients of backup tools (NotStandbys) are no failover target and are
+	// left out.
+	Standbys []Standby
 	// SynchronousStandbyNames is the server's synchronous_standby_names:
 	// empty, a commit waits for no standby.
 	SynchronousStandbyNames string
@@ -23,20 +24,40 @@ type Replication struct {
 	SynchronousCommit string
 }
 
+// Standby is one physical standby streaming from the ledger's server.
+type Standby struct {
+	// Name is its application_name: a standby's cluster_name (CloudNativePG
+	// and Patroni give the instance's), or "walreceiver".
+	Name string
+	// SyncState is its sync_state (async, potential, sync or quorum), ""
+	// when the role may not see it.
+	SyncState string
+}
+
+// NotStandbys are the application_names of the WAL clients of backup tools,
+// which stream as a standby does but are no failover target: a base backup
+// in progress (its WAL stream too), pg_receivewal, and Barman's.
+var NotStandbys = []string{"pg_basebackup", "pg_receivewal", "barman_receive_wal", "barman_streaming_backup"}
+
 // sqlReplication reads Replication. A physical walsender is connected to no
-// database (datid NULL in pg_stat_activity, which every role may read). A
-// base backup in progress (pg_basebackup's name, its WAL stream too) is no
-// standby yet.
-const sqlReplication = `SELECT coalesce(array_agg(coalesce(nullif(a.application_name, ''), '(unnamed)') ORDER BY a.application_name), '{}'),
+// database (datid NULL in pg_stat_activity, which every role may read).
+const sqlReplication = `SELECT coalesce(array_agg(coalesce(nullif(a.application_name, '')::text, '(unnamed)') ORDER BY a.application_name), '{}'),
+    coalesce(array_agg(coalesce(r.sync_state, '') ORDER BY a.application_name), '{}'),
     current_setting('synchronous_standby_names'), current_setting('synchronous_commit')
 FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
-WHERE a.datid IS NULL AND a.application_name IS DISTINCT FROM 'pg_basebackup'`
+WHERE a.datid IS NULL AND coalesce(a.application_name, '') <> ALL ($1::text[])`
 
 // Replication reads how the ledger's commits reach its standbys.
 func (l *Ledger) Replication(ctx context.Context) (Replication, error) {
-	var r Replication
-	if err := l.pool.QueryRow(ctx, sqlReplication).Scan(&r.Standbys, &r.SynchronousStandbyNames, &r.SynchronousCommit); err != nil {
+	var (
+		r            Replication
+		names, syncs []string
+	)
+	if err := l.pool.QueryRow(ctx, sqlReplication, NotStandbys).Scan(&names, &syncs, &r.SynchronousStandbyNames, &r.SynchronousCommit); err != nil {
 		return Replication{}, failed("replication", err)
+	}
+	for i, name := range names {
+		r.Standbys = append(r.Standbys, Standby{Name: name, SyncState: syncs[i]})
 	}
 	r.SynchronousStandbyNames = strings.TrimSpace(r.SynchronousStandbyNames)
 	return r, nil

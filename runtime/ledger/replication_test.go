@@ -48,56 +48,79 @@ func TestReplicationListsStandbys(t *testing.T) {
 		t.Fatalf("no standby: %+v; want none, no synchronous standby names, synchronous_commit on", r)
 	}
 
+	// WAL clients that are no standby: a logical receiver, a WAL archiver, a
+	// base backup.
 	receiver, err := pg.ReceiveLogical("postgres")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = receiver.Close() })
-	if r := read("a logical receiver"); len(r.Standbys) != 0 {
-		t.Fatalf("a logical receiver counted as a standby: %+v", r)
+	archiver, err := pg.ReceiveWAL()
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = archiver.Close() })
 	backup, err := pg.SlowBaseBackup()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := read("a base backup"); len(r.Standbys) != 0 {
-		t.Fatalf("a base backup counted as a standby: %+v", r)
+	if r := read("a logical receiver, pg_receivewal and a base backup"); len(r.Standbys) != 0 {
+		t.Fatalf("a logical receiver, pg_receivewal or a base backup counted as a standby: %+v", r)
 	}
 	if err := backup.Close(); err != nil {
 		t.Fatal(err)
 	}
 
-	for _, name := range []string{"pg-b", "pg-c"} {
+	for _, name := range []string{"pg-c", "pg-b"} {
 		sb, err := pg.StartStandby(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = sb.Close() })
 	}
-	if r := read("two standbys"); !slices.Equal(r.Standbys, []string{"pg-b", "pg-c"}) {
-		t.Fatalf("two standbys: %+v; want pg-b and pg-c", r)
-	}
-
-	for _, stmt := range []string{
-		`ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 ("pg-b", "pg-c")'`,
-		`ALTER SYSTEM SET synchronous_commit = 'local'`,
-		`SELECT pg_reload_conf()`,
-	} {
-		if _, err := admin.Pool().Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
+	set := func(stmts ...string) {
+		t.Helper()
+		for _, stmt := range append(stmts, `SELECT pg_reload_conf()`) {
+			if _, err := admin.Pool().Exec(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
 		}
+	}
+	// Commits wait for a standby from here on: the settings go back before
+	// the standbys stop.
+	t.Cleanup(func() { set(`ALTER SYSTEM RESET synchronous_standby_names`, `ALTER SYSTEM RESET synchronous_commit`) })
+	standbys := func(syncB, syncC string) []Standby {
+		return []Standby{{Name: "pg-b", SyncState: syncB}, {Name: "pg-c", SyncState: syncC}}
+	}
+	if r := read("two standbys"); !slices.Equal(r.Standbys, standbys("", "")) {
+		t.Fatalf("two standbys, read by a plain role: %+v; want pg-b and pg-c, their sync_state unseen", r)
 	}
 	// A reload reaches every session's next statement, not at once.
-	deadline := testCtx(t)
-	for {
-		r := read("synchronous, commits local")
-		if r.SynchronousStandbyNames == `ANY 1 ("pg-b", "pg-c")` && r.SynchronousCommit == "local" {
-			break
-		}
-		select {
-		case <-deadline.Done():
-			t.Fatalf("after the reload: %+v; want the standby names and synchronous_commit local", r)
-		case <-time.After(20 * time.Millisecond):
+	await := func(what string, l *Ledger, ok func(Replication) bool) {
+		t.Helper()
+		deadline := testCtx(t)
+		for {
+			r, err := l.Replication(ctx)
+			if err == nil && ok(r) {
+				return
+			}
+			select {
+			case <-deadline.Done():
+				t.Fatalf("%s: %+v, %v", what, r, err)
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
 	}
+	await("two asynchronous standbys, read by a superuser", admin, func(r Replication) bool {
+		return slices.Equal(r.Standbys, standbys("async", "async"))
+	})
+
+	set(`ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 ("pg-b", "pg-c")'`, `ALTER SYSTEM SET synchronous_commit = 'local'`)
+	await("the settings, read by a plain role", l, func(r Replication) bool {
+		return r.SynchronousStandbyNames == `FIRST 1 ("pg-b", "pg-c")` && r.SynchronousCommit == "local" &&
+			slices.Equal(r.Standbys, standbys("", ""))
+	})
+	await("pg-b synchronous, read by a superuser", admin, func(r Replication) bool {
+		return slices.Equal(r.Standbys, standbys("sync", "potential"))
+	})
 }
