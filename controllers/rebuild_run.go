@@ -17,6 +17,13 @@ import (
 // to report how far the rebuild got.
 const rebuildPoll = time.Second
 
+// rebuildStallAfter is how long a rebuild may go without progress (no
+// batch of orders read from the ledger, none written to Redis) before it is
+// given up and retried: a server that stops answering without closing its
+// connections would hold the sale closed for good. A million orders are
+// read and written in batches of a thousand, each in well under a second.
+const rebuildStallAfter = 2 * time.Minute
+
 // rebuildRun is a rebuild of one sale's shards running off the reconcile: a
 // reconcile that waited for it could not write the status meanwhile. The run
 // is this process's handle on it (whether it still runs, which epoch it
@@ -94,8 +101,9 @@ func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st reb
 				return saleWindow(&spec, r.now()).Gate
 			},
 			// The schedule of the spec Gate just read.
-			Schedule: func() (time.Time, time.Time) { return scheduleOf(&spec) },
-			Begun:    run.epoch.Store,
+			Schedule:   func() (time.Time, time.Time) { return scheduleOf(&spec) },
+			Begun:      run.epoch.Store,
+			StallAfter: rebuildStallAfter,
 		}
 		if failpoint != nil {
 			opts.BeforeFinish = func(shard int) { failpoint(obj.Namespace, obj.Name, shard) }

@@ -82,6 +82,11 @@ type RebuildOptions struct {
 	// and meta written, still closed): a failpoint, so a test can hold a
 	// rebuild with exactly the shards it let through finished.
 	BeforeFinish func(shard int)
+	// StallAfter, when set, gives the rebuild up with ErrRebuildStalled once
+	// it made no progress for that long (no batch of the ledger's orders
+	// read, none written to Redis, no step done), as a call to a server
+	// that stopped answering without closing the connection never returns.
+	StallAfter time.Duration
 }
 
 // RebuildWith is Rebuild with its options.
@@ -92,6 +97,9 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	start := e.now()
 	// Failed or not, the report says how long it ran.
 	defer func() { rep.Duration = e.now().Sub(start) }()
+	ctx, watch := watchStall(ctx, o.StallAfter)
+	defer watch.stop()
+	defer func() { err = watch.explain(ctx, err) }()
 	// Before the epoch is bumped: stock rebuilt where it may be evicted again
 	// would not stay what the ledger says.
 	if err := e.store.CheckEviction(ctx); err != nil {
@@ -101,6 +109,7 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	if err != nil {
 		return RebuildReport{}, ledgerFailure("rebuild snapshot", err)
 	}
+	watch.tick()
 	c := snap.Campaign
 	if c.Shards != e.cfg.Shards || len(c.ShardAllocations) != c.Shards {
 		return RebuildReport{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
@@ -110,16 +119,18 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	if err := e.ledger.RecordRebuildStart(ctx, e.cfg.CampaignID, ledger.RebuildStart{Time: start, Epoch: c.Epoch}); err != nil {
 		return rep, ledgerFailure("rebuild start", err)
 	}
+	watch.tick()
 	if o.Begun != nil {
 		o.Begun(c.Epoch)
 	}
 	if err := e.eachShard(ctx, func(ctx context.Context, i int) error {
+		defer watch.tick()
 		return e.store.RebuildBegin(ctx, i, c.Epoch)
 	}); err != nil {
 		return rep, fmt.Errorf("rebuild: closing the shards: %w", err)
 	}
 
-	w := e.newRebuildWriter(ctx, c.Epoch)
+	w := e.newRebuildWriter(ctx, c.Epoch, watch)
 	counts, rerr := e.ledger.ReadRebuild(w.ctx, e.cfg.CampaignID, c.Shards, ledger.RebuildReader{
 		Batch: rebuildReadBatch, Readers: rebuildReaders, Pending: w.pending, Holders: w.holders,
 	})
@@ -149,6 +160,7 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 		if o.BeforeFinish != nil {
 			o.BeforeFinish(i)
 		}
+		defer watch.tick()
 		return e.store.RebuildFinish(ctx, i, units[i], c.Epoch, stock.StateFailClosed, c.ShardAllocations[i], c.LastChangeID)
 	}); err != nil {
 		return rep, fmt.Errorf("rebuild: %w", err)
@@ -247,6 +259,7 @@ func (e *Engine) eachShard(ctx context.Context, fn func(context.Context, int) er
 type rebuildWriter struct {
 	e      *Engine
 	epoch  int64
+	watch  *stallWatch // told of each batch read and each written
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	jobs   chan func(context.Context) error
@@ -255,8 +268,8 @@ type rebuildWriter struct {
 	restored, users atomic.Int64
 }
 
-func (e *Engine) newRebuildWriter(ctx context.Context, epoch int64) *rebuildWriter {
-	w := &rebuildWriter{e: e, epoch: epoch, jobs: make(chan func(context.Context) error, rebuildQueue)}
+func (e *Engine) newRebuildWriter(ctx context.Context, epoch int64, watch *stallWatch) *rebuildWriter {
+	w := &rebuildWriter{e: e, epoch: epoch, watch: watch, jobs: make(chan func(context.Context) error, rebuildQueue)}
 	w.ctx, w.cancel = context.WithCancelCause(ctx)
 	for range rebuildWriters {
 		w.wg.Add(1)
@@ -269,6 +282,7 @@ func (e *Engine) newRebuildWriter(ctx context.Context, epoch int64) *rebuildWrit
 				if err := job(w.ctx); err != nil {
 					w.cancel(err)
 				}
+				w.watch.tick()
 			}
 		}()
 	}
@@ -297,6 +311,7 @@ func (w *rebuildWriter) wait() error {
 // and into pointers on their buyers' home shards when they were stolen. It is
 // called by several ledger readers at once.
 func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error {
+	w.watch.tick()
 	shards := w.e.cfg.Shards
 	byShard := map[int][]stock.Reservation{}
 	pointers := map[int][]string{}
@@ -339,6 +354,7 @@ func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error 
 // holders gives every buyer's held units back to the users hash of their home
 // shard.
 func (w *rebuildWriter) holders(_ context.Context, hs []ledger.Holder) error {
+	w.watch.tick()
 	shards := w.e.cfg.Shards
 	fields := map[int][]string{}
 	for _, h := range hs {
