@@ -21,8 +21,9 @@ const sweepParallel = 4
 
 // sweepShardBatches bounds the batches of expired reservations one pass
 // releases on a shard: a pass visits every shard, so a backlog on the first
-// ones (taken in index order, sweepParallel at a time) does not keep the
-// others' expired units, nor any shard's repairs, waiting for it to drain.
+// ones (taken server by server as each tells its clock, sweepParallel at a
+// time) does not keep the others' expired units, nor any shard's repairs,
+// waiting for it to drain.
 // A pass that leaves a backlog says so (SweepStats.Backlog), and the next
 // one starts at once.
 const sweepShardBatches = 8

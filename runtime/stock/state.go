@@ -38,7 +38,8 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 // clock as soon as that server answers, or with the error (naming the
 // server) when it does not, so that a stalled server holds back its own
 // shards only, and costs its read timeout once, not once for each shard it
-// holds. fn runs on one goroutine per server; EachShardClock returns once
+// holds. fn runs on one goroutine per server (on the caller's for the
+// shards whose server could not be looked up); EachShardClock returns once
 // every call of fn has.
 func (s *Store) EachShardClock(ctx context.Context, fn func(shards []int, now time.Time, err error)) {
 	servers := map[string][]int{}
