@@ -35,20 +35,23 @@ func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
 // commit waits for a synchronous standby (synchronous_standby_names, and
 // synchronous_commit on, remote_write or remote_apply). Which standby a
 // failover promotes is the HA manager's (CloudNativePG and Patroni promote
-// a synchronous one). A role that may read the standbys' sync_state
-// (pg_monitor) also has them checked: none synchronous now, a commit waits
-// for something else (a WAL archiver named in the setting).
+// a synchronous one). A role that may read sync_state (pg_monitor) also has
+// two mistakes found: a backup tool's WAL client synchronous (a commit may
+// return once only it has the commit), and standbys none of which the
+// setting names (all async). A potential standby (named, not chosen yet, or
+// catching up) is a candidate: with none synchronous, commits wait.
 func judgeReplication(r engine.Replication) *replicationVerdict {
-	var synchronous, seen int
-	for _, sb := range r.Standbys {
-		if sb.SyncState != "" {
-			seen++
-		}
-		if sb.SyncState == "sync" || sb.SyncState == "quorum" {
-			synchronous++
+	const loses = "a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice)"
+	var backups []engine.Standby
+	for _, c := range r.BackupClients {
+		if c.SyncState == "sync" || c.SyncState == "quorum" {
+			backups = append(backups, c)
 		}
 	}
-	const loses = "a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice)"
+	allAsync := true
+	for _, sb := range r.Standbys {
+		allAsync = allAsync && sb.SyncState == "async"
+	}
 	switch {
 	case len(r.Standbys) == 0:
 		return &replicationVerdict{safe: true, reason: ReasonNoStandby,
@@ -61,10 +64,14 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 		return &replicationVerdict{reason: ReasonLocalCommit, message: fmt.Sprintf(
 			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of the %s PostgreSQL streams to, so %s; set it to on for the ledger's role and database",
 			r.SynchronousCommit, r.SynchronousStandbyNames, standbys(r.Standbys), loses)}
-	case seen > 0 && synchronous == 0:
+	case len(backups) > 0:
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"none of the %s PostgreSQL streams to is synchronous now (synchronous_standby_names %s): a commit waits for none of them, so %s; name them in synchronous_standby_names",
-			standbys(r.Standbys), r.SynchronousStandbyNames, loses)}
+			"synchronous_standby_names %s lets a backup tool's WAL client stand for a standby (%s): a commit may return once only it has the commit, before the %s PostgreSQL streams to, so %s; name the standbys instead",
+			r.SynchronousStandbyNames, listed(backups), standbys(r.Standbys), loses)}
+	case allAsync:
+		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
+			"synchronous_standby_names %s names none of the %s PostgreSQL streams to: a commit waits for none of them, so %s; name them in it",
+			r.SynchronousStandbyNames, standbys(r.Standbys), loses)}
 	}
 	return &replicationVerdict{safe: true, reason: ReasonSynchronousStandby, message: fmt.Sprintf(
 		"PostgreSQL streams to %s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
@@ -81,6 +88,11 @@ func standbys(list []engine.Standby) string {
 	if len(list) == 1 {
 		noun = "standby"
 	}
+	return fmt.Sprintf("%d %s (%s)", len(list), noun, listed(list))
+}
+
+// listed is "pg-b sync, pg-c potential", at most standbysNamed of them.
+func listed(list []engine.Standby) string {
 	shown := make([]string, 0, standbysNamed)
 	for _, sb := range list[:min(len(list), standbysNamed)] {
 		shown = append(shown, strings.TrimSpace(sb.Name+" "+sb.SyncState))
@@ -89,7 +101,7 @@ func standbys(list []engine.Standby) string {
 	if more := len(list) - len(shown); more > 0 {
 		names += fmt.Sprintf(" and %d more", more)
 	}
-	return fmt.Sprintf("%d %s (%s)", len(list), noun, names)
+	return names
 }
 
 func them(list []engine.Standby) string {

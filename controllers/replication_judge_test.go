@@ -9,8 +9,9 @@ import (
 
 // judgeReplication: safe with no standby, or with commits waiting for the
 // named synchronous standbys; not safe when standbys stream asynchronously,
-// when commits are local, or when the standbys' sync_state shows none of
-// them synchronous; the message names the standbys.
+// when commits are local, or when sync_state shows a backup client standing
+// for a standby or no standby named; a standby catching up is a candidate.
+// The message names the standbys.
 func TestJudgeReplication(t *testing.T) {
 	named := func(names ...string) []engine.Standby {
 		var out []engine.Standby
@@ -43,8 +44,18 @@ func TestJudgeReplication(t *testing.T) {
 			"(pg-b quorum, pg-c quorum)"},
 		{"synchronous, remote_write", engine.Replication{Standbys: named("pg-b"), SynchronousStandbyNames: "*", SynchronousCommit: "remote_write"}, true, ReasonSynchronousStandby,
 			"(synchronous_commit remote_write)"},
-		{"the setting names another client", engine.Replication{Standbys: named("pg-b potential"), SynchronousStandbyNames: `FIRST 1 (archiver, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
-			`none of the 1 standby (pg-b potential) PostgreSQL streams to is synchronous now (synchronous_standby_names FIRST 1 (archiver, "pg-b"))`},
+		{"a backup client synchronous first", engine.Replication{Standbys: named("pg-b potential"), BackupClients: named("pg_receivewal sync"),
+			SynchronousStandbyNames: `FIRST 1 (pg_receivewal, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			`synchronous_standby_names FIRST 1 (pg_receivewal, "pg-b") lets a backup tool's WAL client stand for a standby (pg_receivewal sync): a commit may return once only it has the commit, before the 1 standby (pg-b potential) PostgreSQL streams to`},
+		{"a backup client in the quorum", engine.Replication{Standbys: named("pg-b quorum"), BackupClients: named("barman_receive_wal quorum"),
+			SynchronousStandbyNames: `ANY 1 (barman_receive_wal, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			"(barman_receive_wal quorum)"},
+		{"a backup client not synchronous", engine.Replication{Standbys: named("pg-b sync"), BackupClients: named("pg_receivewal async"),
+			SynchronousStandbyNames: `"pg-b"`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby, "(pg-b sync)"},
+		{"none of the standbys named", engine.Replication{Standbys: named("pg-b async", "pg-c async"), SynchronousStandbyNames: `"pg-x"`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			`synchronous_standby_names "pg-x" names none of the 2 standbys (pg-b async, pg-c async) PostgreSQL streams to`},
+		{"a standby catching up, none synchronous: commits wait", engine.Replication{Standbys: named("pg-b potential"), SynchronousStandbyNames: `"pg-b"`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
+			"(pg-b potential)"},
 		{"local commits", engine.Replication{Standbys: named("pg-b"), SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, false, ReasonLocalCommit,
 			"synchronous_commit is local: a commit returns without waiting for the synchronous standbys (synchronous_standby_names pg-b) of the 1 standby (pg-b) PostgreSQL streams to"},
 	} {

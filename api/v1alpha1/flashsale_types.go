@@ -100,9 +100,9 @@ const (
 	// its WAL to no standby (NoStandby), or a commit waits for the standbys
 	// synchronous_standby_names names (SynchronousStandby). False
 	// (AsynchronousStandby) names the standbys when that setting is empty,
-	// or when the ledger's role may read their sync_state (pg_monitor) and
-	// none is synchronous; False (LocalCommit) says synchronous_commit is
-	// local. A failover then loses the last reservations and payments, and
+	// or when the ledger's role may read sync_state (pg_monitor) and the
+	// setting names none of them or lets a backup tool's WAL client stand
+	// for one; False (LocalCommit) says synchronous_commit is local. A failover then loses the last reservations and payments, and
 	// a rebuild sells their units again. Logical walsenders and the WAL
 	// clients of backup tools are no standbys. The operator reads it with
 	// every status refresh; Ready keeps its own meaning.

@@ -126,11 +126,12 @@ func (pg *Postgres) ReceiveLogical(db string) (*ReplicationClient, error) {
 }
 
 // ReceiveWAL starts pg_receivewal into a directory of its own, as a backup
-// tool archives the WAL. It returns once pg lists its walsender.
+// tool archives the WAL, flushing and reporting each write at once (it can
+// then be a synchronous standby without holding commits back). It returns once pg lists its walsender.
 func (pg *Postgres) ReceiveWAL() (*ReplicationClient, error) {
 	return pg.replicationClient("pg_receivewal", "streaming", func(dir string) ([]string, error) {
 		wal := filepath.Join(dir, "wal")
-		return []string{"-D", wal, "--no-sync"}, os.Mkdir(wal, 0o700)
+		return []string{"-D", wal, "--synchronous"}, os.Mkdir(wal, 0o700)
 	})
 }
 

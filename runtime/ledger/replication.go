@@ -11,10 +11,13 @@ import (
 // pg_read_all_stats) its sync_state.
 type Replication struct {
 	// Standbys are the physical standbys streaming now, by name. Logical
-	// walsenders (change-data-capture, logical replication) and the WAL
-	// clients of backup tools (NotStandbys) are no failover target and are
-	// left out.
+	// walsenders (change-data-capture, logical replication) are no failover
+	// target and are left out.
 	Standbys []Standby
+	// BackupClients are the WAL clients of backup tools (BackupClientNames):
+	// they stream as a standby does but are no failover target. One that is
+	// synchronous lets a commit return before any standby has it.
+	BackupClients []Standby
 	// SynchronousStandbyNames is the server's synchronous_standby_names:
 	// empty, a commit waits for no standby.
 	SynchronousStandbyNames string
@@ -34,30 +37,37 @@ type Standby struct {
 	SyncState string
 }
 
-// NotStandbys are the application_names of the WAL clients of backup tools,
-// which stream as a standby does but are no failover target: a base backup
-// in progress (its WAL stream too), pg_receivewal, and Barman's.
-var NotStandbys = []string{"pg_basebackup", "pg_receivewal", "barman_receive_wal", "barman_streaming_backup"}
+// BackupClientNames are the application_names the WAL clients of backup
+// tools give by default: a base backup in progress (its WAL stream too),
+// pg_receivewal, and Barman's.
+var BackupClientNames = []string{"pg_basebackup", "pg_receivewal", "barman_receive_wal", "barman_streaming_backup"}
 
 // sqlReplication reads Replication. A physical walsender is connected to no
 // database (datid NULL in pg_stat_activity, which every role may read).
-const sqlReplication = `SELECT coalesce(array_agg(coalesce(nullif(a.application_name, '')::text, '(unnamed)') ORDER BY a.application_name), '{}'),
-    coalesce(array_agg(coalesce(r.sync_state, '') ORDER BY a.application_name), '{}'),
+const sqlReplication = `SELECT coalesce(array_agg(coalesce(nullif(a.application_name, '')::text, '(unnamed)') ORDER BY a.application_name, r.pid), '{}'),
+    coalesce(array_agg(coalesce(r.sync_state, '') ORDER BY a.application_name, r.pid), '{}'),
+    coalesce(array_agg(coalesce(a.application_name, '') = ANY ($1::text[]) ORDER BY a.application_name, r.pid), '{}'),
     current_setting('synchronous_standby_names'), current_setting('synchronous_commit')
 FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
-WHERE a.datid IS NULL AND coalesce(a.application_name, '') <> ALL ($1::text[])`
+WHERE a.datid IS NULL`
 
 // Replication reads how the ledger's commits reach its standbys.
 func (l *Ledger) Replication(ctx context.Context) (Replication, error) {
 	var (
 		r            Replication
 		names, syncs []string
+		backups      []bool
 	)
-	if err := l.pool.QueryRow(ctx, sqlReplication, NotStandbys).Scan(&names, &syncs, &r.SynchronousStandbyNames, &r.SynchronousCommit); err != nil {
+	if err := l.pool.QueryRow(ctx, sqlReplication, BackupClientNames).Scan(&names, &syncs, &backups, &r.SynchronousStandbyNames, &r.SynchronousCommit); err != nil {
 		return Replication{}, failed("replication", err)
 	}
 	for i, name := range names {
-		r.Standbys = append(r.Standbys, Standby{Name: name, SyncState: syncs[i]})
+		sb := Standby{Name: name, SyncState: syncs[i]}
+		if backups[i] {
+			r.BackupClients = append(r.BackupClients, sb)
+		} else {
+			r.Standbys = append(r.Standbys, sb)
+		}
 	}
 	r.SynchronousStandbyNames = strings.TrimSpace(r.SynchronousStandbyNames)
 	return r, nil

@@ -64,8 +64,9 @@ func TestReplicationListsStandbys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := read("a logical receiver, pg_receivewal and a base backup"); len(r.Standbys) != 0 {
-		t.Fatalf("a logical receiver, pg_receivewal or a base backup counted as a standby: %+v", r)
+	if r := read("a logical receiver, pg_receivewal and a base backup"); len(r.Standbys) != 0 ||
+		!slices.Equal(r.BackupClients, []Standby{{Name: "pg_basebackup"}, {Name: "pg_receivewal"}}) {
+		t.Fatalf("a logical receiver, pg_receivewal and a base backup: %+v; want no standby, the two backup clients", r)
 	}
 	if err := backup.Close(); err != nil {
 		t.Fatal(err)
@@ -122,5 +123,12 @@ func TestReplicationListsStandbys(t *testing.T) {
 	})
 	await("pg-b synchronous, read by a superuser", admin, func(r Replication) bool {
 		return slices.Equal(r.Standbys, standbys("sync", "potential"))
+	})
+
+	// An archiver first in the list is the synchronous one.
+	set(`ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (pg_receivewal, "pg-b")'`)
+	await("pg_receivewal synchronous, read by a superuser", admin, func(r Replication) bool {
+		return slices.Equal(r.BackupClients, []Standby{{Name: "pg_receivewal", SyncState: "sync"}}) &&
+			slices.Equal(r.Standbys, standbys("potential", "async"))
 	})
 }
