@@ -18,10 +18,10 @@ import (
 const rebuildPoll = time.Second
 
 // rebuildStallAfter is how long a rebuild may go without progress (no
-// batch of orders read from the ledger, none written to Redis) before it is
-// given up and retried: a server that stops answering without closing its
-// connections would hold the sale closed for good. A million orders are
-// read and written in batches of a thousand, each in well under a second.
+// batch of orders read from the ledger, none written to Redis) before the
+// ledger is asked, on a new connection, whether it answers; one that does
+// not is given up and retried: a server that stops answering without
+// closing its connections would hold the sale closed for good.
 const rebuildStallAfter = 2 * time.Minute
 
 // rebuildRun is a rebuild of one sale's shards running off the reconcile: a

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -84,8 +85,9 @@ type RebuildOptions struct {
 	BeforeFinish func(shard int)
 	// StallAfter, when set, gives the rebuild up with ErrRebuildStalled once
 	// it made no progress for that long (no batch of the ledger's orders
-	// read, none written to Redis, no step done), as a call to a server
-	// that stopped answering without closing the connection never returns.
+	// read, none written to Redis, no step done) and the ledger does not
+	// answer a new connection either: a call to a server that stopped
+	// answering without closing the connection never returns.
 	StallAfter time.Duration
 }
 
@@ -97,7 +99,7 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	start := e.now()
 	// Failed or not, the report says how long it ran.
 	defer func() { rep.Duration = e.now().Sub(start) }()
-	ctx, watch := watchStall(ctx, o.StallAfter)
+	ctx, watch := watchStall(ctx, o.StallAfter, e.ledger.Answers)
 	defer watch.stop()
 	defer func() { err = watch.explain(ctx, err) }()
 	// Before the epoch is bumped: stock rebuilt where it may be evicted again
@@ -134,7 +136,9 @@ func (e *Engine) RebuildWith(ctx context.Context, o RebuildOptions) (rep Rebuild
 	counts, rerr := e.ledger.ReadRebuild(w.ctx, e.cfg.CampaignID, c.Shards, ledger.RebuildReader{
 		Batch: rebuildReadBatch, Readers: rebuildReaders, Pending: w.pending, Holders: w.holders,
 	})
-	if werr := w.wait(); werr != nil {
+	// A writer stopped by the rebuild's own end (the ledger stalled) is
+	// not what failed: the read is.
+	if werr := w.wait(); werr != nil && (rerr == nil || !errors.Is(werr, context.Cause(ctx))) {
 		return rep, fmt.Errorf("rebuild: %w", werr)
 	}
 	if rerr != nil {

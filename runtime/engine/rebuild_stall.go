@@ -9,13 +9,20 @@ import (
 )
 
 // ErrRebuildStalled means a rebuild made no progress for
-// RebuildOptions.StallAfter: a ledger or Redis call did not return, as with
-// a server that stopped answering without closing its connections (a hung
-// disk, a process stopped), which no read timeout of PostgreSQL's notices.
+// RebuildOptions.StallAfter and the ledger did not answer a new connection
+// either: a call to a server that stopped answering without closing its
+// connections (a proxy whose server is gone, a stopped process) never
+// returns, and no read timeout of PostgreSQL's notices.
 var ErrRebuildStalled = errors.New("rebuild stalled")
 
-// stallWatch cancels a rebuild's context once nothing moved for a while:
-// no batch read from the ledger, none written to Redis, no step done.
+// stallProbeTimeout bounds the probe of a rebuild that made no progress.
+const stallProbeTimeout = 30 * time.Second
+
+// stallWatch cancels a rebuild's context once nothing moved for a while (no
+// batch read from the ledger, none written to Redis, no step done) and the
+// ledger does not answer a probe on a connection of its own. A ledger that
+// answers is working on a long statement (cancelling a million expired
+// orders, waiting for a lock) and is waited for.
 type stallWatch struct {
 	base   time.Time
 	last   atomic.Int64 // since base, when the rebuild last moved
@@ -24,8 +31,9 @@ type stallWatch struct {
 }
 
 // watchStall returns ctx, cancelled with a cause wrapping ErrRebuildStalled
-// when tick is not called for after (0: never), and the watch.
-func watchStall(ctx context.Context, after time.Duration) (context.Context, *stallWatch) {
+// when tick is not called for after (0: never) and alive then fails, and
+// the watch.
+func watchStall(ctx context.Context, after time.Duration, alive func(context.Context) error) (context.Context, *stallWatch) {
 	w := &stallWatch{base: time.Now(), done: make(chan struct{})}
 	ctx, w.cancel = context.WithCancelCause(ctx)
 	if after <= 0 {
@@ -41,10 +49,23 @@ func watchStall(ctx context.Context, after time.Duration) (context.Context, *sta
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if idle := time.Since(w.base) - time.Duration(w.last.Load()); idle >= after {
-					w.cancel(fmt.Errorf("%w: nothing read from the ledger or written to Redis for %s", ErrRebuildStalled, idle.Round(time.Second)))
-					return
-				}
+			}
+			idle := time.Since(w.base) - time.Duration(w.last.Load())
+			if idle < after {
+				continue
+			}
+			pctx, cancel := context.WithTimeout(ctx, min(after, stallProbeTimeout))
+			err := alive(pctx)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil:
+				w.tick()
+			default:
+				w.cancel(fmt.Errorf("%w: nothing read from the ledger or written to Redis for %s, and a new connection to the ledger did not answer either (%v)",
+					ErrRebuildStalled, idle.Round(time.Second), err))
+				return
 			}
 		}
 	}()

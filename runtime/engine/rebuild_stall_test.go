@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,10 +18,11 @@ import (
 
 // A rebuild whose ledger stops answering without closing its connections
 // (every byte from PostgreSQL swallowed from the moment the rebuild's start
-// is recorded) gives up once it made no progress for StallAfter, with
-// ErrRebuildStalled, instead of holding the closed shards forever; the
-// shards stay closed, and the next rebuild on a ledger that answers opens
-// them with every unit accounted for.
+// is recorded) gives up once it made no progress for StallAfter and a new
+// connection gets no answer either, with ErrRebuildStalled as a ledger
+// failure, instead of holding the closed shards forever; the shards stay
+// closed, and the next rebuild on a ledger that answers opens them with
+// every unit accounted for.
 func TestRebuildGivesUpWhenTheLedgerStalls(t *testing.T) {
 	t.Parallel()
 	rdb := standaloneClient(t, sharedRedis.Addr())
@@ -42,11 +44,13 @@ func TestRebuildGivesUpWhenTheLedgerStalls(t *testing.T) {
 	e := openEngine(t, f.cfg, rdb, l)
 
 	done := make(chan error, 1)
+	var begun atomic.Bool
 	go func() {
 		_, err := e.RebuildWith(context.Background(), engine.RebuildOptions{
 			Gate:       func() string { return stock.StateOpen },
 			StallAfter: time.Second,
 			Begun: func(int64) {
+				begun.Store(true)
 				if _, err := proxy.Timeout(testharness.Downstream, 0); err != nil {
 					t.Error(err)
 				}
@@ -62,8 +66,12 @@ func TestRebuildGivesUpWhenTheLedgerStalls(t *testing.T) {
 		t.Fatal("the rebuild still waited for the ledger 30 s after it stopped answering (StallAfter 1s)")
 	}
 	t.Logf("the rebuild: %v", err)
-	if !errors.Is(err, engine.ErrRebuildStalled) || !strings.Contains(err.Error(), "nothing read from the ledger or written to Redis for") {
-		t.Fatalf("the rebuild on a stalled ledger: %v; want ErrRebuildStalled", err)
+	if !begun.Load() {
+		t.Fatalf("the rebuild ended before its start was recorded: %v", err)
+	}
+	if !errors.Is(err, engine.ErrRebuildStalled) || !errors.Is(err, engine.ErrLedger) ||
+		!strings.Contains(err.Error(), "a new connection to the ledger did not answer either") {
+		t.Fatalf("the rebuild on a stalled ledger: %v; want ErrRebuildStalled, a ledger failure", err)
 	}
 	proxy.RemoveAll()
 	states, err := f.e.Store().State(context.Background())
@@ -78,6 +86,47 @@ func TestRebuildGivesUpWhenTheLedgerStalls(t *testing.T) {
 
 	if _, err := f.e.RebuildWith(context.Background(), engine.RebuildOptions{Gate: func() string { return stock.StateOpen }, StallAfter: time.Minute}); err != nil {
 		t.Fatalf("the rebuild once the ledger answers: %v", err)
+	}
+	if c := f.assertConserved(); c.Reserved != 10 || c.Available != 40 {
+		t.Fatalf("after the rebuild: %+v; want 10 reserved and 40 available", c)
+	}
+}
+
+// A rebuild that waits on a long statement is not stalled while the ledger
+// answers a new connection: here its start waits 3 s for the campaign's row,
+// held by another transaction, with StallAfter 1 s, and then completes.
+func TestRebuildWaitsForALedgerThatAnswers(t *testing.T) {
+	t.Parallel()
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withShards(2), withAllocation(50))
+	for i := range 10 {
+		f.reserve(fmt.Sprintf("buyer-%d", i), "r", 1)
+	}
+	ctx := context.Background()
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, f.cfg.CampaignID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.e.RebuildWith(ctx, engine.RebuildOptions{Gate: func() string { return stock.StateOpen }, StallAfter: time.Second})
+		done <- err
+	}()
+	testharness.WaitForLockWaiters(t, f.l.Pool().Config().ConnString(), 1, 30*time.Second, "the rebuild waiting for the campaign's row")
+	select {
+	case err := <-done:
+		t.Fatalf("the rebuild returned while it waited for the lock: %v", err)
+	case <-time.After(3 * time.Second):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the rebuild after the lock was let go: %v", err)
 	}
 	if c := f.assertConserved(); c.Reserved != 10 || c.Available != 40 {
 		t.Fatalf("after the rebuild: %+v; want 10 reserved and 40 available", c)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -79,6 +80,25 @@ func (l *Ledger) Ping(ctx context.Context) error {
 	case ro == "on":
 		_ = conn.Conn().Close(ctx) // the pool drops it on release
 		return ErrReadOnly
+	}
+	return nil
+}
+
+// Answers checks that the server answers a query on a new connection of
+// its own, outside the pool: one whose connections all wait on a long
+// statement still answers, one that stopped answering does not.
+func (l *Ledger) Answers(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, l.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return failed("new connection", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+		return failed("new connection", err)
 	}
 	return nil
 }
