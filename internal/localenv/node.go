@@ -191,7 +191,15 @@ func (e *Env) serviceURLOnNode(ctx context.Context, namespace, name string) (str
 			eps, err := e.Kubectl(ctx, nil, "get", "endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name="+name,
 				"-o", `jsonpath={.items[*].endpoints[?(@.conditions.ready==true)].addresses[0]}`)
 			if err == nil && strings.TrimSpace(eps) != "" {
-				return "http://" + net.JoinHostPort(f[0], f[1]), nil
+				// The endpoint is ready in the API before kube-proxy has
+				// written its rules, and a connection attempted before them
+				// keeps its conntrack entry without the NAT, so its retries
+				// never arrive: a client's first request then times out.
+				// A connection that opens says the rules are in.
+				addr := net.JoinHostPort(f[0], f[1])
+				if err = dialOnce(ctx, addr); err == nil {
+					return "http://" + addr, nil
+				}
 			}
 		}
 		select {
@@ -200,6 +208,18 @@ func (e *Env) serviceURLOnNode(ctx context.Context, namespace, name string) (str
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// dialOnce opens and closes a connection to addr, giving up after a second
+// (each attempt comes from a new port, so a new conntrack entry).
+func dialOnce(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // PodAddr is where pods reach a server of this machine's loopback (a Redis
