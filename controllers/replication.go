@@ -3,12 +3,20 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
+
+// AnnotationStandbysNeverPromoted lists, comma-separated, the
+// application_names of the ledger's standbys that are never promoted (a
+// managed service's read replicas beside its storage-level HA, a reporting
+// replica): LedgerFailoverSafe counts them as it counts a backup tool's WAL
+// client, as no failover target, reported only when one is synchronous.
+const AnnotationStandbysNeverPromoted = "flashsale.dev/ledger-standbys-never-promoted"
 
 // replicationVerdict is LedgerFailoverSafe's verdict: whether a failover of
 // the ledger to a standby keeps every commit the sale answered for, and why.
@@ -28,7 +36,32 @@ func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
 		log.FromContext(ctx).V(1).Info("ledger replication not read", "err", err)
 		return
 	}
-	s.replication = judgeReplication(rep)
+	s.replication = judgeReplication(neverPromoted(rep, s.fs.Annotations[AnnotationStandbysNeverPromoted]))
+}
+
+// neverPromoted moves the standbys names lists (AnnotationStandbysNeverPromoted)
+// to the clients that are no failover target.
+func neverPromoted(r engine.Replication, names string) engine.Replication {
+	skip := map[string]bool{}
+	for _, n := range strings.Split(names, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			skip[n] = true
+		}
+	}
+	if len(skip) == 0 {
+		return r
+	}
+	standbys := make([]engine.Standby, 0, len(r.Standbys))
+	r.BackupClients = slices.Clone(r.BackupClients)
+	for _, sb := range r.Standbys {
+		if skip[sb.Name] {
+			r.BackupClients = append(r.BackupClients, sb)
+		} else {
+			standbys = append(standbys, sb)
+		}
+	}
+	r.Standbys = standbys
+	return r
 }
 
 // judgeReplication: a ledger streaming to a standby is failover safe when a
@@ -54,8 +87,11 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 	}
 	switch {
 	case len(r.Standbys) == 0:
-		return &replicationVerdict{safe: true, reason: ReasonNoStandby,
-			message: "PostgreSQL streams its WAL to no standby: nothing a failover could promote has fewer commits than it"}
+		msg := "PostgreSQL streams its WAL to no standby: nothing a failover could promote has fewer commits than it"
+		if len(r.BackupClients) > 0 {
+			msg += fmt.Sprintf(" (it streams to %s, no failover target)", listed(r.BackupClients))
+		}
+		return &replicationVerdict{safe: true, reason: ReasonNoStandby, message: msg}
 	case r.SynchronousStandbyNames == "":
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
 			"PostgreSQL streams to %s asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so %s; make the replication synchronous, or never promote %s",
@@ -66,8 +102,8 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 			r.SynchronousCommit, r.SynchronousStandbyNames, standbys(r.Standbys), loses)}
 	case len(backups) > 0:
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"synchronous_standby_names %s lets a backup tool's WAL client stand for a standby (%s): a commit may return once only it has the commit, before the %s PostgreSQL streams to, so %s; name the standbys instead",
-			r.SynchronousStandbyNames, listed(backups), standbys(r.Standbys), loses)}
+			"synchronous_standby_names %s lets a client that is no failover target (a backup tool's, or one the sale's %s annotation names) stand for a standby (%s): a commit may return once only it has the commit, before the %s PostgreSQL streams to, so %s; name the standbys instead",
+			r.SynchronousStandbyNames, AnnotationStandbysNeverPromoted, listed(backups), standbys(r.Standbys), loses)}
 	case allAsync:
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
 			"synchronous_standby_names %s names none of the %s PostgreSQL streams to: a commit waits for none of them, so %s; name them in it",

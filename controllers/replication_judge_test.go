@@ -46,7 +46,7 @@ func TestJudgeReplication(t *testing.T) {
 			"(synchronous_commit remote_write)"},
 		{"a backup client synchronous first", engine.Replication{Standbys: named("pg-b potential"), BackupClients: named("pg_receivewal sync"),
 			SynchronousStandbyNames: `FIRST 1 (pg_receivewal, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
-			`synchronous_standby_names FIRST 1 (pg_receivewal, "pg-b") lets a backup tool's WAL client stand for a standby (pg_receivewal sync): a commit may return once only it has the commit, before the 1 standby (pg-b potential) PostgreSQL streams to`},
+			`synchronous_standby_names FIRST 1 (pg_receivewal, "pg-b") lets a client that is no failover target (a backup tool's, or one the sale's flashsale.dev/ledger-standbys-never-promoted annotation names) stand for a standby (pg_receivewal sync): a commit may return once only it has the commit, before the 1 standby (pg-b potential) PostgreSQL streams to`},
 		{"a backup client in the quorum", engine.Replication{Standbys: named("pg-b quorum"), BackupClients: named("barman_receive_wal quorum"),
 			SynchronousStandbyNames: `ANY 1 (barman_receive_wal, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
 			"(barman_receive_wal quorum)"},
@@ -65,5 +65,36 @@ func TestJudgeReplication(t *testing.T) {
 				t.Fatalf("%+v: got safe %v, %s: %q; want safe %v, %s, saying %q", c.rep, v.safe, v.reason, v.message, c.safe, c.reason, c.says)
 			}
 		})
+	}
+}
+
+// neverPromoted: the standbys the annotation names (trimmed, comma-separated)
+// are no failover target, and count as backup clients do.
+func TestNeverPromoted(t *testing.T) {
+	r := engine.Replication{
+		Standbys:                []engine.Standby{{Name: "pg-b", SyncState: "sync"}, {Name: "reporting", SyncState: "async"}},
+		BackupClients:           []engine.Standby{{Name: "pg_receivewal", SyncState: "async"}},
+		SynchronousStandbyNames: `"pg-b"`, SynchronousCommit: "on",
+	}
+	for _, c := range []struct {
+		names          string
+		standbys, not  string
+		safe           bool
+		reason, saying string
+	}{
+		{"", "pg-b sync, reporting async", "pg_receivewal async", true, ReasonSynchronousStandby, "2 standbys (pg-b sync, reporting async)"},
+		{" reporting ,other", "pg-b sync", "pg_receivewal async, reporting async", true, ReasonSynchronousStandby, "1 standby (pg-b sync)"},
+		{"pg-b,reporting", "", "pg_receivewal async, pg-b sync, reporting async", true, ReasonNoStandby,
+			"(it streams to pg_receivewal async, pg-b sync, reporting async, no failover target)"},
+	} {
+		got := neverPromoted(r, c.names)
+		v := judgeReplication(got)
+		if listed(got.Standbys) != c.standbys || listed(got.BackupClients) != c.not || v.safe != c.safe || v.reason != c.reason || !strings.Contains(v.message, c.saying) {
+			t.Errorf("%q: standbys %q, not %q, %v %s %q; want %q, %q, %v %s saying %q",
+				c.names, listed(got.Standbys), listed(got.BackupClients), v.safe, v.reason, v.message, c.standbys, c.not, c.safe, c.reason, c.saying)
+		}
+	}
+	if listed(r.BackupClients) != "pg_receivewal async" {
+		t.Errorf("neverPromoted changed its argument's backup clients: %q", listed(r.BackupClients))
 	}
 }

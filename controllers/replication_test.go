@@ -50,6 +50,27 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 		t.Fatal("no AsynchronousStandby event")
 	}
 
+	// A replica the shop never promotes, named on the sale, is no failover
+	// target; the condition says it is there.
+	setNeverPromoted := func(names string) {
+		updateSpec(t, e.ns, "repl", func(fs *flashsalev1alpha1.FlashSale) {
+			if names == "" {
+				delete(fs.Annotations, controllers.AnnotationStandbysNeverPromoted)
+				return
+			}
+			if fs.Annotations == nil {
+				fs.Annotations = map[string]string{}
+			}
+			fs.Annotations[controllers.AnnotationStandbysNeverPromoted] = names
+		})
+	}
+	setNeverPromoted("reporting, pg-b")
+	e.waitFor("repl", settle, "LedgerFailoverSafe True, pg-b never promoted",
+		says(metav1.ConditionTrue, controllers.ReasonNoStandby, "(it streams to pg-b async, no failover target)"))
+	setNeverPromoted("")
+	e.waitFor("repl", settle, "LedgerFailoverSafe False again without the annotation",
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams to 1 standby (pg-b async) asynchronously"))
+
 	// Commits wait for the standby from here on: it must outlive every
 	// session that commits, so the settings are put back before it stops.
 	admin, err := pgx.Connect(context.Background(), pg.AdminDSN())

@@ -103,8 +103,9 @@ const (
 	// or when the ledger's role may read sync_state (pg_monitor) and the
 	// setting names none of them or lets a backup tool's WAL client stand
 	// for one; False (LocalCommit) says synchronous_commit is local. A failover then loses the last reservations and payments, and
-	// a rebuild sells their units again. Logical walsenders and the WAL
-	// clients of backup tools are no standbys. The operator reads it with
+	// a rebuild sells their units again. Logical walsenders, the WAL clients
+	// of backup tools and the replicas the sale's annotation
+	// flashsale.dev/ledger-standbys-never-promoted names are no standbys. The operator reads it with
 	// every status refresh; Ready keeps its own meaning.
 	ConditionLedgerFailoverSafe = "LedgerFailoverSafe"
 )
