@@ -39,8 +39,9 @@ func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
 	s.replication = judgeReplication(neverPromoted(rep, s.fs.Annotations[AnnotationStandbysNeverPromoted]))
 }
 
-// neverPromoted moves the standbys names lists (AnnotationStandbysNeverPromoted)
-// to the clients that are no failover target.
+// neverPromoted moves the standbys that names lists
+// (AnnotationStandbysNeverPromoted) to the clients that are no failover
+// target.
 func neverPromoted(r engine.Replication, names string) engine.Replication {
 	skip := map[string]bool{}
 	for _, n := range strings.Split(names, ",") {

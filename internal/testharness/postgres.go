@@ -72,21 +72,27 @@ func StartPostgresArgs(settings ...string) (*Postgres, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	for range startAttempts {
-		_ = os.Remove(pg.logPath) // portInUse must only see this attempt
-		if pg.port, err = pickPort(); err != nil {
-			break
-		}
-		if err = pg.start(); err == nil || !portInUse(pg.logPath) {
-			break
-		}
-	}
-	if err != nil {
+	if err := pg.startOnFreePort(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	register(pg)
 	return pg, nil
+}
+
+// startOnFreePort starts the server on a free port, on another one when the
+// port was taken between the pick and the server's bind.
+func (pg *Postgres) startOnFreePort() (err error) {
+	for range startAttempts {
+		_ = os.Remove(pg.logPath) // portInUse must only see this attempt
+		if pg.port, err = pickPort(); err != nil {
+			return err
+		}
+		if err = pg.start(); err == nil || !portInUse(pg.logPath) {
+			return err
+		}
+	}
+	return err
 }
 
 // PostgresT starts PostgreSQL for a test and closes it in t.Cleanup.

@@ -31,16 +31,7 @@ func (pg *Postgres) StartStandby(name string) (*Postgres, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	for range startAttempts {
-		_ = os.Remove(sb.logPath)
-		if sb.port, err = pickPort(); err != nil {
-			break
-		}
-		if err = sb.start(); err == nil || !portInUse(sb.logPath) {
-			break
-		}
-	}
-	if err != nil {
+	if err := sb.startOnFreePort(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}

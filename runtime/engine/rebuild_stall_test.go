@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -26,10 +28,7 @@ import (
 func TestRebuildGivesUpWhenTheLedgerStalls(t *testing.T) {
 	t.Parallel()
 	rdb := standaloneClient(t, sharedRedis.Addr())
-	f := newFixture(t, rdb, withShards(2), withAllocation(50))
-	for i := range 10 {
-		f.reserve(fmt.Sprintf("buyer-%d", i), "r", 1)
-	}
+	f := tenHeld(t, rdb)
 	proxy := testharness.FaultProxyT(t, "127.0.0.1:"+strconv.Itoa(sharedPG.Port()))
 	dsn := f.l.Pool().Config().ConnString()
 	proxied := strings.Replace(dsn, "127.0.0.1:"+strconv.Itoa(sharedPG.Port()), proxy.Addr(), 1)
@@ -97,10 +96,7 @@ func TestRebuildGivesUpWhenTheLedgerStalls(t *testing.T) {
 func TestRebuildWaitsForALedgerThatAnswers(t *testing.T) {
 	t.Parallel()
 	rdb := standaloneClient(t, sharedRedis.Addr())
-	f := newFixture(t, rdb, withShards(2), withAllocation(50))
-	for i := range 10 {
-		f.reserve(fmt.Sprintf("buyer-%d", i), "r", 1)
-	}
+	f := tenHeld(t, rdb)
 	ctx := context.Background()
 	tx, err := f.l.Pool().Begin(ctx)
 	if err != nil {
@@ -130,4 +126,14 @@ func TestRebuildWaitsForALedgerThatAnswers(t *testing.T) {
 	if c := f.assertConserved(); c.Reserved != 10 || c.Available != 40 {
 		t.Fatalf("after the rebuild: %+v; want 10 reserved and 40 available", c)
 	}
+}
+
+// tenHeld is a sale of 50 units on 2 shards, 10 of them held by ten buyers.
+func tenHeld(t *testing.T, rdb redis.UniversalClient) *fixture {
+	t.Helper()
+	f := newFixture(t, rdb, withShards(2), withAllocation(50))
+	for i := range 10 {
+		f.reserve(fmt.Sprintf("buyer-%d", i), "r", 1)
+	}
+	return f
 }
