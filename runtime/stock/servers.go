@@ -137,17 +137,40 @@ func identify(ctx context.Context, node *redis.Client) (serverID, error) {
 // shardServers returns the servers holding the campaign's shards, each once: in a
 // cluster, the masters of their slots by the client's slot map.
 func (s *Store) shardServers(ctx context.Context) ([]*redis.Client, error) {
-	var out []*redis.Client
-	seen := map[string]bool{}
-	for _, k := range s.shards {
+	held, err := s.shardsByServer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*redis.Client, 0, len(held))
+	for _, h := range held {
+		out = append(out, h.node)
+	}
+	return out, nil
+}
+
+// serverShards is one server holding shards of the campaign, and which.
+type serverShards struct {
+	node   *redis.Client
+	shards []int
+}
+
+// shardsByServer groups the campaign's shards by the server holding them,
+// in the order of their first shard.
+func (s *Store) shardsByServer(ctx context.Context) ([]serverShards, error) {
+	var out []serverShards
+	at := map[string]int{}
+	for i, k := range s.shards {
 		node, err := s.node(ctx, k.Meta())
 		if err != nil {
 			return nil, err
 		}
-		if addr := node.Options().Addr; !seen[addr] {
-			seen[addr] = true
-			out = append(out, node)
+		addr := node.Options().Addr
+		j, ok := at[addr]
+		if !ok {
+			j, at[addr] = len(out), len(out)
+			out = append(out, serverShards{node: node})
 		}
+		out[j].shards = append(out[j].shards, i)
 	}
 	return out, nil
 }

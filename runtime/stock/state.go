@@ -38,44 +38,32 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 // clock as soon as that server answers, or with the error (naming the
 // server) when it does not, so that a stalled server holds back its own
 // shards only, and costs its read timeout once, not once for each shard it
-// holds. fn runs on one goroutine per server (on the caller's for the
-// shards whose server could not be looked up); EachShardClock returns once
-// every call of fn has.
+// holds. fn runs on one goroutine per server (on the caller's, with every
+// shard, when the servers could not be looked up); EachShardClock returns
+// once every call of fn has.
 func (s *Store) EachShardClock(ctx context.Context, fn func(shards []int, now time.Time, err error)) {
-	servers := map[string][]int{}
-	nodes := map[string]*redis.Client{}
-	for i, sh := range s.shards {
-		node, err := s.node(ctx, sh.Meta())
-		if err != nil {
-			// The cluster's slot map is not there: no other shard's lookup
-			// would do better, and each would try to load it again.
-			fn(seq(i, len(s.shards)), time.Time{}, err)
-			break
+	held, err := s.shardsByServer(ctx)
+	if err != nil {
+		// The cluster's slot map is not there: no shard's server is known.
+		all := make([]int, len(s.shards))
+		for i := range all {
+			all[i] = i
 		}
-		addr := node.Options().Addr
-		servers[addr], nodes[addr] = append(servers[addr], i), node
+		fn(all, time.Time{}, err)
+		return
 	}
 	var wg sync.WaitGroup
-	for addr, held := range servers {
+	for _, h := range held {
 		wg.Go(func() {
-			now, err := nodes[addr].Time(ctx).Result()
+			now, err := h.node.Time(ctx).Result()
 			if err != nil {
 				s.redirected(ctx, err)
-				err = fmt.Errorf("time of %s: %w", addr, err)
+				err = fmt.Errorf("time of %s: %w", h.node.Options().Addr, err)
 			}
-			fn(held, now, err)
+			fn(h.shards, now, err)
 		})
 	}
 	wg.Wait()
-}
-
-// seq is from, from+1, ..., to-1.
-func seq(from, to int) []int {
-	out := make([]int, 0, to-from)
-	for i := from; i < to; i++ {
-		out = append(out, i)
-	}
-	return out
 }
 
 // ShardState is what a shard holds right now.
