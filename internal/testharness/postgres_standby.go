@@ -19,15 +19,24 @@ import (
 // would: a base backup taken over a replication connection (pg_basebackup
 // -R writes primary_conninfo), started on a free port. name becomes its
 // cluster_name, which it gives pg as its application_name. It returns once
-// pg lists it among its walsenders; Close stops it and removes its files.
+// pg lists it among its walsenders; Stop and Start restart it, Close stops
+// it and removes its files.
 func (pg *Postgres) StartStandby(name string) (*Postgres, error) {
+	return pg.StartStandbyWithSlot(name, "")
+}
+
+// StartStandbyWithSlot is StartStandby streaming from a new physical
+// replication slot of pg named slot, as CloudNativePG's and Patroni's
+// standbys do: pg keeps the slot, and the WAL the standby has not received,
+// while it is away. Closing the standby leaves the slot.
+func (pg *Postgres) StartStandbyWithSlot(name, slot string) (*Postgres, error) {
 	dir, err := tempDir("pgstandby")
 	if err != nil {
 		return nil, err
 	}
 	sb := &Postgres{binDir: pg.binDir, dir: dir, dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log"),
 		cred: pg.cred, extra: append(slices.Clone(pg.extra), "cluster_name="+name)}
-	if err := sb.baseBackup(pg); err != nil {
+	if err := sb.baseBackup(pg, slot); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -42,16 +51,19 @@ func (pg *Postgres) StartStandby(name string) (*Postgres, error) {
 	return sb, nil
 }
 
-func (sb *Postgres) baseBackup(primary *Postgres) error {
+func (sb *Postgres) baseBackup(primary *Postgres, slot string) error {
 	if sb.cred != nil {
 		if err := os.Chown(sb.dir, int(sb.cred.Uid), int(sb.cred.Gid)); err != nil {
 			return err
 		}
 	}
 	logPath := filepath.Join(sb.dir, "pg_basebackup.log")
-	p, err := startProc(logPath, sb.dir, sb.cred, []string{"LC_ALL=C"}, filepath.Join(sb.binDir, "pg_basebackup"),
-		"-D", sb.dataDir, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
-		"-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", pgSuperuser)
+	args := []string{"-D", sb.dataDir, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
+		"-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", pgSuperuser}
+	if slot != "" {
+		args = append(args, "--create-slot", "--slot", slot) // -R writes primary_slot_name
+	}
+	p, err := startProc(logPath, sb.dir, sb.cred, []string{"LC_ALL=C"}, filepath.Join(sb.binDir, "pg_basebackup"), args...)
 	if err != nil {
 		return err
 	}

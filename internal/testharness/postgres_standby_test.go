@@ -66,3 +66,41 @@ func TestPostgresStandby(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
+
+// A standby with a slot streams from it; stopped, it leaves the slot idle
+// on the primary, and started again it streams from it once more.
+func TestPostgresStandbyWithSlot(t *testing.T) {
+	t.Parallel()
+	pg := PostgresT(t)
+	sb, err := pg.StartStandbyWithSlot("pg-b", "pg_b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Close() })
+	primary := pgConnect(t, pg.AdminDSN())
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	slotActive := func(want bool) {
+		t.Helper()
+		for {
+			var active bool
+			err := primary.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'pg_b' AND slot_type = 'physical'").Scan(&active)
+			if err == nil && active == want {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("slot pg_b active %v, %v; want active %v", active, err, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	slotActive(true)
+	if err := sb.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	slotActive(false)
+	if err := sb.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slotActive(true)
+}

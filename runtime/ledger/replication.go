@@ -18,6 +18,12 @@ type Replication struct {
 	// they stream as a standby does but are no failover target. One that is
 	// synchronous lets a commit return before any standby has it.
 	BackupClients []Standby
+	// IdleSlots are the physical replication slots no client streams from
+	// now, by name: a standby that restarts, or is cut off, keeps its place
+	// in one (CloudNativePG and Patroni give each standby a slot), and the
+	// server keeps the WAL it has not received. A slot no standby will use
+	// again holds WAL back too.
+	IdleSlots []string
 	// SynchronousStandbyNames is the server's synchronous_standby_names:
 	// empty, a commit waits for no standby.
 	SynchronousStandbyNames string
@@ -43,11 +49,14 @@ type Standby struct {
 var BackupClientNames = []string{"pg_basebackup", "pg_receivewal", "barman_receive_wal", "barman_streaming_backup"}
 
 // sqlReplication reads Replication. A physical walsender is connected to no
-// database (datid NULL in pg_stat_activity, which every role may read).
+// database (datid NULL in pg_stat_activity, which every role may read), and
+// every role may read pg_replication_slots.
 const sqlReplication = `SELECT coalesce(array_agg(coalesce(nullif(a.application_name, '')::text, '(unnamed)') ORDER BY a.application_name, r.pid), '{}'),
     coalesce(array_agg(coalesce(r.sync_state, '') ORDER BY a.application_name, r.pid), '{}'),
     coalesce(array_agg(coalesce(a.application_name, '') = ANY ($1::text[]) ORDER BY a.application_name, r.pid), '{}'),
-    current_setting('synchronous_standby_names'), current_setting('synchronous_commit')
+    current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
+    (SELECT coalesce(array_agg(slot_name::text ORDER BY slot_name), '{}') FROM pg_replication_slots
+        WHERE slot_type = 'physical' AND NOT active AND NOT temporary)
 FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
 WHERE a.datid IS NULL`
 
@@ -58,7 +67,7 @@ func (l *Ledger) Replication(ctx context.Context) (Replication, error) {
 		names, syncs []string
 		backups      []bool
 	)
-	if err := l.pool.QueryRow(ctx, sqlReplication, BackupClientNames).Scan(&names, &syncs, &backups, &r.SynchronousStandbyNames, &r.SynchronousCommit); err != nil {
+	if err := l.pool.QueryRow(ctx, sqlReplication, BackupClientNames).Scan(&names, &syncs, &backups, &r.SynchronousStandbyNames, &r.SynchronousCommit, &r.IdleSlots); err != nil {
 		return Replication{}, failed("replication", err)
 	}
 	for i, name := range names {

@@ -12,7 +12,8 @@ import (
 // Replication lists the physical standbys streaming from the ledger's
 // server, by name, to a role with no monitoring privilege, and leaves out a
 // logical walsender (a change-data-capture consumer) and a base backup; it
-// reads the synchronous settings as the ledger's sessions commit.
+// reads the synchronous settings as the ledger's sessions commit, and the
+// physical slots no standby streams from.
 func TestReplicationListsStandbys(t *testing.T) {
 	t.Parallel()
 	// Its own server: a standby and wal_level=logical are the server's.
@@ -130,5 +131,29 @@ func TestReplicationListsStandbys(t *testing.T) {
 	await("pg_receivewal synchronous, read by a superuser", admin, func(r Replication) bool {
 		return slices.Equal(r.BackupClients, []Standby{{Name: "pg_receivewal", SyncState: "sync"}}) &&
 			slices.Equal(r.Standbys, standbys("potential", "async"))
+	})
+
+	// A physical slot no client streams from is listed, to a plain role; one
+	// a standby streams from is not, until the standby stops; a logical
+	// slot (the receiver's) never is.
+	if _, err := admin.Pool().Exec(ctx, `SELECT pg_create_physical_replication_slot('pg_away')`); err != nil {
+		t.Fatal(err)
+	}
+	if r := read("an idle slot"); !slices.Equal(r.IdleSlots, []string{"pg_away"}) {
+		t.Fatalf("an idle slot, read by a plain role: %+v; want IdleSlots [pg_away]", r)
+	}
+	sb, err := pg.StartStandbyWithSlot("pg-d", "pg_d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Close() })
+	if r := read("a standby streaming from its slot"); !slices.Equal(r.IdleSlots, []string{"pg_away"}) || len(r.Standbys) != 3 {
+		t.Fatalf("a standby streaming from its slot: %+v; want IdleSlots [pg_away] and three standbys", r)
+	}
+	if err := sb.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	await("the standby stopped", l, func(r Replication) bool {
+		return slices.Equal(r.IdleSlots, []string{"pg_away", "pg_d"}) && len(r.Standbys) == 2
 	})
 }
