@@ -15,7 +15,9 @@ import (
 // application_names of the ledger's standbys that are never promoted (a
 // managed service's read replicas beside its storage-level HA, a reporting
 // replica): LedgerFailoverSafe counts them as it counts a backup tool's WAL
-// client, as no failover target, reported only when one is synchronous.
+// client, as no failover target, reported only when one is synchronous. It
+// also names the physical replication slots of clients that are no
+// failover target (a backup tool's), which then count for no standby away.
 const AnnotationStandbysNeverPromoted = "flashsale.dev/ledger-standbys-never-promoted"
 
 // replicationVerdict is LedgerFailoverSafe's verdict: whether a failover of
@@ -41,7 +43,7 @@ func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
 
 // neverPromoted moves the standbys that names lists
 // (AnnotationStandbysNeverPromoted) to the clients that are no failover
-// target.
+// target, and drops the idle replication slots it names (a backup tool's).
 func neverPromoted(r engine.Replication, names string) engine.Replication {
 	skip := map[string]bool{}
 	for _, n := range strings.Split(names, ",") {
@@ -62,6 +64,7 @@ func neverPromoted(r engine.Replication, names string) engine.Replication {
 		}
 	}
 	r.Standbys = standbys
+	r.IdleSlots = slices.DeleteFunc(slices.Clone(r.IdleSlots), func(slot string) bool { return skip[slot] })
 	return r
 }
 
@@ -73,7 +76,10 @@ func neverPromoted(r engine.Replication, names string) engine.Replication {
 // two mistakes found: a backup tool's WAL client synchronous (a commit may
 // return once only it has the commit), and standbys none of which the
 // setting names (all async). A potential standby (named, not chosen yet, or
-// catching up) is a candidate: with none synchronous, commits wait.
+// catching up) is a candidate: with none synchronous, commits wait. An idle
+// physical replication slot is a standby away (restarting, or cut off),
+// still a failover target: the verdict holds while it is away rather than
+// turning NoStandby until it streams again.
 func judgeReplication(r engine.Replication) *replicationVerdict {
 	const loses = "a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice)"
 	var backups []engine.Standby
@@ -82,12 +88,17 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 			backups = append(backups, c)
 		}
 	}
-	allAsync := true
+	allAsync := len(r.Standbys) > 0
 	for _, sb := range r.Standbys {
 		allAsync = allAsync && sb.SyncState == "async"
 	}
+	targets := len(r.Standbys) + len(r.IdleSlots)
+	var drop string
+	if len(r.IdleSlots) > 0 {
+		drop = "; drop a slot no standby will use again (it also holds WAL back)"
+	}
 	switch {
-	case len(r.Standbys) == 0:
+	case targets == 0:
 		msg := "PostgreSQL streams its WAL to no standby: nothing a failover could promote has fewer commits than it"
 		if len(r.BackupClients) > 0 {
 			msg += fmt.Sprintf(" (it streams to %s, no failover target)", listed(r.BackupClients))
@@ -95,24 +106,74 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 		return &replicationVerdict{safe: true, reason: ReasonNoStandby, message: msg}
 	case r.SynchronousStandbyNames == "":
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"PostgreSQL streams to %s asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so %s; make the replication synchronous, or never promote %s",
-			standbys(r.Standbys), loses, them(r.Standbys))}
+			"PostgreSQL streams asynchronously (synchronous_standby_names is empty) to %s: a commit returns before any standby has it, so %s; make the replication synchronous, or never promote %s%s",
+			streamsTo(r), loses, them(targets), drop)}
 	case r.SynchronousCommit == "local" || r.SynchronousCommit == "off":
 		return &replicationVerdict{reason: ReasonLocalCommit, message: fmt.Sprintf(
-			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of the %s PostgreSQL streams to, so %s; set it to on for the ledger's role and database",
-			r.SynchronousCommit, r.SynchronousStandbyNames, standbys(r.Standbys), loses)}
+			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of %s, so %s; set it to on for the ledger's role and database",
+			r.SynchronousCommit, r.SynchronousStandbyNames, whom(r), loses)}
 	case len(backups) > 0:
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"synchronous_standby_names %s lets a client that is no failover target (a backup tool's, or one the sale's %s annotation names) stand for a standby (%s): a commit may return once only it has the commit, before the %s PostgreSQL streams to, so %s; name the standbys instead",
-			r.SynchronousStandbyNames, AnnotationStandbysNeverPromoted, listed(backups), standbys(r.Standbys), loses)}
+			"synchronous_standby_names %s lets a client that is no failover target (a backup tool's, or one the sale's %s annotation names) stand for a standby (%s): a commit may return once only it has the commit, before %s, so %s; name the standbys instead",
+			r.SynchronousStandbyNames, AnnotationStandbysNeverPromoted, listed(backups), whom(r), loses)}
 	case allAsync:
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"synchronous_standby_names %s names none of the %s PostgreSQL streams to: a commit waits for none of them, so %s; name them in it",
-			r.SynchronousStandbyNames, standbys(r.Standbys), loses)}
+			"synchronous_standby_names %s names none of %s: a commit waits for none of them, so %s; name them in it",
+			r.SynchronousStandbyNames, whom(r), loses)}
 	}
-	return &replicationVerdict{safe: true, reason: ReasonSynchronousStandby, message: fmt.Sprintf(
-		"PostgreSQL streams to %s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
-		standbys(r.Standbys), r.SynchronousStandbyNames, r.SynchronousCommit)}
+	msg := fmt.Sprintf("PostgreSQL streams to %s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
+		streamsTo(r), r.SynchronousStandbyNames, r.SynchronousCommit)
+	if len(r.Standbys) == 0 {
+		msg += ": commits wait until a standby streams again"
+	}
+	return &replicationVerdict{safe: true, reason: ReasonSynchronousStandby, message: msg}
+}
+
+// streamsTo is "1 standby (pg-b async)", with the standbys away after it:
+// "1 standby (pg-b async), and 1 more is away (its slot pg_c idle)", or
+// "no standby now; 2 are away (their slots pg_b, pg_c idle)".
+func streamsTo(r engine.Replication) string {
+	switch {
+	case len(r.IdleSlots) == 0:
+		return standbys(r.Standbys)
+	case len(r.Standbys) == 0:
+		return fmt.Sprintf("no standby now; %s %s away %s", count(r.IdleSlots), isAre(r.IdleSlots), idleSlots(r.IdleSlots))
+	}
+	return fmt.Sprintf("%s, and %s more %s away %s", standbys(r.Standbys), count(r.IdleSlots), isAre(r.IdleSlots), idleSlots(r.IdleSlots))
+}
+
+// whom is streamsTo after "of" or "before": "the 1 standby (pg-b)
+// PostgreSQL streams to and the 1 away (its slot pg_c idle)", or "the 2
+// standbys away (their slots pg_b, pg_c idle)".
+func whom(r engine.Replication) string {
+	switch {
+	case len(r.IdleSlots) == 0:
+		return "the " + standbys(r.Standbys) + " PostgreSQL streams to"
+	case len(r.Standbys) == 0:
+		return fmt.Sprintf("the %s away %s", nouned(len(r.IdleSlots)), idleSlots(r.IdleSlots))
+	}
+	return fmt.Sprintf("the %s PostgreSQL streams to and the %s away %s", standbys(r.Standbys), count(r.IdleSlots), idleSlots(r.IdleSlots))
+}
+
+// idleSlots is "(its slot pg_b idle)" or "(their slots pg_b, pg_c idle)".
+func idleSlots(slots []string) string {
+	named := make([]engine.Standby, len(slots))
+	for i, s := range slots {
+		named[i] = engine.Standby{Name: s}
+	}
+	if len(slots) == 1 {
+		return "(its slot " + listed(named) + " idle)"
+	}
+	return "(their slots " + listed(named) + " idle)"
+}
+
+func count(slots []string) string { return fmt.Sprint(len(slots)) }
+
+func isAre(slots []string) string {
+	if len(slots) == 1 {
+		return "is"
+	}
+	return "are"
 }
 
 // standbysNamed is how many standbys a message names: a cluster has a few.
@@ -121,11 +182,15 @@ const standbysNamed = 5
 // standbys is "1 standby (pg-b)", "2 standbys (pg-b sync, pg-c potential)"
 // when their sync_state is known, or "7 standbys (a, b, c, d, e and 2 more)".
 func standbys(list []engine.Standby) string {
-	noun := "standbys"
-	if len(list) == 1 {
-		noun = "standby"
+	return fmt.Sprintf("%s (%s)", nouned(len(list)), listed(list))
+}
+
+// nouned is "1 standby" or "2 standbys".
+func nouned(n int) string {
+	if n == 1 {
+		return "1 standby"
 	}
-	return fmt.Sprintf("%d %s (%s)", len(list), noun, listed(list))
+	return fmt.Sprintf("%d standbys", n)
 }
 
 // listed is "pg-b sync, pg-c potential", at most standbysNamed of them.
@@ -141,8 +206,8 @@ func listed(list []engine.Standby) string {
 	return names
 }
 
-func them(list []engine.Standby) string {
-	if len(list) == 1 {
+func them(n int) string {
+	if n == 1 {
 		return "it"
 	}
 	return "them"

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -33,9 +34,9 @@ func TestJudgeReplication(t *testing.T) {
 		{"no standby, local commits", engine.Replication{SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, true, ReasonNoStandby,
 			"no standby"},
 		{"one asynchronous standby", engine.Replication{Standbys: named("pg-b"), SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
-			"PostgreSQL streams to 1 standby (pg-b) asynchronously (synchronous_standby_names is empty): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote it"},
+			"PostgreSQL streams asynchronously (synchronous_standby_names is empty) to 1 standby (pg-b): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote it"},
 		{"many asynchronous standbys", engine.Replication{Standbys: named("a", "b", "c", "d", "e", "f", "g"), SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
-			"streams to 7 standbys (a, b, c, d, e and 2 more) asynchronously"},
+			"streams asynchronously (synchronous_standby_names is empty) to 7 standbys (a, b, c, d, e and 2 more)"},
 		{"synchronous, sync_state unseen", engine.Replication{Standbys: named("pg-b", "pg-c"), SynchronousStandbyNames: `ANY 1 ("pg-b", "pg-c")`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
 			`PostgreSQL streams to 2 standbys (pg-b, pg-c), and a commit waits for synchronous_standby_names ANY 1 ("pg-b", "pg-c") (synchronous_commit on)`},
 		{"synchronous, sync_state seen", engine.Replication{Standbys: named("pg-b sync", "pg-c potential"), SynchronousStandbyNames: `FIRST 1 ("pg-b", "pg-c")`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
@@ -58,6 +59,21 @@ func TestJudgeReplication(t *testing.T) {
 			"(pg-b potential)"},
 		{"local commits", engine.Replication{Standbys: named("pg-b"), SynchronousStandbyNames: "pg-b", SynchronousCommit: "local"}, false, ReasonLocalCommit,
 			"synchronous_commit is local: a commit returns without waiting for the synchronous standbys (synchronous_standby_names pg-b) of the 1 standby (pg-b) PostgreSQL streams to"},
+		// A standby away (restarting, cut off) keeps its slot: the verdict
+		// holds until it streams again.
+		{"a standby away, asynchronous", engine.Replication{IdleSlots: []string{"pg_b"}, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			"PostgreSQL streams asynchronously (synchronous_standby_names is empty) to no standby now; 1 is away (its slot pg_b idle): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote it; drop a slot no standby will use again (it also holds WAL back)"},
+		{"one streaming and two away, asynchronous", engine.Replication{Standbys: named("pg-b"), IdleSlots: []string{"pg_c", "pg_d"}, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			"to 1 standby (pg-b), and 2 more are away (their slots pg_c, pg_d idle): a commit returns before any standby has it, so a failover to one loses the last reservations and payments the sale answered for (a paid order is PENDING again, and a rebuild sells its unit twice); make the replication synchronous, or never promote them;"},
+		{"the synchronous standby away: commits wait", engine.Replication{IdleSlots: []string{"pg_b"}, SynchronousStandbyNames: `"pg-b"`, SynchronousCommit: "on"}, true, ReasonSynchronousStandby,
+			`PostgreSQL streams to no standby now; 1 is away (its slot pg_b idle), and a commit waits for synchronous_standby_names "pg-b" (synchronous_commit on): commits wait until a standby streams again`},
+		{"a standby away, local commits", engine.Replication{IdleSlots: []string{"pg_b", "pg_c"}, SynchronousStandbyNames: `"pg-b"`, SynchronousCommit: "local"}, false, ReasonLocalCommit,
+			`(synchronous_standby_names "pg-b") of the 2 standbys away (their slots pg_b, pg_c idle), so`},
+		{"none named, one away", engine.Replication{Standbys: named("pg-b async"), IdleSlots: []string{"pg_c"}, SynchronousStandbyNames: `"pg-x"`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			`names none of the 1 standby (pg-b async) PostgreSQL streams to and the 1 away (its slot pg_c idle): a commit waits`},
+		{"a backup client synchronous, the standby away", engine.Replication{BackupClients: named("pg_receivewal sync"), IdleSlots: []string{"pg_b"},
+			SynchronousStandbyNames: `FIRST 1 (pg_receivewal, "pg-b")`, SynchronousCommit: "on"}, false, ReasonAsynchronousStandby,
+			"before the 1 standby away (its slot pg_b idle), so"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			v := judgeReplication(c.rep)
@@ -69,7 +85,8 @@ func TestJudgeReplication(t *testing.T) {
 }
 
 // neverPromoted: the standbys the annotation names (trimmed, comma-separated)
-// are no failover target, and count as backup clients do.
+// are no failover target, and count as backup clients do; the idle slots it
+// names are no standby away.
 func TestNeverPromoted(t *testing.T) {
 	r := engine.Replication{
 		Standbys:                []engine.Standby{{Name: "pg-b", SyncState: "sync"}, {Name: "reporting", SyncState: "async"}},
@@ -96,5 +113,14 @@ func TestNeverPromoted(t *testing.T) {
 	}
 	if listed(r.BackupClients) != "pg_receivewal async" {
 		t.Errorf("neverPromoted changed its argument's backup clients: %q", listed(r.BackupClients))
+	}
+
+	// A backup tool's idle slot, named, is no standby away.
+	r = engine.Replication{IdleSlots: []string{"barman", "pg_c"}, SynchronousCommit: "on"}
+	if got := neverPromoted(r, "barman"); !slices.Equal(got.IdleSlots, []string{"pg_c"}) || !slices.Equal(r.IdleSlots, []string{"barman", "pg_c"}) {
+		t.Errorf("the slot barman named: idle slots %q, its argument's %q; want [pg_c], [barman pg_c]", got.IdleSlots, r.IdleSlots)
+	}
+	if v := judgeReplication(neverPromoted(r, "pg_c, barman")); v.reason != ReasonNoStandby {
+		t.Errorf("both slots named: %s %q; want %s", v.reason, v.message, ReasonNoStandby)
 	}
 }

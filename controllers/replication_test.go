@@ -17,7 +17,8 @@ import (
 // A ledger that streams to a standby without waiting for it is reported:
 // LedgerFailoverSafe turns False naming the standby, with a Warning, then
 // True once commits wait for it, and False again when they are made local.
-// The sale stays Ready throughout. (The operator's role here is a
+// A restart of the standby, which keeps its replication slot, leaves the
+// verdict as it is. The sale stays Ready throughout. (The operator's role here is a
 // superuser, so the messages carry the standby's sync_state.)
 func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 	t.Parallel()
@@ -36,13 +37,13 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 			return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, text)
 		}
 	}
-	standby, err := pg.StartStandby("pg-b")
+	standby, err := pg.StartStandbyWithSlot("pg-b", "pg_b")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = standby.Close() })
 	fs := e.waitFor("repl", settle, "LedgerFailoverSafe False, the standby asynchronous",
-		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams to 1 standby (pg-b async) asynchronously"))
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams asynchronously (synchronous_standby_names is empty) to 1 standby (pg-b async)"))
 	if !conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue) {
 		t.Fatalf("Ready is not True beside an asynchronous standby: %+v", meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady))
 	}
@@ -68,8 +69,25 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 	e.waitFor("repl", settle, "LedgerFailoverSafe True, pg-b never promoted",
 		says(metav1.ConditionTrue, controllers.ReasonNoStandby, "(it streams to pg-b async, no failover target)"))
 	setNeverPromoted("")
-	e.waitFor("repl", settle, "LedgerFailoverSafe False again without the annotation",
-		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams to 1 standby (pg-b async) asynchronously"))
+	fs = e.waitFor("repl", settle, "LedgerFailoverSafe False again without the annotation",
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams asynchronously (synchronous_standby_names is empty) to 1 standby (pg-b async)"))
+
+	// A standby that restarts keeps its slot: the verdict holds while it is
+	// away, and the condition does not turn True and back.
+	since := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerFailoverSafe).LastTransitionTime
+	if err := standby.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("repl", settle, "LedgerFailoverSafe False while the standby is away",
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "to no standby now; 1 is away (its slot pg_b idle)"))
+	if err := standby.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fs = e.waitFor("repl", settle, "LedgerFailoverSafe False, the standby back",
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "PostgreSQL streams asynchronously (synchronous_standby_names is empty) to 1 standby (pg-b async):"))
+	if c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionLedgerFailoverSafe); !c.LastTransitionTime.Equal(&since) {
+		t.Fatalf("LedgerFailoverSafe moved while the standby restarted: last transition %v, before the restart %v", c.LastTransitionTime, since)
+	}
 
 	// Commits wait for the standby from here on: it must outlive every
 	// session that commits, so the settings are put back before it stops.

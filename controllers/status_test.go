@@ -149,12 +149,12 @@ func TestComputeStatus(t *testing.T) {
 			},
 			phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"ClocksInStep": "False/InStep"}},
 		{name: "an asynchronous standby: reported beside a Ready sale", facts: with(healthy(), func(f *facts) {
-			f.replication = &replicationVerdict{reason: ReasonAsynchronousStandby, message: "PostgreSQL streams to 1 standby (pg-b) asynchronously"}
+			f.replication = &replicationVerdict{reason: ReasonAsynchronousStandby, message: "PostgreSQL streams asynchronously (synchronous_standby_names is empty) to 1 standby (pg-b)"}
 		}), phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"Ready": "True/Ready", "LedgerFailoverSafe": "False/AsynchronousStandby"}},
 		{name: "replication not read: LedgerFailoverSafe keeps what it said", facts: with(healthy(), func(f *facts) { f.replication = nil }),
 			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: flashsalev1alpha1.ConditionLedgerFailoverSafe,
-					Status: metav1.ConditionFalse, Reason: ReasonAsynchronousStandby, Message: "PostgreSQL streams to 1 standby (pg-b) asynchronously"})
+					Status: metav1.ConditionFalse, Reason: ReasonAsynchronousStandby, Message: "PostgreSQL streams asynchronously (synchronous_standby_names is empty) to 1 standby (pg-b)"})
 			},
 			phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"LedgerFailoverSafe": "False/AsynchronousStandby"}},
 		{name: "a Secret missing, no connections", facts: stopped(func(f *facts) {
