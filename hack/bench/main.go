@@ -169,6 +169,10 @@ func main() {
 	}
 }
 
+// maxBuyers bounds --concurrency: an overload storm, far beyond what two
+// cores serve, within the file descriptors both ends of each buyer hold.
+const maxBuyers = 4096
+
 func (o *options) validate() error {
 	switch {
 	case o.Duration <= 0 || o.SoldOutDuration <= 0 || o.HotRowDuration <= 0 || o.Warmup < 0:
@@ -195,11 +199,18 @@ func (o *options) validate() error {
 
 // validateLists checks the values of the list flags one by one.
 func (o *options) validateLists() error {
-	for _, c := range append(append([]int{}, o.Concurrency...), o.HotRowClients...) {
-		// The harness's PostgreSQL allows 300 connections; the ledger pools and
-		// the audit need a few of them.
+	for _, c := range o.Concurrency {
+		// Buyers hold no PostgreSQL connection of their own (the bucket
+		// handler pools bucketConns); each holds a socket at both ends.
+		if c < 1 || c > maxBuyers {
+			return fmt.Errorf("--concurrency %d out of 1..%d", c, maxBuyers)
+		}
+	}
+	for _, c := range o.HotRowClients {
+		// A hot-row client holds a connection of the harness's PostgreSQL,
+		// which allows 300; the ledger pools and the audit need a few.
 		if c < 1 || c > 280 {
-			return fmt.Errorf("concurrency %d out of 1..280", c)
+			return fmt.Errorf("--hotrow-clients %d out of 1..280", c)
 		}
 	}
 	for _, s := range o.Skip {

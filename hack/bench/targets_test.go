@@ -84,6 +84,11 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 	if err := good().validate(); err != nil {
 		t.Fatalf("good options refused: %v", err)
 	}
+	overload := good()
+	overload.Concurrency = []int{64, 1024, maxBuyers}
+	if err := overload.validate(); err != nil {
+		t.Fatalf("an overload storm refused: %v", err)
+	}
 	for name, tc := range map[string]struct {
 		change func(*options)
 		want   string
@@ -95,6 +100,9 @@ func TestValidateRefusesBadVariantsAndCommitRuns(t *testing.T) {
 		"binary, no reserve-b":  {func(o *options) { o.FlashsaleB = "/bin/true" }, "--flashsale-b"},
 		"no commit connections": {func(o *options) { o.Commits.Conns = 0 }, "--limits-commit-conns"},
 		"too many connections":  {func(o *options) { o.Commits.Conns = 281 }, "--limits-commit-conns"},
+		"too many buyers":       {func(o *options) { o.Concurrency = []int{64, maxBuyers + 1} }, "--concurrency 4097"},
+		"no buyer":              {func(o *options) { o.Concurrency = []int{0} }, "--concurrency 0"},
+		"too many hot-row":      {func(o *options) { o.HotRowClients = []int{281} }, "--hotrow-clients 281"},
 		"negative limit rounds": {func(o *options) { o.Limits.Rounds = -1 }, "--limits-rounds"},
 		"unknown skip":          {func(o *options) { o.Skip = []string{"commit"} }, `--skip "commit"`},
 		"unknown profile storm": {func(o *options) { o.ProfileStorm = "soldout" }, `--profile-storm "soldout"`},
