@@ -78,10 +78,10 @@ func TestPostgresStandbyWithSlot(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sb.Close() })
 	primary := pgConnect(t, pg.AdminDSN())
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
-	defer cancel()
 	slotActive := func(want bool) {
 		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+		defer cancel()
 		for {
 			var active bool
 			err := primary.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'pg_b' AND slot_type = 'physical'").Scan(&active)

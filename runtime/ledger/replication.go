@@ -22,7 +22,11 @@ type Replication struct {
 	// now, by name: a standby that restarts, or is cut off, keeps its place
 	// in one (CloudNativePG and Patroni give each standby a slot), and the
 	// server keeps the WAL it has not received. A slot no standby will use
-	// again holds WAL back too.
+	// again holds WAL back too. Left out: a slot no client ever streamed
+	// from (no restart_lsn), and one whose WAL is gone (wal_status lost:
+	// its standby cannot stream from it again without a new base backup).
+	// A slot still held by a walsender that has left pg_stat_replication
+	// (its client just went) is idle.
 	IdleSlots []string
 	// SynchronousStandbyNames is the server's synchronous_standby_names:
 	// empty, a commit waits for no standby.
@@ -55,8 +59,9 @@ const sqlReplication = `SELECT coalesce(array_agg(coalesce(nullif(a.application_
     coalesce(array_agg(coalesce(r.sync_state, '') ORDER BY a.application_name, r.pid), '{}'),
     coalesce(array_agg(coalesce(a.application_name, '') = ANY ($1::text[]) ORDER BY a.application_name, r.pid), '{}'),
     current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
-    (SELECT coalesce(array_agg(slot_name::text ORDER BY slot_name), '{}') FROM pg_replication_slots
-        WHERE slot_type = 'physical' AND NOT active AND NOT temporary)
+    (SELECT coalesce(array_agg(s.slot_name::text ORDER BY s.slot_name), '{}') FROM pg_replication_slots s
+        WHERE s.slot_type = 'physical' AND NOT s.temporary AND s.restart_lsn IS NOT NULL AND s.wal_status IS DISTINCT FROM 'lost'
+        AND (NOT s.active OR s.active_pid NOT IN (SELECT w.pid FROM pg_stat_replication w)))
 FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
 WHERE a.datid IS NULL`
 

@@ -135,9 +135,14 @@ func TestReplicationListsStandbys(t *testing.T) {
 
 	// A physical slot no client streams from is listed, to a plain role; one
 	// a standby streams from is not, until the standby stops; a logical
-	// slot (the receiver's) never is.
-	if _, err := admin.Pool().Exec(ctx, `SELECT pg_create_physical_replication_slot('pg_away')`); err != nil {
-		t.Fatal(err)
+	// slot (the receiver's) and one no client ever streamed from never are.
+	for _, stmt := range []string{
+		`SELECT pg_create_physical_replication_slot('pg_away', true)`,
+		`SELECT pg_create_physical_replication_slot('pg_never_used')`, // no WAL reserved: no standby's place
+	} {
+		if _, err := admin.Pool().Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
 	}
 	if r := read("an idle slot"); !slices.Equal(r.IdleSlots, []string{"pg_away"}) {
 		t.Fatalf("an idle slot, read by a plain role: %+v; want IdleSlots [pg_away]", r)
@@ -155,5 +160,18 @@ func TestReplicationListsStandbys(t *testing.T) {
 	}
 	await("the standby stopped", l, func(r Replication) bool {
 		return slices.Equal(r.IdleSlots, []string{"pg_away", "pg_d"}) && len(r.Standbys) == 2
+	})
+
+	// A slot whose WAL the server removed (max_slot_wal_keep_size) is lost:
+	// its standby needs a new base backup, and the slot counts for none.
+	t.Cleanup(func() { set(`ALTER SYSTEM RESET max_slot_wal_keep_size`) })
+	set(`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
+	await("the idle slots lost", l, func(r Replication) bool {
+		for _, stmt := range []string{`CHECKPOINT`, `SELECT pg_switch_wal()`, `CHECKPOINT`} { // a checkpoint writes WAL to switch from
+			if _, err := admin.Pool().Exec(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+		return len(r.IdleSlots) == 0
 	})
 }
