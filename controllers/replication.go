@@ -106,8 +106,8 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 		return &replicationVerdict{safe: true, reason: ReasonNoStandby, message: msg}
 	case r.SynchronousStandbyNames == "":
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"PostgreSQL streams asynchronously (synchronous_standby_names is empty) to %s: a commit returns before any standby has it, so %s; make the replication synchronous, or never promote %s%s",
-			streamsTo(r), loses, them(targets), drop)}
+			"%s: a commit returns before any standby has it, so %s; make the replication synchronous, or never promote %s%s",
+			streams(r, true), loses, them(targets), drop)}
 	case r.SynchronousCommit == "local" || r.SynchronousCommit == "off":
 		return &replicationVerdict{reason: ReasonLocalCommit, message: fmt.Sprintf(
 			"synchronous_commit is %s: a commit returns without waiting for the synchronous standbys (synchronous_standby_names %s) of %s, so %s; set it to on for the ledger's role and database",
@@ -116,35 +116,52 @@ func judgeReplication(r engine.Replication) *replicationVerdict {
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
 			"synchronous_standby_names %s lets a client that is no failover target (a backup tool's, or one the sale's %s annotation names) stand for a standby (%s): a commit may return once only it has the commit, before %s, so %s; name the standbys instead",
 			r.SynchronousStandbyNames, AnnotationStandbysNeverPromoted, listed(backups), whom(r), loses)}
+	case allAsync && len(r.IdleSlots) > 0:
+		// The setting names application_names, the slots are named
+		// otherwise: it may name a standby away, whose return commits then
+		// wait for.
+		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
+			"synchronous_standby_names %s names none of the %s PostgreSQL streams to; unless it names one of the %d away %s, whose return commits then wait for, a commit waits for no standby, so %s; name the standbys (by application_name) in it",
+			r.SynchronousStandbyNames, standbys(r.Standbys), len(r.IdleSlots), idleSlots(r.IdleSlots), loses)}
 	case allAsync:
 		return &replicationVerdict{reason: ReasonAsynchronousStandby, message: fmt.Sprintf(
-			"synchronous_standby_names %s names none of %s: a commit waits for none of them, so %s; name them in it",
+			"synchronous_standby_names %s names none of %s: a commit waits for none of them, so %s; name them (by application_name) in it",
 			r.SynchronousStandbyNames, whom(r), loses)}
 	}
-	msg := fmt.Sprintf("PostgreSQL streams to %s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
-		streamsTo(r), r.SynchronousStandbyNames, r.SynchronousCommit)
+	msg := fmt.Sprintf("%s, and a commit waits for synchronous_standby_names %s (synchronous_commit %s)",
+		streams(r, false), r.SynchronousStandbyNames, r.SynchronousCommit)
 	if len(r.Standbys) == 0 {
 		msg += ": commits wait until a standby streams again"
 	}
 	return &replicationVerdict{safe: true, reason: ReasonSynchronousStandby, message: msg}
 }
 
-// streamsTo is "1 standby (pg-b async)", with the standbys away after it:
-// "1 standby (pg-b async), and 1 more is away (its slot pg_c idle)", or
-// "no standby now; 2 are away (their slots pg_b, pg_c idle)".
-func streamsTo(r engine.Replication) string {
-	switch {
-	case len(r.IdleSlots) == 0:
-		return standbys(r.Standbys)
-	case len(r.Standbys) == 0:
-		return fmt.Sprintf("no standby now; %s %s away %s", count(r.IdleSlots), isAre(r.IdleSlots), idleSlots(r.IdleSlots))
+// streams says whom PostgreSQL streams to, asynchronously or not: "PostgreSQL
+// streams asynchronously (synchronous_standby_names is empty) to 1 standby
+// (pg-b), 1 more away (its slot pg_c idle)", or, with none streaming, "No
+// standby streams from PostgreSQL now, but 2 are away (their slots pg_b,
+// pg_c idle)".
+func streams(r engine.Replication, async bool) string {
+	if len(r.Standbys) == 0 {
+		msg := fmt.Sprintf("No standby streams from PostgreSQL now, but %d %s away %s", len(r.IdleSlots), isAre(r.IdleSlots), idleSlots(r.IdleSlots))
+		if async {
+			msg += ", and synchronous_standby_names is empty"
+		}
+		return msg
 	}
-	return fmt.Sprintf("%s, and %s more %s away %s", standbys(r.Standbys), count(r.IdleSlots), isAre(r.IdleSlots), idleSlots(r.IdleSlots))
+	msg := "PostgreSQL streams to " + standbys(r.Standbys)
+	if async {
+		msg = "PostgreSQL streams asynchronously (synchronous_standby_names is empty) to " + standbys(r.Standbys)
+	}
+	if len(r.IdleSlots) > 0 {
+		msg += fmt.Sprintf(", %d more away %s", len(r.IdleSlots), idleSlots(r.IdleSlots))
+	}
+	return msg
 }
 
-// whom is streamsTo after "of" or "before": "the 1 standby (pg-b)
-// PostgreSQL streams to and the 1 away (its slot pg_c idle)", or "the 2
-// standbys away (their slots pg_b, pg_c idle)".
+// whom is whom PostgreSQL streams to, after "of" or "before": "the 1
+// standby (pg-b) PostgreSQL streams to and the 1 away (its slot pg_c
+// idle)", or "the 2 standbys away (their slots pg_b, pg_c idle)".
 func whom(r engine.Replication) string {
 	switch {
 	case len(r.IdleSlots) == 0:
@@ -152,7 +169,7 @@ func whom(r engine.Replication) string {
 	case len(r.Standbys) == 0:
 		return fmt.Sprintf("the %s away %s", nouned(len(r.IdleSlots)), idleSlots(r.IdleSlots))
 	}
-	return fmt.Sprintf("the %s PostgreSQL streams to and the %s away %s", standbys(r.Standbys), count(r.IdleSlots), idleSlots(r.IdleSlots))
+	return fmt.Sprintf("the %s PostgreSQL streams to and the %d away %s", standbys(r.Standbys), len(r.IdleSlots), idleSlots(r.IdleSlots))
 }
 
 // idleSlots is "(its slot pg_b idle)" or "(their slots pg_b, pg_c idle)".
@@ -166,8 +183,6 @@ func idleSlots(slots []string) string {
 	}
 	return "(their slots " + listed(named) + " idle)"
 }
-
-func count(slots []string) string { return fmt.Sprint(len(slots)) }
 
 func isAre(slots []string) string {
 	if len(slots) == 1 {

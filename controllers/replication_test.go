@@ -79,7 +79,7 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitFor("repl", settle, "LedgerFailoverSafe False while the standby is away",
-		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "to no standby now; 1 is away (its slot pg_b idle)"))
+		says(metav1.ConditionFalse, controllers.ReasonAsynchronousStandby, "No standby streams from PostgreSQL now, but 1 is away (its slot pg_b idle), and synchronous_standby_names is empty"))
 	if err := standby.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 	set(`ALTER SYSTEM SET synchronous_standby_names = '"pg-b"'`)
 	e.waitFor("repl", settle, "LedgerFailoverSafe True, the standby synchronous",
 		says(metav1.ConditionTrue, controllers.ReasonSynchronousStandby, `PostgreSQL streams to 1 standby (pg-b sync), and a commit waits for synchronous_standby_names "pg-b"`))
-	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonFailoverSafe, "LedgerFailoverSafe again") {
+	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonFailoverSafe, "LedgerFailoverSafe again: PostgreSQL streams to 1 standby (pg-b sync)") {
 		t.Fatal("no FailoverSafe event")
 	}
 

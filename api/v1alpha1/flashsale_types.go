@@ -97,15 +97,18 @@ const (
 	ConditionClocksInStep = "ClocksInStep"
 	// ConditionLedgerFailoverSafe is True while a failover of PostgreSQL to
 	// a standby keeps every commit the sale answered for: the server streams
-	// its WAL to no standby (NoStandby), or a commit waits for the standbys
+	// its WAL to no standby and keeps no idle physical replication slot of
+	// one away (NoStandby), or a commit waits for the standbys
 	// synchronous_standby_names names (SynchronousStandby). False
-	// (AsynchronousStandby) names the standbys when that setting is empty,
+	// (AsynchronousStandby) names the standbys, and the slots of those
+	// away, when that setting is empty,
 	// or when the ledger's role may read sync_state (pg_monitor) and the
 	// setting names none of them or lets a backup tool's WAL client stand
 	// for one; False (LocalCommit) says synchronous_commit is local. A failover then loses the last reservations and payments, and
 	// a rebuild sells their units again. Logical walsenders, the WAL clients
 	// of backup tools and the replicas the sale's annotation
-	// flashsale.dev/ledger-standbys-never-promoted names are no standbys. The operator reads it with
+	// flashsale.dev/ledger-standbys-never-promoted names (application_names
+	// or slot names) are no standbys. The operator reads it with
 	// every status refresh; Ready keeps its own meaning.
 	ConditionLedgerFailoverSafe = "LedgerFailoverSafe"
 )
