@@ -8,12 +8,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// DefaultMaxInFlight is Config.MaxInFlight's default: about a tenth of a
-// second of work at the 10,000 reservations/s one process serves on two
-// cores (docs/capacity.md), so an admitted request waits far less than its
-// deadline, while no load a replica can serve is refused (a keep-alive
-// connection has one request in flight; the benchmarks run 256).
-const DefaultMaxInFlight = 1024
+// DefaultMaxInFlight is Config.MaxInFlight's default: about 0.8 s of work
+// at the 10,000 reservations/s one process serves on two cores
+// (docs/capacity.md), a sixth of the default request deadline, so an
+// admitted request still answers well within it. Lower refuses load the
+// process serves: buyers refused at once come back at once, and their
+// refusals take the CPU of the reservations. With 1024, 2,048 and 4,096
+// buyers got 4,600–6,500 reservations/s among twice as many 503s or more,
+// where the process without a bound served all of them at 10,500–12,200/s
+// (p99 0.24–0.49 s; docs/capacity-runs-pipelined.md, "Overload").
+const DefaultMaxInFlight = 8192
 
 // inFlight counts the buyer requests doing their Redis and ledger work. Past
 // max (0: no bound) a request is refused at once: under overload a queue
