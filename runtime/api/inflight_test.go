@@ -66,8 +66,12 @@ func TestOverloadIsRefusedAtOnce(t *testing.T) {
 	if got := testutil.ToFloat64(f.srv.metrics.shed); got != 3 {
 		t.Fatalf("flashsale_api_shed_total %v, want 3", got)
 	}
-	if got := testutil.ToFloat64(f.srv.inFlightGauge()); got != 2 {
+	gauges := f.srv.inFlightGauges()
+	if got := testutil.ToFloat64(gauges[0]); got != 2 {
 		t.Fatalf("flashsale_api_in_flight %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(gauges[1]); got != 2 {
+		t.Fatalf("flashsale_api_in_flight_limit %v, want 2", got)
 	}
 
 	if err := tx.Rollback(ctx); err != nil {
@@ -92,13 +96,83 @@ func TestOverloadIsRefusedAtOnce(t *testing.T) {
 // A negative bound is none; zero takes the default.
 func TestMaxInFlightDefaults(t *testing.T) {
 	f := newFixture(t)
-	if f.srv.inFlight.max != DefaultMaxInFlight {
-		t.Fatalf("default bound %d", f.srv.inFlight.max)
+	if f.srv.inFlight.max != DefaultMaxInFlight || f.srv.inFlight.limit.Load() != minInFlight || f.srv.inFlight.wait != DefaultRequestTimeout/2 {
+		t.Fatalf("default ceiling %d, bound %d, wait %v", f.srv.inFlight.max, f.srv.inFlight.limit.Load(), f.srv.inFlight.wait)
 	}
 	g := newFixture(t, withMaxInFlight(-1))
 	for range 3 {
 		if !g.srv.inFlight.enter() {
 			t.Fatal("refused without a bound")
 		}
+	}
+}
+
+// The bound follows what the process finished in the last sample, times a
+// wait (half the deadline; 1 s here): a process that serves 10,000 requests a second
+// admits 10,000 at once, one that serves 400 the floor; never above the
+// ceiling; held between samples.
+func TestInFlightBoundFollowsTheRate(t *testing.T) {
+	clock := time.Unix(1_700_000_000, 0)
+	var f inFlight
+	f.init(16384, time.Second, func() time.Time { return clock })
+	admit := func(n int) int {
+		got := 0
+		for range n {
+			if f.enter() {
+				got++
+			}
+		}
+		return got
+	}
+	finish := func(n int) {
+		for range n {
+			f.leave()
+		}
+	}
+	serve := func(n int) { // one at a time
+		for range n {
+			if !f.enter() {
+				t.Fatal("a request refused with none in flight")
+			}
+			f.leave()
+		}
+	}
+	if got := admit(minInFlight + 10); got != minInFlight {
+		t.Fatalf("a new process admitted %d, want the floor %d", got, minInFlight)
+	}
+	// 2,500 finished in a quarter second: 10,000 a second.
+	finish(minInFlight)
+	serve(2500 - minInFlight)
+	clock = clock.Add(inFlightSample)
+	if got := admit(12_000); got != 10_000 {
+		t.Fatalf("at 10,000 a second it admitted %d at once, want 10000", got)
+	}
+	if f.limit.Load() != 10_000 {
+		t.Fatalf("bound %d, want 10000", f.limit.Load())
+	}
+	// Held until the next sample, however few finish meanwhile.
+	finish(100)
+	clock = clock.Add(inFlightSample / 2)
+	if got := admit(200); got != 100 {
+		t.Fatalf("between samples it admitted %d, want the 100 places freed", got)
+	}
+	// 100 in the next quarter second: 400 a second, so the floor.
+	clock = clock.Add(inFlightSample / 2)
+	if admit(1); f.limit.Load() != minInFlight {
+		t.Fatalf("bound %d at 400 a second, want the floor %d", f.limit.Load(), minInFlight)
+	}
+	// 20,000 a second: the ceiling.
+	finish(10_000)
+	serve(5000)
+	clock = clock.Add(inFlightSample)
+	if admit(1); f.limit.Load() != 16384 {
+		t.Fatalf("bound %d at 60,000 a second, want the ceiling 16384", f.limit.Load())
+	}
+	// A ceiling below the floor is the bound.
+	var small inFlight
+	small.init(2, time.Second, func() time.Time { return clock })
+	clock = clock.Add(time.Hour)
+	if small.enter(); !small.enter() || small.enter() {
+		t.Fatal("a ceiling of 2 did not admit exactly 2")
 	}
 }

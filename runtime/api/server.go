@@ -73,7 +73,8 @@ type Config struct {
 	RequestTimeout time.Duration // deadline of the Redis and SQL work of one request
 	// MaxInFlight is the most reserve, checkout and cancel requests doing
 	// their Redis and SQL work at once; one more is answered 503 UNAVAILABLE
-	// with Retry-After at once. 0: DefaultMaxInFlight; negative: no bound.
+	// with Retry-After at once. Below it, the bound follows what the process
+	// serves (inFlight). 0: DefaultMaxInFlight; negative: no bound.
 	MaxInFlight       int
 	MaxBodyBytes      int64
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
@@ -189,7 +190,7 @@ func New(cfg Config) (*Server, error) {
 		snapSem:   make(chan struct{}, 1),
 		deadlines: newRequestDeadlines(cfg.RequestTimeout),
 	}
-	s.inFlight.max = int64(max(cfg.MaxInFlight, 0))
+	s.inFlight.init(cfg.MaxInFlight, cfg.RequestTimeout/2, cfg.Now)
 	for i, key := range [][]byte{cfg.AdmissionKey, cfg.AdmissionKeyAlt, cfg.AdmissionKeyPrevious, cfg.AdmissionKeyPreviousAlt} {
 		if i > 0 && len(key) == 0 {
 			continue
@@ -211,7 +212,7 @@ func New(cfg Config) (*Server, error) {
 	if !cfg.MetricsElsewhere {
 		s.routes = append(s.routes, Route{"metrics", http.MethodGet, config.PathMetrics, s.metricsHandler()})
 	}
-	s.metrics.reg.MustRegister(stockCollector{s}, s.inFlightGauge())
+	s.metrics.reg.MustRegister(append(s.inFlightGauges(), stockCollector{s})...)
 	s.mux = http.NewServeMux()
 	allowed := map[string][]string{}
 	for _, rt := range s.routes {
