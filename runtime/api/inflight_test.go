@@ -101,54 +101,63 @@ func TestMaxInFlightDefaults(t *testing.T) {
 	}
 	g := newFixture(t, withMaxInFlight(-1))
 	for range 3 {
-		if !g.srv.inFlight.enter() {
+		if _, ok := g.srv.inFlight.enter(); !ok {
 			t.Fatal("refused without a bound")
 		}
 	}
 }
 
-// The bound follows what the process finished in the last sample, times a
-// wait (half the deadline; 1 s here): a process that serves 10,000 requests a second
-// admits 10,000 at once, one that serves 400 the floor; never above the
-// ceiling; held between samples.
+// The bound follows what the process served in the last sample, per second,
+// times wait (half the deadline; 1 s here): a process that serves 10,000
+// requests a second admits 10,000 at once. Held between samples; it falls a
+// quarter a sample at most, not at all while the requests in flight stay
+// well under it (the rate then measured the demand), and requests that
+// took longer than wait (timeouts behind a stall) are not served.
 func TestInFlightBoundFollowsTheRate(t *testing.T) {
 	clock := time.Unix(1_700_000_000, 0)
 	var f inFlight
 	f.init(16384, time.Second, func() time.Time { return clock })
+	var started []int64 // of the requests in flight, oldest first
 	admit := func(n int) int {
 		got := 0
 		for range n {
-			if f.enter() {
+			if at, ok := f.enter(); ok {
+				started = append(started, at)
 				got++
 			}
 		}
 		return got
 	}
 	finish := func(n int) {
-		for range n {
-			f.leave()
+		for _, at := range started[:n] {
+			f.leave(at)
 		}
+		started = started[n:]
 	}
 	serve := func(n int) { // one at a time
 		for range n {
-			if !f.enter() {
+			at, ok := f.enter()
+			if !ok {
 				t.Fatal("a request refused with none in flight")
 			}
-			f.leave()
+			f.leave(at)
+		}
+	}
+	bound := func(want int64, what string) {
+		t.Helper()
+		if got := f.limit.Load(); got != want {
+			t.Fatalf("%s: bound %d, want %d", what, got, want)
 		}
 	}
 	if got := admit(minInFlight + 10); got != minInFlight {
 		t.Fatalf("a new process admitted %d, want the floor %d", got, minInFlight)
 	}
-	// 2,500 finished in a quarter second: 10,000 a second.
+	// 2,500 served in a quarter second: 10,000 a second.
 	finish(minInFlight)
 	serve(2500 - minInFlight)
 	clock = clock.Add(inFlightSample)
 	if got := admit(12_000); got != 10_000 {
 		t.Fatalf("at 10,000 a second it admitted %d at once, want 10000", got)
-	}
-	if f.limit.Load() != 10_000 {
-		t.Fatalf("bound %d, want 10000", f.limit.Load())
 	}
 	// Held until the next sample, however few finish meanwhile.
 	finish(100)
@@ -156,23 +165,46 @@ func TestInFlightBoundFollowsTheRate(t *testing.T) {
 	if got := admit(200); got != 100 {
 		t.Fatalf("between samples it admitted %d, want the 100 places freed", got)
 	}
-	// 100 in the next quarter second: 400 a second, so the floor.
+	// 100 served in a quarter second with the bound full: a quarter less.
 	clock = clock.Add(inFlightSample / 2)
-	if admit(1); f.limit.Load() != minInFlight {
-		t.Fatalf("bound %d at 400 a second, want the floor %d", f.limit.Load(), minInFlight)
+	if admit(1) != 0 {
+		t.Fatal("admitted past a bound below the requests in flight")
 	}
-	// 20,000 a second: the ceiling.
-	finish(10_000)
-	serve(5000)
+	bound(7500, "100 served in a sample, 10,000 in flight")
+	// 5,000 served in 0.4 s: 12,500 a second (the sample's own length).
+	finish(5000)
+	clock = clock.Add(400 * time.Millisecond)
+	admit(1)
+	bound(12_500, "5,000 served in 0.4 s")
+	// Few in flight and none served (those in flight time out): the demand
+	// fell, the bound stays.
+	clock = clock.Add(2 * time.Second)
+	finish(len(started))
 	clock = clock.Add(inFlightSample)
-	if admit(1); f.limit.Load() != 16384 {
-		t.Fatalf("bound %d at 60,000 a second, want the ceiling 16384", f.limit.Load())
-	}
+	admit(1)
+	bound(12_500, "a quiet sample")
+	serve(2500) // 10,000 a second, one at a time
+	clock = clock.Add(inFlightSample)
+	admit(1)
+	bound(12_500, "10,000 a second served with 2 in flight")
+	// A stall: the bound's requests time out together; they were not
+	// served, so the bound falls instead of rising.
+	finish(len(started))
+	admit(12_500)
+	clock = clock.Add(5 * time.Second)
+	admit(1)
+	bound(9375, "nothing served in 5 s")
+	finish(12_000)
+	clock = clock.Add(inFlightSample)
+	admit(1)
+	bound(7031, "12,000 timeouts in a sample")
 	// A ceiling below the floor is the bound.
 	var small inFlight
 	small.init(2, time.Second, func() time.Time { return clock })
 	clock = clock.Add(time.Hour)
-	if small.enter(); !small.enter() || small.enter() {
+	_, ok1 := small.enter()
+	_, ok2 := small.enter()
+	if _, ok3 := small.enter(); !ok1 || !ok2 || ok3 {
 		t.Fatal("a ceiling of 2 did not admit exactly 2")
 	}
 }

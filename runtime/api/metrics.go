@@ -46,7 +46,7 @@ func NewMetrics() *Metrics {
 		}, []string{"route", "code"}),
 		shed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_api_shed_total",
-			Help: "Buyer requests answered 503 UNAVAILABLE at once because --max-in-flight requests were doing their Redis and ledger work.",
+			Help: "Buyer requests answered 503 UNAVAILABLE at once because as many requests as the bound (flashsale_api_in_flight_limit) were doing their Redis and ledger work.",
 		}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "flashsale_api_request_duration_seconds",
