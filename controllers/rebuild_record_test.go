@@ -68,7 +68,7 @@ func TestARebuildIsRecordedOnceTheLedgerTakesWrites(t *testing.T) {
 	if epoch != 2 || fs.Status.Epoch != 2 {
 		t.Fatalf("one loss of Redis: ledger epoch %d, status epoch %d; want 2 (one rebuild)", epoch, fs.Status.Epoch)
 	}
-	if n := countEvents(t, e.ns, "blip", controllers.ReasonRebuilt); n != 1 {
+	if n := eventsOnceThere(t, e.ns, "blip", controllers.ReasonRebuilt, 1); n != 1 {
 		t.Fatalf("%d Rebuilt events, want 1", n)
 	}
 }
