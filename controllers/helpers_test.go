@@ -124,21 +124,6 @@ func countEvents(t *testing.T, ns, name, reason string) int {
 	return n
 }
 
-// eventsOnceThere is countEvents once at least want of them are there, or
-// settle has passed: the recorder sends events after the reconcile that
-// made them, so a status the test has seen may be ahead of its event.
-func eventsOnceThere(t *testing.T, ns, name, reason string, want int) int {
-	t.Helper()
-	deadline := time.Now().Add(settle)
-	for {
-		n := countEvents(t, ns, name, reason)
-		if n >= want || time.Now().After(deadline) {
-			return n
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // noSecretIn fails the test if secret shows in the FlashSale's conditions or
 // in an event about it.
 func noSecretIn(t *testing.T, ns string, fs *flashsalev1alpha1.FlashSale, secret string) {

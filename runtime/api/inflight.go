@@ -108,14 +108,14 @@ func (f *inFlight) follow(now int64) {
 	done, old, peak := f.done.Load(), f.limit.Load(), f.peak.Swap(f.n.Load())
 	rate := float64(done-f.doneAt) / time.Duration(now-last).Seconds()
 	next := int64(rate * f.wait.Seconds())
-	if next < old && (peak < old*3/4 || next < old*3/4) {
-		// The demand, not the process, set the rate; or a fall, taken a
-		// quarter a sample so that one slow sample does not refuse the
-		// buyers of the next.
-		next = old
-		if peak >= old*3/4 {
-			next = old * 3 / 4
-		}
+	switch {
+	case next >= old: // a rise, at once
+	case peak < old*3/4:
+		next = old // the demand, not the process, set the rate
+	default:
+		// A fall, a quarter a sample at most, so that one slow sample does
+		// not refuse the buyers of the next.
+		next = max(next, old*3/4)
 	}
 	f.limit.Store(min(max(next, minInFlight), f.max))
 	f.doneAt = done
