@@ -73,11 +73,11 @@ func (s *Server) reserve(w http.ResponseWriter, r *http.Request) string {
 	if req.UserID != claims.Subject {
 		return forbidden("the admission token was issued for another user").write(w)
 	}
-	ctx, began, e := s.begin()
+	ctx, e := s.begin(r)
 	if e != nil {
 		return e.write(w)
 	}
-	defer s.end(began)
+	defer s.end()
 	res, err := s.engine.Reserve(ctx, req.UserID, req.IdempotencyKey, req.Quantity)
 	s.metrics.scriptCalls.Add(float64(res.Calls))
 	if err != nil {
@@ -146,11 +146,11 @@ func (s *Server) checkout(w http.ResponseWriter, r *http.Request) string {
 	if e != nil {
 		return e.write(w)
 	}
-	ctx, began, e := s.begin()
+	ctx, e := s.begin(r)
 	if e != nil {
 		return e.write(w)
 	}
-	defer s.end(began)
+	defer s.end()
 	res, err := s.engine.Checkout(ctx, claims.Subject, req.ReservationID, req.PaymentToken)
 	if err != nil {
 		return s.engineError(r, "checkout", err).write(w)
@@ -179,11 +179,11 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) string {
 	if len(id) > maxReservationIDLen {
 		return notFound("no such reservation").write(w)
 	}
-	ctx, began, e := s.begin()
+	ctx, e := s.begin(r)
 	if e != nil {
 		return e.write(w)
 	}
-	defer s.end(began)
+	defer s.end()
 	res, err := s.engine.Cancel(ctx, claims.Subject, id)
 	if err != nil {
 		return s.engineError(r, "cancel", err).write(w)

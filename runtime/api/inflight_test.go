@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -11,14 +13,17 @@ import (
 )
 
 func withMaxInFlight(n int) option { return func(c *fixtureConfig) { c.api.MaxInFlight = n } }
+func withWorking(n int) option     { return func(c *fixtureConfig) { c.api.working = n } }
 
-// Past MaxInFlight buyer requests doing their Redis and ledger work, the next
-// is answered 503 at once, touching nothing, while the probes and the
-// availability route still answer; the requests in progress finish, and their
-// places are free again. The work is held where it lands every run: the
-// ledger's batch waits on the campaign row, locked as a rebuild locks it.
-func TestOverloadIsRefusedAtOnce(t *testing.T) {
-	f := newFixture(t, withMaxInFlight(2))
+// With every place at work taken, the next buyer request waits in line,
+// touching nothing; with the line full too (MaxInFlight taken in), the next is
+// answered 503 at once, touching nothing, while the probes and the
+// availability route still answer. The requests at work finish, the one in
+// line takes a freed place and is served, and the places are free again. The
+// work is held where it lands every run: the ledger's batch waits on the
+// campaign row, locked as a rebuild locks it.
+func TestOverloadWaitsInLineThenIsRefused(t *testing.T) {
+	f := newFixture(t, withMaxInFlight(3), withWorking(2))
 	ctx := context.Background()
 	tx, err := f.l.Pool().Begin(ctx)
 	if err != nil {
@@ -43,15 +48,22 @@ func TestOverloadIsRefusedAtOnce(t *testing.T) {
 	}
 
 	redisBefore := f.redisCmds.Load()
+	waited := make(chan response, 1)
+	go func() { waited <- f.call(http.MethodPost, reservePath, f.token("third"), reserveBody("third", "k", 1)) }()
+	for deadline := time.Now().Add(20 * time.Second); f.srv.inFlight.waiting.Load() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the third request never waited in line")
+		}
+	}
 	refused := []response{
-		f.call(http.MethodPost, reservePath, f.token("third"), reserveBody("third", "k", 1)),
-		f.checkout("third", "0.AAAAAAAAAAAAAAAAAAAAAAAA", "pay"),
-		f.call(http.MethodDelete, cancelPath("0.AAAAAAAAAAAAAAAAAAAAAAAA"), f.token("third"), nil),
+		f.call(http.MethodPost, reservePath, f.token("fourth"), reserveBody("fourth", "k", 1)),
+		f.checkout("fourth", "0.AAAAAAAAAAAAAAAAAAAAAAAA", "pay"),
+		f.call(http.MethodDelete, cancelPath("0.AAAAAAAAAAAAAAAAAAAAAAAA"), f.token("fourth"), nil),
 	}
 	for i, r := range refused {
 		e := r.errorBody(t)
-		if r.status != http.StatusServiceUnavailable || e.Code != CodeUnavailable || !strings.Contains(e.Message, "overloaded") || r.header.Get("Retry-After") != "1" {
-			t.Fatalf("request %d past the bound: %d %s, Retry-After %q", i, r.status, r.body, r.header.Get("Retry-After"))
+		if r.status != http.StatusServiceUnavailable || e.Code != CodeUnavailable || !strings.Contains(e.Message, "overloaded: 2 requests are in progress here and 1 wait") || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("request %d past a full line: %d %s, Retry-After %q", i, r.status, r.body, r.header.Get("Retry-After"))
 		}
 	}
 	if n := f.redisCmds.Load(); n != redisBefore {
@@ -63,15 +75,15 @@ func TestOverloadIsRefusedAtOnce(t *testing.T) {
 	if r := f.call(http.MethodGet, availabilityPath(testSKU), "", nil); r.status != http.StatusOK {
 		t.Fatalf("availability while overloaded: %d %s", r.status, r.body)
 	}
-	if got := testutil.ToFloat64(f.srv.metrics.shed); got != 3 {
-		t.Fatalf("flashsale_api_shed_total %v, want 3", got)
+	if got := testutil.ToFloat64(f.srv.metrics.shed.WithLabelValues("line_full")); got != 3 {
+		t.Fatalf("flashsale_api_shed_total{reason=\"line_full\"} %v, want 3", got)
 	}
 	gauges := f.srv.inFlightGauges()
 	if got := testutil.ToFloat64(gauges[0]); got != 2 {
 		t.Fatalf("flashsale_api_in_flight %v, want 2", got)
 	}
-	if got := testutil.ToFloat64(gauges[1]); got != 2 {
-		t.Fatalf("flashsale_api_in_flight_limit %v, want 2", got)
+	if got := testutil.ToFloat64(gauges[1]); got != 1 {
+		t.Fatalf("flashsale_api_waiting %v, want 1", got)
 	}
 
 	if err := tx.Rollback(ctx); err != nil {
@@ -82,129 +94,192 @@ func TestOverloadIsRefusedAtOnce(t *testing.T) {
 			t.Fatalf("a request in progress: %d %s", r.status, r.body)
 		}
 	}
-	if r := f.call(http.MethodPost, reservePath, f.token("third"), reserveBody("third", "k", 1)); r.status != http.StatusCreated {
+	if r := <-waited; r.status != http.StatusCreated {
+		t.Fatalf("the request in line: %d %s", r.status, r.body)
+	}
+	if r := f.call(http.MethodPost, reservePath, f.token("fourth"), reserveBody("fourth", "k", 1)); r.status != http.StatusCreated {
 		t.Fatalf("after the overload: %d %s", r.status, r.body)
 	}
-	if n := f.srv.inFlight.n.Load(); n != 0 {
-		t.Fatalf("%d requests in flight after every answer", n)
+	if n, w := f.srv.inFlight.n.Load(), f.srv.inFlight.waiting.Load(); n != 0 || w != 0 {
+		t.Fatalf("%d requests at work and %d in line after every answer", n, w)
 	}
-	if c := f.assertConserved(); c.Reserved != 3 {
-		t.Fatalf("counts %+v, want 3 reserved", c)
+	if c := f.assertConserved(); c.Reserved != 4 {
+		t.Fatalf("counts %+v, want 4 reserved", c)
 	}
 }
 
-// A negative bound is none; zero takes the default.
+// A negative bound is none; zero takes the default; a bound below the places
+// at work has no line.
 func TestMaxInFlightDefaults(t *testing.T) {
 	f := newFixture(t)
-	if f.srv.inFlight.max != DefaultMaxInFlight || f.srv.inFlight.limit.Load() != minInFlight || f.srv.inFlight.wait != DefaultRequestTimeout/2 {
-		t.Fatalf("default ceiling %d, bound %d, wait %v", f.srv.inFlight.max, f.srv.inFlight.limit.Load(), f.srv.inFlight.wait)
+	if b := &f.srv.inFlight; cap(b.places) != DefaultWorking || b.lineMax != DefaultMaxInFlight-DefaultWorking || b.wait != DefaultRequestTimeout/2 {
+		t.Fatalf("default places %d, line %d, wait %v", cap(b.places), b.lineMax, b.wait)
 	}
-	g := newFixture(t, withMaxInFlight(-1))
+	var none inFlight
+	none.init(-1, DefaultWorking, time.Hour)
 	for range 3 {
-		if _, ok := g.srv.inFlight.enter(); !ok {
+		if none.enter(nil) != admitted {
 			t.Fatal("refused without a bound")
 		}
 	}
+	var small inFlight
+	small.init(2, DefaultWorking, time.Hour)
+	if r := []int{small.enter(nil), small.enter(nil), small.enter(nil)}; r[0] != admitted || r[1] != admitted || r[2] != lineFull {
+		t.Fatalf("a bound of 2 let in %v, want admitted, admitted, line full", r)
+	}
 }
 
-// The bound follows what the process served in the last sample, per second,
-// times wait (half the deadline; 1 s here): a process that serves 10,000
-// requests a second admits 10,000 at once. Held between samples; it falls a
-// quarter a sample at most, not at all while the requests in flight stay
-// well under it (the rate then measured the demand), and requests that
-// took longer than wait (timeouts behind a stall) are not served.
-func TestInFlightBoundFollowsTheRate(t *testing.T) {
-	clock := time.Unix(1_700_000_000, 0)
+// A request in line is refused when it waited wait, or at once when its
+// client goes away; one past a full line is refused at once.
+func TestTheLineWaitsAtMostWait(t *testing.T) {
 	var f inFlight
-	f.init(16384, time.Second, func() time.Time { return clock })
-	var started []int64 // of the requests in flight, oldest first
-	admit := func(n int) int {
+	f.init(3, 1, 200*time.Millisecond)
+	if f.enter(nil) != admitted {
+		t.Fatal("the first request was not admitted")
+	}
+	start := time.Now()
+	if got := f.enter(nil); got != waitedTooLong {
+		t.Fatalf("with the place kept: %d, want waited too long", got)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("refused after %v, before the 200ms wait", d)
+	}
+	gone := make(chan struct{})
+	close(gone)
+	if got := f.enter(gone); got != clientGone {
+		t.Fatalf("with the client gone: %d, want client gone", got)
+	}
+	f.wait = time.Hour
+	stop := make(chan struct{})
+	out := make(chan int, 2)
+	for range 2 {
+		go func() { out <- f.enter(stop) }()
+	}
+	waitForSenders(t, 2)
+	if got := f.enter(nil); got != lineFull {
+		t.Fatalf("past a full line: %d, want line full", got)
+	}
+	close(stop)
+	for range 2 {
+		if got := <-out; got != clientGone {
+			t.Fatalf("a waiter whose client went: %d", got)
+		}
+	}
+	if n, w := f.n.Load(), f.waiting.Load(); n != 1 || w != 0 {
+		t.Fatalf("%d at work and %d in line, want 1 and 0", n, w)
+	}
+}
+
+// A place that frees goes to the request that waited longest, never to one
+// that just came.
+func TestTheLineIsFirstComeFirstServed(t *testing.T) {
+	var f inFlight
+	f.init(4, 1, time.Hour)
+	if f.enter(nil) != admitted {
+		t.Fatal("the first request was not admitted")
+	}
+	order := make(chan int, 3)
+	for i := range 3 {
+		go func() {
+			if f.enter(nil) == admitted {
+				order <- i
+			}
+		}()
+		waitForSenders(t, i+1) // each parked before the next comes
+	}
+	for want := range 3 {
+		f.leave()
+		if got := <-order; got != want {
+			t.Fatalf("a freed place went to waiter %d, want %d", got, want)
+		}
+	}
+	// The last waiter holds the place: a newcomer finds none free.
+	start := make(chan struct{})
+	close(start)
+	if got := f.enter(start); got != clientGone {
+		t.Fatalf("a newcomer with the place taken: %d, want to wait (and leave with its client)", got)
+	}
+	f.leave()
+	if f.enter(nil) != admitted {
+		t.Fatal("a free place refused")
+	}
+}
+
+// A request's deadline counts from before its wait in line, so that its
+// answer stays within the request deadline.
+func TestTheDeadlineCountsTheWait(t *testing.T) {
+	f := newFixture(t, withMaxInFlight(2), withWorking(1))
+	if f.srv.inFlight.enter(nil) != admitted {
+		t.Fatal("the first request was not admitted")
+	}
+	type begun struct {
+		ctx context.Context
+		e   *apiError
+	}
+	out := make(chan begun, 1)
+	var before time.Time
+	go func() {
+		r := httptest.NewRequest(http.MethodPost, reservePath, nil)
+		before = time.Now()
+		ctx, e := f.srv.begin(r)
+		out <- begun{ctx, e}
+	}()
+	waitForSenders(t, 1)
+	const wait = 200 * time.Millisecond
+	time.Sleep(wait)
+	f.srv.end()
+	b := <-out
+	if b.e != nil {
+		t.Fatalf("the request in line: %v", b.e)
+	}
+	defer f.srv.end()
+	// Within wait/2 of the deadline taken when it began, a slow machine's
+	// slack; a deadline taken after the wait is at least wait later.
+	if d, ok := b.ctx.Deadline(); !ok || d.After(before.Add(DefaultRequestTimeout+deadlineSlot+wait/2)) {
+		t.Fatalf("deadline %v after the request began, want about %v", d.Sub(before), DefaultRequestTimeout)
+	}
+}
+
+// Each refusal of a request in line is counted by its reason and says why.
+func TestARefusalInLineSaysWhy(t *testing.T) {
+	f := newFixture(t, withMaxInFlight(2), withWorking(1), func(c *fixtureConfig) { c.api.RequestTimeout = 400 * time.Millisecond })
+	if f.srv.inFlight.enter(nil) != admitted {
+		t.Fatal("the first request was not admitted")
+	}
+	defer f.srv.end()
+	req := httptest.NewRequest(http.MethodPost, reservePath, nil)
+	if _, e := f.srv.begin(req); e == nil || e.status != http.StatusServiceUnavailable || !strings.Contains(e.message, "no place among the 1 requests in progress here freed within 200ms") {
+		t.Fatalf("a request that waited: %+v", e)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, e := f.srv.begin(req.WithContext(ctx)); e == nil || !strings.Contains(e.message, "the client went away") {
+		t.Fatalf("a request whose client went: %+v", e)
+	}
+	for reason, want := range map[string]float64{"waited": 1, "client_gone": 1, "line_full": 0} {
+		if got := testutil.ToFloat64(f.srv.metrics.shed.WithLabelValues(reason)); got != want {
+			t.Fatalf("flashsale_api_shed_total{reason=%q} %v, want %v", reason, got, want)
+		}
+	}
+}
+
+// waitForSenders waits until n goroutines are parked sending on a channel in
+// inFlight.enter: in line, not about to be.
+func waitForSenders(t *testing.T, n int) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
 		got := 0
-		for range n {
-			if at, ok := f.enter(); ok {
-				started = append(started, at)
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "(*inFlight).enter") {
 				got++
 			}
 		}
-		return got
-	}
-	finish := func(n int) {
-		for _, at := range started[:n] {
-			f.leave(at)
+		if got == n {
+			return
 		}
-		started = started[n:]
-	}
-	serve := func(n int) { // one at a time
-		for range n {
-			at, ok := f.enter()
-			if !ok {
-				t.Fatal("a request refused with none in flight")
-			}
-			f.leave(at)
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests parked in line, want %d", got, n)
 		}
-	}
-	bound := func(want int64, what string) {
-		t.Helper()
-		if got := f.limit.Load(); got != want {
-			t.Fatalf("%s: bound %d, want %d", what, got, want)
-		}
-	}
-	if got := admit(minInFlight + 10); got != minInFlight {
-		t.Fatalf("a new process admitted %d, want the floor %d", got, minInFlight)
-	}
-	// 2,500 served in a quarter second: 10,000 a second.
-	finish(minInFlight)
-	serve(2500 - minInFlight)
-	clock = clock.Add(inFlightSample)
-	if got := admit(12_000); got != 10_000 {
-		t.Fatalf("at 10,000 a second it admitted %d at once, want 10000", got)
-	}
-	// Held until the next sample, however few finish meanwhile.
-	finish(100)
-	clock = clock.Add(inFlightSample / 2)
-	if got := admit(200); got != 100 {
-		t.Fatalf("between samples it admitted %d, want the 100 places freed", got)
-	}
-	// 100 served in a quarter second with the bound full: a quarter less.
-	clock = clock.Add(inFlightSample / 2)
-	if admit(1) != 0 {
-		t.Fatal("admitted past a bound below the requests in flight")
-	}
-	bound(7500, "100 served in a sample, 10,000 in flight")
-	// 5,000 served in 0.4 s: 12,500 a second (the sample's own length).
-	finish(5000)
-	clock = clock.Add(400 * time.Millisecond)
-	admit(1)
-	bound(12_500, "5,000 served in 0.4 s")
-	// Few in flight and none served (those in flight time out): the demand
-	// fell, the bound stays.
-	clock = clock.Add(2 * time.Second)
-	finish(len(started))
-	clock = clock.Add(inFlightSample)
-	admit(1)
-	bound(12_500, "a quiet sample")
-	serve(2500) // 10,000 a second, one at a time
-	clock = clock.Add(inFlightSample)
-	admit(1)
-	bound(12_500, "10,000 a second served with 2 in flight")
-	// A stall: the bound's requests time out together; they were not
-	// served, so the bound falls instead of rising.
-	finish(len(started))
-	admit(12_500)
-	clock = clock.Add(5 * time.Second)
-	admit(1)
-	bound(9375, "nothing served in 5 s")
-	finish(12_000)
-	clock = clock.Add(inFlightSample)
-	admit(1)
-	bound(7031, "12,000 timeouts in a sample")
-	// A ceiling below the floor is the bound.
-	var small inFlight
-	small.init(2, time.Second, func() time.Time { return clock })
-	clock = clock.Add(time.Hour)
-	_, ok1 := small.enter()
-	_, ok2 := small.enter()
-	if _, ok3 := small.enter(); !ok1 || !ok2 || ok3 {
-		t.Fatal("a ceiling of 2 did not admit exactly 2")
 	}
 }

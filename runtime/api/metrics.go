@@ -21,7 +21,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	requests      *prometheus.CounterVec
-	shed          prometheus.Counter
+	shed          *prometheus.CounterVec
 	latency       *prometheus.HistogramVec
 	scriptCalls   prometheus.Counter
 	scriptLatency *prometheus.HistogramVec
@@ -44,10 +44,10 @@ func NewMetrics() *Metrics {
 			Name: "flashsale_api_requests_total",
 			Help: "HTTP requests by route and outcome code (a success code such as RESERVED, or the error code).",
 		}, []string{"route", "code"}),
-		shed: prometheus.NewCounter(prometheus.CounterOpts{
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_api_shed_total",
-			Help: "Buyer requests answered 503 UNAVAILABLE at once because as many requests as the bound (flashsale_api_in_flight_limit) were doing their Redis and ledger work.",
-		}),
+			Help: "Buyer requests answered 503 UNAVAILABLE without their Redis and ledger work, by reason: waited (no place freed within half the request deadline), line_full (--max-in-flight taken in), client_gone (the client left the line).",
+		}, []string{"reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "flashsale_api_request_duration_seconds",
 			Help:    "HTTP request latency by route, from routing to the last byte written.",

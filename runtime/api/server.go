@@ -71,11 +71,13 @@ type Config struct {
 	RateBurst int
 
 	RequestTimeout time.Duration // deadline of the Redis and SQL work of one request
-	// MaxInFlight is the most reserve, checkout and cancel requests doing
-	// their Redis and SQL work at once; one more is answered 503 UNAVAILABLE
-	// with Retry-After at once. Below it, the bound follows what the process
-	// serves (inFlight). 0: DefaultMaxInFlight; negative: no bound.
+	// MaxInFlight is the most reserve, checkout and cancel requests taken in
+	// at once: DefaultWorking of them do their Redis and SQL work, the others
+	// wait in line for a place, at most half of RequestTimeout. One more, or
+	// one that waited that long, is answered 503 UNAVAILABLE with
+	// Retry-After (inFlight). 0: DefaultMaxInFlight; negative: no bound.
 	MaxInFlight       int
+	working           int // places at work; 0: DefaultWorking (tests set fewer)
 	MaxBodyBytes      int64
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
 	ReadHeaderTimeout time.Duration
@@ -110,6 +112,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.working <= 0 {
+		c.working = DefaultWorking
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -190,7 +195,7 @@ func New(cfg Config) (*Server, error) {
 		snapSem:   make(chan struct{}, 1),
 		deadlines: newRequestDeadlines(cfg.RequestTimeout),
 	}
-	s.inFlight.init(cfg.MaxInFlight, cfg.RequestTimeout/2, cfg.Now)
+	s.inFlight.init(cfg.MaxInFlight, cfg.working, cfg.RequestTimeout/2)
 	for i, key := range [][]byte{cfg.AdmissionKey, cfg.AdmissionKeyAlt, cfg.AdmissionKeyPrevious, cfg.AdmissionKeyPreviousAlt} {
 		if i > 0 && len(key) == 0 {
 			continue
