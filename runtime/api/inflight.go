@@ -35,8 +35,8 @@ const (
 // 2,048–4,096 buyers, and a bound that followed what the process served
 // could hold itself down (docs/capacity-runs-overload.md). A request in line
 // costs a goroutine and a timer, no CPU; it is refused only when the process
-// does not drain the line within wait, which is when a queue would outgrow
-// the deadline.
+// does not drain the line within wait, half the deadline: a queue that
+// would take longer leaves its work too little time.
 type inFlight struct {
 	places  chan struct{} // one token per request at work; nil: no bound
 	lineMax int64         // the most waiting
@@ -66,7 +66,8 @@ func (f *inFlight) init(max, working int, wait time.Duration) {
 
 // enter takes a place, waiting in line for one if none is free. The channel
 // keeps the line first come first served: a place that frees goes to the
-// request that waited longest, never to one that just came.
+// request that waited longest, never to one that just came (only to one
+// about to park behind the others).
 func (f *inFlight) enter(gone <-chan struct{}) int {
 	if f.places == nil {
 		f.n.Add(1)
@@ -78,10 +79,18 @@ func (f *inFlight) enter(gone <-chan struct{}) int {
 		return admitted
 	default:
 	}
-	defer f.waiting.Add(-1)
-	if f.waiting.Add(1) > f.lineMax {
-		return lineFull
+	// Compare-and-swap, not add-then-undo: a refused request's passing +1
+	// would refuse another that had room.
+	for {
+		w := f.waiting.Load()
+		if w >= f.lineMax {
+			return lineFull
+		}
+		if f.waiting.CompareAndSwap(w, w+1) {
+			break
+		}
 	}
+	defer f.waiting.Add(-1)
 	t := time.NewTimer(f.wait)
 	defer t.Stop()
 	select {
@@ -137,7 +146,7 @@ func (s *Server) inFlightGauges() []prometheus.Collector {
 		}, func() float64 { return float64(s.inFlight.n.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_waiting",
-			Help: "Buyer requests waiting in line for a place to do their Redis and ledger work (at most half the request deadline).",
+			Help: "Buyer requests waiting in line for a place to do their Redis and ledger work (at most half the request deadline, and until their client goes).",
 		}, func() float64 { return float64(s.inFlight.waiting.Load()) }),
 	}
 }

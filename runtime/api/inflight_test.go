@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,6 +152,8 @@ func TestTheLineWaitsAtMostWait(t *testing.T) {
 	}
 	f.wait = time.Hour
 	stop := make(chan struct{})
+	leave := sync.OnceFunc(func() { close(stop) })
+	t.Cleanup(leave) // a failed test's waiters leave too
 	out := make(chan int, 2)
 	for range 2 {
 		go func() { out <- f.enter(stop) }()
@@ -159,7 +162,7 @@ func TestTheLineWaitsAtMostWait(t *testing.T) {
 	if got := f.enter(nil); got != lineFull {
 		t.Fatalf("past a full line: %d, want line full", got)
 	}
-	close(stop)
+	leave()
 	for range 2 {
 		if got := <-out; got != clientGone {
 			t.Fatalf("a waiter whose client went: %d", got)
@@ -174,30 +177,33 @@ func TestTheLineWaitsAtMostWait(t *testing.T) {
 // that just came.
 func TestTheLineIsFirstComeFirstServed(t *testing.T) {
 	var f inFlight
-	f.init(4, 1, time.Hour)
+	f.init(5, 1, time.Hour)
 	if f.enter(nil) != admitted {
 		t.Fatal("the first request was not admitted")
 	}
+	stop := make(chan struct{}) // a failed test's waiters leave
+	t.Cleanup(func() { close(stop) })
 	order := make(chan int, 3)
 	for i := range 3 {
 		go func() {
-			if f.enter(nil) == admitted {
+			if f.enter(stop) == admitted {
 				order <- i
 			}
 		}()
 		waitForSenders(t, i+1) // each parked before the next comes
 	}
+	// A newcomer right after the place frees finds it taken by the first in
+	// line: it would wait (and leaves at once, its client gone).
+	gone := make(chan struct{})
+	close(gone)
 	for want := range 3 {
 		f.leave()
+		if got := f.enter(gone); got != clientGone {
+			t.Fatalf("a newcomer as a place freed: %d, want to wait behind the line", got)
+		}
 		if got := <-order; got != want {
 			t.Fatalf("a freed place went to waiter %d, want %d", got, want)
 		}
-	}
-	// The last waiter holds the place: a newcomer finds none free.
-	start := make(chan struct{})
-	close(start)
-	if got := f.enter(start); got != clientGone {
-		t.Fatalf("a newcomer with the place taken: %d, want to wait (and leave with its client)", got)
 	}
 	f.leave()
 	if f.enter(nil) != admitted {
@@ -225,7 +231,7 @@ func TestTheDeadlineCountsTheWait(t *testing.T) {
 		out <- begun{ctx, e}
 	}()
 	waitForSenders(t, 1)
-	const wait = 200 * time.Millisecond
+	const wait = time.Second
 	time.Sleep(wait)
 	f.srv.end()
 	b := <-out

@@ -70,12 +70,13 @@ type Config struct {
 	RateLimit float64
 	RateBurst int
 
-	RequestTimeout time.Duration // deadline of the Redis and SQL work of one request
+	RequestTimeout time.Duration // deadline of one request's wait in line and its Redis and SQL work
 	// MaxInFlight is the most reserve, checkout and cancel requests taken in
-	// at once: DefaultWorking of them do their Redis and SQL work, the others
-	// wait in line for a place, at most half of RequestTimeout. One more, or
-	// one that waited that long, is answered 503 UNAVAILABLE with
-	// Retry-After (inFlight). 0: DefaultMaxInFlight; negative: no bound.
+	// at once: min(DefaultWorking, MaxInFlight) of them do their Redis and
+	// SQL work, the others wait in line for a place, at most half of
+	// RequestTimeout. One more, or one that waited that long, is answered 503
+	// UNAVAILABLE with Retry-After (inFlight). 0: DefaultMaxInFlight;
+	// negative: no bound, on the work either.
 	MaxInFlight       int
 	working           int // places at work; 0: DefaultWorking (tests set fewer)
 	MaxBodyBytes      int64
