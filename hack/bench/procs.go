@@ -223,6 +223,37 @@ func (s *server) exitErr() error {
 // cpuTime is the user+system CPU the process has used so far.
 func (s *server) cpuTime() time.Duration { return cpustat.Process(s.pid()) }
 
+// peakRSS is the most resident memory the process has held since it started,
+// in bytes (0 when unreadable): what a pod's memory limit must allow.
+func (s *server) peakRSS() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid()))
+	if err != nil {
+		return 0
+	}
+	return vmHWM(string(b))
+}
+
+// vmHWM reads the peak resident set ("VmHWM:  1234 kB") from a
+// /proc/<pid>/status, in bytes; 0 when absent.
+func vmHWM(status string) int64 {
+	for line := range strings.Lines(status) {
+		rest, ok := strings.CutPrefix(line, "VmHWM:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kb < 0 {
+			return 0
+		}
+		return kb << 10
+	}
+	return 0
+}
+
 // othersCores is how many cores, on average over elapsed, processes other
 // than ours kept busy: the noise in a row's figures.
 func othersCores(busy, ours, elapsed time.Duration) float64 {

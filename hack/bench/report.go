@@ -205,12 +205,12 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	}
 	if len(res) > 0 {
 		p("### Reservation storms (every answer a reservation)\n\n")
-		p("| round | target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | load | others' CPU | outcomes | ledger audit |\n")
-		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|\n")
+		p("| round | target | buyers | requests | reservations/s | p50 ms | p90 ms | p99 ms | max ms | CPU µs per request: server / redis / postgres / client | server peak RSS MiB | load | others' CPU | outcomes | ledger audit |\n")
+		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|\n")
 		for _, s := range res {
-			p("| %d | %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %.2f | %s | %s |\n",
+			p("| %d | %s | %d | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.0f | %.2f | %.2f | %s | %s |\n",
 				s.Round, targetName(s.Target), s.Concurrency, s.Requests, s.ReservationsPerSecond, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.Max,
-				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.LoadBefore[0], s.OthersCores, outcomes(s.Outcomes), audit(s))
+				s.ServerCPUus, s.RedisCPUus, s.PostgresCPUus, s.ClientCPUus, s.ServerPeakRSSMiB, s.LoadBefore[0], s.OthersCores, outcomes(s.Outcomes), audit(s))
 		}
 		p("\n")
 	}

@@ -205,8 +205,11 @@ type StormRow struct {
 	RedisCPUus    float64 `json:"redis_cpu_us_per_request"`
 	PostgresCPUus float64 `json:"postgres_cpu_us_per_request"`
 	ClientCPUus   float64 `json:"client_cpu_us_per_request"`
-	LoadBefore    Load    `json:"load_before"`
-	LoadAfter     Load    `json:"load_after"`
+	// ServerPeakRSSMiB is the most memory the server process held, warm-up
+	// and storm (a process per storm).
+	ServerPeakRSSMiB float64 `json:"server_peak_rss_mib,omitempty"`
+	LoadBefore       Load    `json:"load_before"`
+	LoadAfter        Load    `json:"load_after"`
 	// OthersCores is the CPU the rest of the machine used meanwhile, in cores.
 	OthersCores float64 `json:"others_cpu_cores"`
 	// Server is the reserve process's view from its /metrics (reserve only).
@@ -314,6 +317,7 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		logf("%s: profile: %v", label, profErr)
 		e.rep.Notes = append(e.rep.Notes, "CPU profile of the reserve process: "+profErr.Error())
 	}
+	row.ServerPeakRSSMiB = float64(srv.peakRSS()) / (1 << 20)
 	stopped = true
 	if err := srv.stop(); err != nil {
 		return StormRow{}, fmt.Errorf("%s: %w", label, err)
@@ -354,8 +358,8 @@ func (e *benchEnv) storm(ctx context.Context, kind, target string, c *campaign, 
 		}
 		row.AuditOK, row.AuditFailures = &a.OK, a.Failures
 	}
-	logf("%s: %.0f req/s, %.0f reservations/s, p50 %.2f p99 %.2f max %.2f ms, outcomes %v",
-		label, row.RequestsPerSecond, row.ReservationsPerSecond, row.Latency.P50, row.Latency.P99, row.Latency.Max, row.Outcomes)
+	logf("%s: %.0f req/s, %.0f reservations/s, p50 %.2f p99 %.2f max %.2f ms, server peak RSS %.0f MiB, outcomes %v",
+		label, row.RequestsPerSecond, row.ReservationsPerSecond, row.Latency.P50, row.Latency.P99, row.Latency.Max, row.ServerPeakRSSMiB, row.Outcomes)
 	return row, nil
 }
 
