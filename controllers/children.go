@@ -233,7 +233,11 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	s := resolve(fs)
 	env := append(campaignEnv(fs, s, true),
 		corev1.EnvVar{Name: config.EnvMetricsListen, Value: config.ListenAddr(config.PortMetrics)},
-		corev1.EnvVar{Name: config.EnvDrainDelay, Value: reserveDrainDelay.String()})
+		corev1.EnvVar{Name: config.EnvDrainDelay, Value: reserveDrainDelay.String()},
+		// The Go runtime collects harder near the limit instead of the kernel
+		// killing the replica at it (no limit: the node's allocatable memory).
+		corev1.EnvVar{Name: config.EnvMemoryLimit, ValueFrom: &corev1.EnvVarSource{
+			ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: resource.MustParse("1")}}})
 	c := corev1.Container{Args: []string{"reserve"}, Env: env}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()

@@ -125,6 +125,10 @@ func TestReserveDeployment(t *testing.T) {
 					t.Errorf("env %s must come from Secret %s key %s: %+v", k, ref[0], ref[1], env[k])
 				}
 			}
+			if r := env[config.EnvMemoryLimit].ValueFrom; r == nil || r.ResourceFieldRef == nil || r.ResourceFieldRef.Resource != "limits.memory" ||
+				r.ResourceFieldRef.Divisor.String() != "1" {
+				t.Errorf("env %s must be the container's memory limit in bytes: %+v", config.EnvMemoryLimit, env[config.EnvMemoryLimit])
+			}
 			for _, e := range c.Env {
 				if e.Name == config.EnvAdmissionKey || e.Name == config.EnvPostgresDSN || e.Name == config.EnvRedisPassword {
 					if e.Value != "" {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -124,6 +125,12 @@ func flagReading(fs *pflag.FlagSet, env string) *pflag.Flag {
 func other(t *testing.T, f *pflag.Flag, v string) string {
 	t.Helper()
 	switch f.Value.Type() {
+	case "uint64":
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("--%s: %v", f.Name, err)
+		}
+		return strconv.FormatUint(n+1, 10)
 	case "int", "int64":
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -179,6 +186,17 @@ func resolveEnv(t *testing.T, c corev1.Container, secrets map[string]map[string]
 				t.Fatalf("%s: the test's Secret %s has no key %q", e.Name, ref.Name, ref.Key)
 			}
 			out[e.Name] = v
+		case e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory":
+			// The limit in bytes (divisor 1), or without one the node's
+			// allocatable memory.
+			if d := e.ValueFrom.ResourceFieldRef.Divisor; d.Cmp(resource.MustParse("1")) != 0 {
+				t.Fatalf("%s: divisor %s, want 1 (bytes)", e.Name, d.String())
+			}
+			q := resource.MustParse("8Gi")
+			if l, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				q = l
+			}
+			out[e.Name] = strconv.FormatInt(q.Value(), 10)
 		default:
 			t.Fatalf("%s: unexpected source %+v", e.Name, e.ValueFrom)
 		}

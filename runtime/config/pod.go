@@ -45,6 +45,9 @@ const (
 	EnvLedgerWriters     = "FLASHSALE_LEDGER_WRITERS"
 	EnvLedgerLinger      = "FLASHSALE_LEDGER_LINGER"
 	EnvGCPercent         = "FLASHSALE_GC_PERCENT"
+	// EnvMemoryLimit is the container's memory limit in bytes, which the
+	// operator passes to the reserve pods from the downward API.
+	EnvMemoryLimit = "FLASHSALE_MEMORY_LIMIT"
 	// The reserve script calls batched per Redis server (stock.PipelineConfig):
 	// the most calls in one pipeline (0 or 1: none batched), how long a
 	// pipeline waits for more, and how many may be out at once.

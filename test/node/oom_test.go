@@ -61,10 +61,11 @@ func pods(t *testing.T, ns, component string) []pod {
 // oomLimit is the reserve pod's memory limit: above what a reserve process
 // holds once started (it becomes ready inside it), below what it must touch
 // under load. The reserve runs with the Go GC target of 400 (its default,
-// unless GOGC or FLASHSALE_GC_PERCENT is set, which the test checks): the
-// runtime starts no collection before the heap reaches 4 MiB x 400/100 = 16
-// MiB, so a replica serving a storm grows past 12 MiB before it frees
-// anything, and the kernel kills it at its limit every run.
+// unless GOGC or FLASHSALE_GC_PERCENT is set, which the test checks) and a
+// Go memory limit of nine tenths of the pod's, 10.8 MiB: the runtime
+// collects as it nears that, but what a storm keeps live passes 12 MiB (a
+// replica serving 16 buyers with that Go limit held 14 MiB of anonymous
+// memory within 10 s), so the kernel kills it at its limit every run.
 const oomLimit = "12Mi"
 
 // A reserve replica serving a storm through the Service is OOM-killed by the
@@ -175,5 +176,16 @@ func TestReserveOOMKilledAtItsLimitRestartsAndLosesNothing(t *testing.T) {
 	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Ready", "flashsale/oom", "--timeout=170s")
 	// The killed pod is gone with the rollout: no replica crashes.
 	kubectl(t, nil, "wait", "-n", ns, "--for=condition=Degraded=false", "flashsale/oom", "--timeout=60s")
+	// The new replica's Go runtime keeps to nine tenths of its limit (the
+	// downward API gave it the limit).
+	eventuallyWithin(t, 60*time.Second, "the replica under a 256Mi limit logs its Go memory limit, 241591910 bytes", func() bool {
+		for _, p := range pods(t, ns, "reserve") {
+			if p.Metadata.DeletionTimestamp == nil && len(p.Spec.Containers) == 1 && p.Spec.Containers[0].Resources.Limits["memory"] == "256Mi" {
+				logs := kubectl(t, nil, "logs", p.Metadata.Name, "-n", ns)
+				return strings.Contains(logs, `"msg":"Go memory limit set"`) && strings.Contains(logs, `"bytes":241591910,"containerLimit":268435456`)
+			}
+		}
+		return false
+	})
 	salecheck.Audit(t, s.storm(t, "--buyers", "100000", "--count", "1000", "--concurrency", "16", "--checkout-ratio", "0.3", "--settle", "90s"))
 }

@@ -21,6 +21,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	mrand "math/rand/v2"
 	"os"
 	"slices"
@@ -67,7 +68,7 @@ func TestFlagsDefaultToEnvironment(t *testing.T) {
 		config.EnvPostgresDSN: "postgres://x@127.0.0.1/db", config.EnvAdmissionKey: "0123456789abcdef-key",
 		config.EnvListen: "127.0.0.1:9999", config.EnvRateLimit: "2.5", config.EnvRateBurst: "7", config.EnvShutdownTimeout: "3s",
 		config.EnvDrainDelay: "1s", config.EnvAvailabilityCache: "50ms", config.EnvMaxBodyBytes: "4096", config.EnvLogLevel: "debug",
-		config.EnvMaxInFlight: "300",
+		config.EnvMaxInFlight: "300", config.EnvMemoryLimit: "268435456",
 	} {
 		t.Setenv(k, v)
 	}
@@ -79,6 +80,7 @@ func TestFlagsDefaultToEnvironment(t *testing.T) {
 		"listen": "127.0.0.1:9999", "rate-limit": "2.5", "rate-burst": "9", "shutdown-timeout": "3s",
 		"drain-delay": "1s", "availability-cache": "50ms", "max-body-bytes": "4096", "log-level": "debug",
 		"request-timeout": "5s", "read-header-timeout": "5s", "sku": "itm-1", "max-in-flight": "300",
+		"memory-limit": "268435456",
 	} {
 		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", name, got, want)
@@ -293,5 +295,29 @@ func TestStealSeed(t *testing.T) {
 	cmd.SetErr(io.Discard)
 	if err := cmd.ExecuteContext(context.Background()); err == nil || !strings.Contains(err.Error(), config.EnvStealSeed) {
 		t.Fatalf("the command with %s=seven: %v, want an error naming it", config.EnvStealSeed, err)
+	}
+}
+
+// The Go runtime keeps to nine tenths of the container's limit; a limit the
+// downward API cannot give (unset: 0) or past int64 sets none, and one that
+// is not a count of bytes is refused at start, naming its variable.
+func TestMemoryLimit(t *testing.T) {
+	for container, want := range map[uint64]int64{0: 0, 256 << 20: 241591910, 12 << 20: 11324620, math.MaxUint64: 0} {
+		if got := goMemoryLimit(container); got != want {
+			t.Errorf("goMemoryLimit(%d) = %d, want %d", container, got, want)
+		}
+	}
+	for _, v := range []string{"256Mi", "-1", "1.5"} {
+		clearEnv(t)
+		t.Setenv(config.EnvMemoryLimit, v)
+		var o Options
+		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), config.EnvMemoryLimit) {
+			t.Errorf("%s=%s: %v", config.EnvMemoryLimit, v, err)
+		}
 	}
 }
