@@ -61,6 +61,18 @@ func clearEnv(t *testing.T) {
 	}
 }
 
+// complete parses args with the environment as it is and completes them.
+func complete(t *testing.T, args ...string) error {
+	t.Helper()
+	var o Options
+	fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return o.Complete()
+}
+
 func TestFlagsDefaultToEnvironment(t *testing.T) {
 	clearEnv(t)
 	for k, v := range map[string]string{
@@ -112,13 +124,7 @@ func TestRateLimitMustBeFinite(t *testing.T) {
 	for _, v := range []string{"NaN", "+Inf", "-1"} {
 		clearEnv(t)
 		t.Setenv(config.EnvRateLimit, v)
-		var o Options
-		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), "--rate-limit must be a finite number") {
+		if err := complete(t); err == nil || !strings.Contains(err.Error(), "--rate-limit must be a finite number") {
 			t.Errorf("rate limit %s: %v", v, err)
 		}
 	}
@@ -128,13 +134,7 @@ func TestRateLimitMustBeFinite(t *testing.T) {
 func TestMaxInFlightMustBeACount(t *testing.T) {
 	for v, ok := range map[string]bool{"-2": false, "-1": true, "0": true, "64": true} {
 		clearEnv(t)
-		var o Options
-		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse([]string{"--max-in-flight=" + v}); err != nil {
-			t.Fatal(err)
-		}
-		err := o.Complete()
+		err := complete(t, "--max-in-flight="+v)
 		if refused := err != nil && strings.Contains(err.Error(), "--max-in-flight"); refused == ok {
 			t.Errorf("--max-in-flight=%s: %v", v, err)
 		}
@@ -201,13 +201,7 @@ func TestReservePipelineMustNotBeNegative(t *testing.T) {
 	} {
 		clearEnv(t)
 		t.Setenv(c.env, c.val)
-		var o Options
-		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := complete(t); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s=%s: %v, want an error naming %s", c.env, c.val, err, c.want)
 		}
 	}
@@ -310,13 +304,7 @@ func TestMemoryLimit(t *testing.T) {
 	for _, v := range []string{"256Mi", "-1", "1.5"} {
 		clearEnv(t)
 		t.Setenv(config.EnvMemoryLimit, v)
-		var o Options
-		fs := pflag.NewFlagSet("reserve", pflag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := o.Complete(); err == nil || !strings.Contains(err.Error(), config.EnvMemoryLimit) {
+		if err := complete(t); err == nil || !strings.Contains(err.Error(), config.EnvMemoryLimit) {
 			t.Errorf("%s=%s: %v", config.EnvMemoryLimit, v, err)
 		}
 	}
