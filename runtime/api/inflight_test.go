@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -25,28 +26,8 @@ func withWorking(n int) option     { return func(c *fixtureConfig) { c.api.worki
 // campaign row, locked as a rebuild locks it.
 func TestOverloadWaitsInLineThenIsRefused(t *testing.T) {
 	f := newFixture(t, withMaxInFlight(3), withWorking(2))
+	tx, held := holdBothPlaces(t, f)
 	ctx := context.Background()
-	tx, err := f.l.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, f.e.Config().CampaignID); err != nil {
-		t.Fatal(err)
-	}
-
-	base := f.redisCmds.Load()
-	held := make(chan response, 2)
-	for _, user := range []string{"first", "second"} {
-		go func() { held <- f.call(http.MethodPost, reservePath, f.token(user), reserveBody(user, "k", 1)) }()
-	}
-	// Both are in flight and past Redis (one reserve call each, on a home
-	// shard in stock): their rows wait for the lock.
-	for deadline := time.Now().Add(20 * time.Second); f.srv.inFlight.n.Load() < 2 || f.redisCmds.Load() < base+2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d requests in flight and %d Redis commands, want 2 and 2", f.srv.inFlight.n.Load(), f.redisCmds.Load()-base)
-		}
-	}
 
 	redisBefore := f.redisCmds.Load()
 	waited := make(chan response, 1)
@@ -106,6 +87,72 @@ func TestOverloadWaitsInLineThenIsRefused(t *testing.T) {
 	}
 	if c := f.assertConserved(); c.Reserved != 4 {
 		t.Fatalf("counts %+v, want 4 reserved", c)
+	}
+}
+
+// holdBothPlaces takes the fixture's two places with reservations whose
+// ledger rows wait on the campaign row, locked as a rebuild locks it: the
+// work is held where it lands every run, until the transaction ends.
+func holdBothPlaces(t *testing.T, f *fixture) (pgx.Tx, chan response) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, f.e.Config().CampaignID); err != nil {
+		t.Fatal(err)
+	}
+	base := f.redisCmds.Load()
+	held := make(chan response, 2)
+	for _, user := range []string{"first", "second"} {
+		go func() { held <- f.call(http.MethodPost, reservePath, f.token(user), reserveBody(user, "k", 1)) }()
+	}
+	// Both are in flight and past Redis (one reserve call each, on a home
+	// shard in stock): their rows wait for the lock.
+	for deadline := time.Now().Add(20 * time.Second); f.srv.inFlight.n.Load() < 2 || f.redisCmds.Load() < base+2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests in flight and %d Redis commands, want 2 and 2", f.srv.inFlight.n.Load(), f.redisCmds.Load()-base)
+		}
+	}
+	return tx, held
+}
+
+// A request in line whose wait (half the deadline) passes with the places
+// still held is answered 503, having sent Redis nothing; the requests at
+// work then finish within their own deadline. (The wait, 3 s, ends before
+// the held ledger batch's own 5 s timeout would free the places.)
+func TestALineThatDoesNotMoveIsRefusedAfterTheWait(t *testing.T) {
+	const timeout = 6 * time.Second
+	f := newFixture(t, withMaxInFlight(3), withWorking(2), func(c *fixtureConfig) { c.api.RequestTimeout = timeout })
+	tx, held := holdBothPlaces(t, f)
+	redisBefore := f.redisCmds.Load()
+	start := time.Now()
+	r := f.call(http.MethodPost, reservePath, f.token("third"), reserveBody("third", "k", 1))
+	if e := r.errorBody(t); r.status != http.StatusServiceUnavailable || e.Code != CodeUnavailable || r.header.Get("Retry-After") != "1" ||
+		!strings.Contains(e.Message, "overloaded: no place among the 2 requests in progress here freed within 3s") {
+		t.Fatalf("a request in a line that did not move: %d %s, Retry-After %q", r.status, r.body, r.header.Get("Retry-After"))
+	}
+	if d := time.Since(start); d < timeout/2 {
+		t.Fatalf("refused after %v, before its wait of %v", d, timeout/2)
+	}
+	if n := f.redisCmds.Load(); n != redisBefore {
+		t.Fatalf("the refused request sent %d Redis commands", n-redisBefore)
+	}
+	if got := testutil.ToFloat64(f.srv.metrics.shed.WithLabelValues("waited")); got != 1 {
+		t.Fatalf(`flashsale_api_shed_total{reason="waited"} %v, want 1`, got)
+	}
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if r := <-held; r.status != http.StatusCreated {
+			t.Fatalf("a request at work: %d %s", r.status, r.body)
+		}
+	}
+	if c := f.assertConserved(); c.Reserved != 2 {
+		t.Fatalf("counts %+v, want 2 reserved", c)
 	}
 }
 
