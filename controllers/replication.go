@@ -43,12 +43,14 @@ func (r *FlashSaleReconciler) readReplication(ctx context.Context, s *scope) {
 
 // neverPromoted moves the standbys that names lists
 // (AnnotationStandbysNeverPromoted) to the clients that are no failover
-// target, and drops the idle replication slots it names (a backup tool's).
+// target, and drops the idle replication slots it names (a backup tool's),
+// by their own name or by a standby's as Patroni names its slot (slotName),
+// so that a replica named once stays no failover target while it restarts.
 func neverPromoted(r engine.Replication, names string) engine.Replication {
 	skip := map[string]bool{}
 	for _, n := range strings.Split(names, ",") {
 		if n = strings.TrimSpace(n); n != "" {
-			skip[n] = true
+			skip[n], skip[slotName(n)] = true, true
 		}
 	}
 	if len(skip) == 0 {
@@ -66,6 +68,22 @@ func neverPromoted(r engine.Replication, names string) engine.Replication {
 	r.Standbys = standbys
 	r.IdleSlots = slices.DeleteFunc(slices.Clone(r.IdleSlots), func(slot string) bool { return skip[slot] })
 	return r
+}
+
+// slotName is the replication slot a standby of this application_name holds
+// when its HA manager names the slot after it as Patroni does: lower case,
+// and every character a slot name may not hold ([a-z0-9_]) an underscore
+// (member pg-c, slot pg_c). A name that is a slot name already is itself.
+func slotName(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, name)
 }
 
 // judgeReplication: a ledger streaming to a standby is failover safe when a

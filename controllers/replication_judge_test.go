@@ -125,4 +125,12 @@ func TestNeverPromoted(t *testing.T) {
 	if v := judgeReplication(neverPromoted(r, "pg_c, barman")); v.reason != ReasonNoStandby {
 		t.Errorf("both slots named: %s %q; want %s", v.reason, v.message, ReasonNoStandby)
 	}
+	// A replica named by its application_name keeps no failover target while
+	// it restarts: its slot, named after it as Patroni names it, is dropped
+	// too; a name that only looks alike is not.
+	for names, want := range map[string][]string{"pg-c": {"barman"}, "PG.C,barman": {}, "pg-cc": {"barman", "pg_c"}, "pgc": {"barman", "pg_c"}} {
+		if got := neverPromoted(r, names); !slices.Equal(got.IdleSlots, want) {
+			t.Errorf("%q named: idle slots %q, want %q", names, got.IdleSlots, want)
+		}
+	}
 }
