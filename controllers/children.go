@@ -56,7 +56,8 @@ const (
 // work on objects that never went through the API server (unit tests).
 type settings struct {
 	shards, maxPerUser, stealProbes, replicas int32
-	ttl, grace, sweepInterval                 time.Duration
+	maxInFlight                               int32
+	ttl, grace, sweepInterval, reqTimeout     time.Duration
 	redisMode                                 string
 	postgresKey, admissionKey                 string
 }
@@ -77,6 +78,8 @@ func resolve(fs *flashsalev1alpha1.FlashSale) settings {
 		replicas:      ptr.Deref(s.Reservation.Replicas, flashsalev1alpha1.DefaultReservationReplicas),
 		ttl:           d(s.Reservation.TTL, flashsalev1alpha1.DefaultReservationTTL),
 		grace:         d(s.Reservation.GracePeriod, flashsalev1alpha1.DefaultReservationGrace),
+		reqTimeout:    d(s.Reservation.RequestTimeout, flashsalev1alpha1.DefaultRequestTimeout),
+		maxInFlight:   ptr.Deref(s.Reservation.MaxInFlight, flashsalev1alpha1.DefaultMaxInFlight),
 		sweepInterval: d(s.Sweeper.Interval, flashsalev1alpha1.DefaultSweeperInterval),
 		redisMode:     string(s.Redis.Mode),
 		postgresKey:   s.Postgres.SecretRef.Key,
@@ -234,6 +237,8 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	env := append(campaignEnv(fs, s, true),
 		corev1.EnvVar{Name: config.EnvMetricsListen, Value: config.ListenAddr(config.PortMetrics)},
 		corev1.EnvVar{Name: config.EnvDrainDelay, Value: reserveDrainDelay.String()},
+		corev1.EnvVar{Name: config.EnvRequestTimeout, Value: s.reqTimeout.String()},
+		corev1.EnvVar{Name: config.EnvMaxInFlight, Value: strconv.Itoa(int(s.maxInFlight))},
 		// The Go runtime collects harder near the limit instead of the kernel
 		// killing the replica at it (no limit: the node's allocatable memory).
 		corev1.EnvVar{Name: config.EnvMemoryLimit, ValueFrom: &corev1.EnvVarSource{

@@ -58,6 +58,7 @@ func TestReserveDeployment(t *testing.T) {
 				config.EnvShards: "10", config.EnvMaxPerUser: "1", config.EnvStealProbes: "2", config.EnvTTL: "10m0s",
 				config.EnvGracePeriod: "30s", config.EnvRedisMode: "standalone", config.EnvNamespace: "shop", config.EnvName: "ps5-drop",
 				config.EnvListen: ":8080", config.EnvMetricsListen: ":9090", config.EnvDrainDelay: "2s",
+				config.EnvRequestTimeout: "5s", config.EnvMaxInFlight: "16384",
 			},
 			secrets: map[string][2]string{
 				config.EnvRedisAddresses: {"shop-redis", "addresses"}, config.EnvPostgresDSN: {"shop-ledger", "dsn"},
@@ -73,12 +74,14 @@ func TestReserveDeployment(t *testing.T) {
 				fs.Spec.Reservation = flashsalev1alpha1.ReservationSpec{
 					TTL: &metav1.Duration{Duration: 90 * time.Second}, GracePeriod: &metav1.Duration{},
 					StealProbes: ptr.To[int32](0), Replicas: ptr.To[int32](5),
+					RequestTimeout: &metav1.Duration{Duration: 1500 * time.Millisecond}, MaxInFlight: ptr.To[int32](4096),
 					Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}},
 				}
 			}),
 			env: map[string]string{
 				config.EnvShards: "64", config.EnvMaxPerUser: "3", config.EnvStealProbes: "0", config.EnvTTL: "1m30s",
 				config.EnvGracePeriod: "0s", config.EnvRedisMode: "cluster",
+				config.EnvRequestTimeout: "1.5s", config.EnvMaxInFlight: "4096",
 			},
 		},
 	} {

@@ -359,3 +359,13 @@ func selfSignedPEM(t *testing.T) (certPEM, keyPEM string) {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
 		string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}))
 }
+
+// A sale that leaves requestTimeout and maxInFlight out runs its reserve pods
+// with the reserve process's own defaults, which a pod started by hand gets.
+func TestSaleDefaultsAreTheReserveProcessDefaults(t *testing.T) {
+	d, err := time.ParseDuration(flashsalev1alpha1.DefaultRequestTimeout)
+	if err != nil || d != api.DefaultRequestTimeout || int(flashsalev1alpha1.DefaultMaxInFlight) != api.DefaultMaxInFlight {
+		t.Fatalf("the CRD's defaults %s and %d, the reserve process's %s and %d",
+			flashsalev1alpha1.DefaultRequestTimeout, flashsalev1alpha1.DefaultMaxInFlight, api.DefaultRequestTimeout, api.DefaultMaxInFlight)
+	}
+}

@@ -147,6 +147,8 @@ func TestCRDValidationRules(t *testing.T) {
 		{[]string{"reservation", "ttl"}, "duration(self) <= duration('24h')", "reservation.ttl must be at most 24h"},
 		{[]string{"reservation", "gracePeriod"}, "duration(self) <= duration('1h')", "reservation.gracePeriod must be at most 1h"},
 		{[]string{"sweeper", "interval"}, "duration(self) <= duration('1h')", "sweeper.interval must be at most 1h"},
+		{[]string{"reservation", "requestTimeout"}, "duration(self) >= duration('100ms')", "reservation.requestTimeout must be at least 100ms"},
+		{[]string{"reservation", "requestTimeout"}, "duration(self) <= duration('20s')", "reservation.requestTimeout must be at most 20s"},
 	}
 	for _, w := range want {
 		s := spec
@@ -268,19 +270,21 @@ func TestMinimalFlashSaleIsDefaulted(t *testing.T) {
 		t.Fatalf("minimal FlashSale rejected: %v", errs.ToAggregate())
 	}
 	want := map[string]any{
-		"shards":                   int64(v1alpha1.DefaultShards),
-		"maxPerUser":               int64(v1alpha1.DefaultMaxPerUser),
-		"reservation.ttl":          v1alpha1.DefaultReservationTTL,
-		"reservation.gracePeriod":  v1alpha1.DefaultReservationGrace,
-		"reservation.stealProbes":  int64(v1alpha1.DefaultStealProbes),
-		"reservation.replicas":     int64(v1alpha1.DefaultReservationReplicas),
-		"sweeper.interval":         v1alpha1.DefaultSweeperInterval,
-		"redis.mode":               string(v1alpha1.DefaultRedisMode),
-		"postgres.secretRef.key":   v1alpha1.DefaultPostgresSecretKey,
-		"admission.secretRef.key":  v1alpha1.DefaultAdmissionSecretKey,
-		"redis.secretRef.name":     "shop-redis",
-		"postgres.secretRef.name":  "shop-ledger",
-		"admission.secretRef.name": "waiting-room",
+		"shards":                     int64(v1alpha1.DefaultShards),
+		"maxPerUser":                 int64(v1alpha1.DefaultMaxPerUser),
+		"reservation.ttl":            v1alpha1.DefaultReservationTTL,
+		"reservation.gracePeriod":    v1alpha1.DefaultReservationGrace,
+		"reservation.stealProbes":    int64(v1alpha1.DefaultStealProbes),
+		"reservation.replicas":       int64(v1alpha1.DefaultReservationReplicas),
+		"reservation.requestTimeout": v1alpha1.DefaultRequestTimeout,
+		"reservation.maxInFlight":    int64(v1alpha1.DefaultMaxInFlight),
+		"sweeper.interval":           v1alpha1.DefaultSweeperInterval,
+		"redis.mode":                 string(v1alpha1.DefaultRedisMode),
+		"postgres.secretRef.key":     v1alpha1.DefaultPostgresSecretKey,
+		"admission.secretRef.key":    v1alpha1.DefaultAdmissionSecretKey,
+		"redis.secretRef.name":       "shop-redis",
+		"postgres.secretRef.name":    "shop-ledger",
+		"admission.secretRef.name":   "waiting-room",
 	}
 	for path, w := range want {
 		got, found, err := unstructured.NestedFieldNoCopy(obj, append([]string{"spec"}, strings.Split(path, ".")...)...)
@@ -362,6 +366,16 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"reservation.gracePeriod must be at most 1h"},
 		{"sweeper interval over an hour", nil, with("2h", "sweeper", "interval"),
 			"sweeper.interval must be at most 1h"},
+		{"request timeout under 100ms", nil, with("99ms", "reservation", "requestTimeout"),
+			"reservation.requestTimeout must be at least 100ms"},
+		{"request timeout past 20s", nil, with("21s", "reservation", "requestTimeout"),
+			"reservation.requestTimeout must be at most 20s"},
+		{"request timeout not a duration", nil, with("5", "reservation", "requestTimeout"),
+			"spec.reservation.requestTimeout in body should match"},
+		{"zero maxInFlight", nil, with(int64(0), "reservation", "maxInFlight"),
+			"spec.reservation.maxInFlight in body should be greater than or equal to 1"},
+		{"maxInFlight past a million", nil, with(int64(1_000_001), "reservation", "maxInFlight"),
+			"spec.reservation.maxInFlight in body should be less than or equal to 1000000"},
 		{"reserve replicas past 10000", nil, with(int64(10001), "reservation", "replicas"),
 			"spec.reservation.replicas in body should be less than or equal to 10000"},
 		{"missing sku", nil, with(nil, "sku"),

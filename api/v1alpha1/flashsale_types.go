@@ -134,6 +134,8 @@ const (
 	DefaultReservationGrace           = "30s"
 	DefaultStealProbes         int32  = 2
 	DefaultReservationReplicas int32  = 2
+	DefaultRequestTimeout             = "5s"
+	DefaultMaxInFlight         int32  = 16384
 	DefaultSweeperInterval            = "30s"
 	DefaultRedisMode                  = RedisModeStandalone
 	DefaultPostgresSecretKey   string = "dsn"
@@ -286,9 +288,37 @@ type ReservationSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// resources are the compute resources of each reservation API pod.
+	// resources are the compute resources of each reservation API pod. Its
+	// memory grows with the requests it takes in at once (maxInFlight): about
+	// 256Mi for 4,096 buyers at once; the pod's Go runtime keeps to nine
+	// tenths of limits.memory.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// requestTimeout is how long a reserve, checkout or cancel request may
+	// take in a reservation API pod: its wait for a place (at most half of
+	// it) and its Redis and SQL work. Past it the buyer is answered 503 with
+	// Retry-After and retries with the same idempotency key. At least 100ms,
+	// and at most 20s, so that a pod being stopped lets the requests it took
+	// finish within its 25s drain.
+	// +optional
+	// +kubebuilder:default="5s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms')",message="reservation.requestTimeout must be at least 100ms"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('20s')",message="reservation.requestTimeout must be at most 20s"
+	RequestTimeout *metav1.Duration `json:"requestTimeout,omitempty"`
+
+	// maxInFlight is the most reserve, checkout and cancel requests one
+	// reservation API pod takes in at once: up to 1024 do their Redis and SQL
+	// work, the others wait in line for a place (at most half of
+	// requestTimeout); one more is answered 503 with Retry-After at once.
+	// +optional
+	// +kubebuilder:default=16384
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	MaxInFlight *int32 `json:"maxInFlight,omitempty"`
 }
 
 // SweeperSpec configures the process that releases expired reservations.
