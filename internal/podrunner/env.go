@@ -2,11 +2,16 @@ package podrunner
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -67,7 +72,7 @@ func (r resolver) containerEnv(ctx context.Context, c *corev1.Container, pod pod
 			put(e.Name, expand(e.Value, lookup))
 			continue
 		}
-		v, ok, err := r.valueFrom(ctx, e, pod, secrets)
+		v, ok, err := r.valueFrom(ctx, e, c, pod, secrets)
 		if err != nil {
 			return nil, err
 		}
@@ -111,7 +116,7 @@ func (r resolver) envFromSource(ctx context.Context, ns string, from corev1.EnvF
 
 // valueFrom resolves one env entry's valueFrom. ok is false when an optional
 // reference is missing: the variable is then not set at all, as in Kubernetes.
-func (r resolver) valueFrom(ctx context.Context, e corev1.EnvVar, pod podMeta, secrets *secretReads) (string, bool, error) {
+func (r resolver) valueFrom(ctx context.Context, e corev1.EnvVar, c *corev1.Container, pod podMeta, secrets *secretReads) (string, bool, error) {
 	src := e.ValueFrom
 	switch {
 	case src.SecretKeyRef != nil:
@@ -154,8 +159,82 @@ func (r resolver) valueFrom(ctx context.Context, e corev1.EnvVar, pod podMeta, s
 			return "", false, fmt.Errorf("env %s: %w", e.Name, err)
 		}
 		return v, true, nil
+	case src.ResourceFieldRef != nil:
+		v, err := resourceValue(src.ResourceFieldRef, c)
+		if err != nil {
+			return "", false, fmt.Errorf("env %s: %w", e.Name, err)
+		}
+		return v, true, nil
 	}
-	return "", false, fmt.Errorf("env %s: only secretKeyRef, configMapKeyRef and fieldRef are supported here", e.Name)
+	return "", false, fmt.Errorf("env %s: only secretKeyRef, configMapKeyRef, fieldRef and resourceFieldRef are supported here", e.Name)
+}
+
+// resourceValue is the downward API for a container's own resources, as
+// the kubelet gives it: the quantity divided by the divisor (1 when unset),
+// rounded up; a limit the container does not set is this host's capacity
+// (the node's allocatable), a request it does not set its limit, else 0.
+func resourceValue(ref *corev1.ResourceFieldSelector, c *corev1.Container) (string, error) {
+	if ref.ContainerName != "" && ref.ContainerName != c.Name {
+		return "", fmt.Errorf("resourceFieldRef of container %q: only the container's own resources are supported here", ref.ContainerName)
+	}
+	kind, name, ok := strings.Cut(ref.Resource, ".")
+	if !ok || (kind != "limits" && kind != "requests") || (name != "cpu" && name != "memory") {
+		return "", fmt.Errorf("resourceFieldRef %q: only limits and requests of cpu and memory are supported here", ref.Resource)
+	}
+	rn := corev1.ResourceName(name)
+	q, set := c.Resources.Limits[rn]
+	if kind == "requests" {
+		if r, ok := c.Resources.Requests[rn]; ok {
+			q, set = r, true
+		}
+	}
+	if !set {
+		if kind == "requests" {
+			q = resource.Quantity{}
+		} else {
+			var err error
+			if q, err = hostCapacity(rn); err != nil {
+				return "", fmt.Errorf("resourceFieldRef %q: %w", ref.Resource, err)
+			}
+		}
+	}
+	div := ref.Divisor
+	if div.IsZero() {
+		div = resource.MustParse("1")
+	}
+	if rn == corev1.ResourceCPU {
+		return strconv.FormatInt(ceilDiv(q.MilliValue(), div.MilliValue()), 10), nil
+	}
+	return strconv.FormatInt(ceilDiv(q.Value(), div.Value()), 10), nil
+}
+
+func ceilDiv(a, b int64) int64 {
+	if b <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+// hostCapacity is what a container without a limit may use here: the
+// host's cores, or its memory (MemTotal).
+func hostCapacity(rn corev1.ResourceName) (resource.Quantity, error) {
+	if rn == corev1.ResourceCPU {
+		return *resource.NewQuantity(int64(runtime.NumCPU()), resource.DecimalSI), nil
+	}
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return resource.Quantity{}, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			if f := strings.Fields(rest); len(f) == 2 && f[1] == "kB" {
+				if kb, err := strconv.ParseInt(f[0], 10, 64); err == nil && kb > 0 {
+					return *resource.NewQuantity(kb<<10, resource.BinarySI), nil
+				}
+			}
+		}
+	}
+	return resource.Quantity{}, errors.New("no MemTotal in /proc/meminfo")
 }
 
 // secretReads are the Secrets one start has read, by name, with the error

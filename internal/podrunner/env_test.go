@@ -3,10 +3,13 @@ package podrunner
 import (
 	"context"
 	"reflect"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -89,7 +92,19 @@ func TestContainerEnv(t *testing.T) {
 	cm := func(name, key string, optional bool) *corev1.ConfigMapKeySelector {
 		return &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: key, Optional: ptr.To(optional)}
 	}
+	res := func(name, resource, divisor string) corev1.EnvVar {
+		sel := &corev1.ResourceFieldSelector{Resource: resource}
+		if divisor != "" {
+			sel.Divisor = apiresource.MustParse(divisor)
+		}
+		return ref(name, corev1.EnvVarSource{ResourceFieldRef: sel})
+	}
 	c := &corev1.Container{
+		Name: "reserve",
+		Resources: corev1.ResourceRequirements{
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: apiresource.MustParse("256Mi")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: apiresource.MustParse("250m")},
+		},
 		EnvFrom: []corev1.EnvFromSource{
 			{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}, Prefix: "S_"},
 			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}},
@@ -104,6 +119,12 @@ func TestContainerEnv(t *testing.T) {
 			ref("NAME", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}),
 			ref("APP", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}),
 			ref("IP", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}),
+			res("MEM", "limits.memory", "1"),
+			res("MEM_MI", "limits.memory", "1Mi"),
+			res("MEM_REQ", "requests.memory", ""), // no request: the limit
+			res("CPU_REQ_M", "requests.cpu", "1m"),
+			res("CPU_REQ", "requests.cpu", ""), // a quarter core, rounded up
+			res("CPU_LIM", "limits.cpu", ""),   // no limit: the host's cores
 			{Name: "USES", Value: "$(SECRET)/$(NAME)/$(LATER)"},
 			{Name: "LATER", Value: "later"},
 		},
@@ -120,16 +141,20 @@ func TestContainerEnv(t *testing.T) {
 		"S_k": "secret", "S_X": "from-secret", "k": "config", "Y": "overridden-config",
 		"SECRET": "secret", "CONFIG": "config", "NAME": "p-0", "APP": "x", "IP": "127.0.0.1",
 		"USES": "secret/p-0/$(LATER)", "LATER": "later",
+		"MEM": "268435456", "MEM_MI": "256", "MEM_REQ": "268435456", "CPU_REQ_M": "250", "CPU_REQ": "1",
+		"CPU_LIM": strconv.Itoa(runtime.NumCPU()),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("env = %v\nwant  %v", got, want)
 	}
 
 	for name, e := range map[string]corev1.EnvVar{
-		`secret "absent"`:      ref("A", corev1.EnvVarSource{SecretKeyRef: secret("absent", "k", false)}),
-		`has no key "nope"`:    ref("A", corev1.EnvVarSource{SecretKeyRef: secret("s", "nope", false)}),
-		`configmap "absent"`:   ref("A", corev1.EnvVarSource{ConfigMapKeyRef: cm("absent", "k", false)}),
-		`"spec.schedulerName"`: ref("A", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.schedulerName"}}),
+		`secret "absent"`:            ref("A", corev1.EnvVarSource{SecretKeyRef: secret("absent", "k", false)}),
+		`has no key "nope"`:          ref("A", corev1.EnvVarSource{SecretKeyRef: secret("s", "nope", false)}),
+		`configmap "absent"`:         ref("A", corev1.EnvVarSource{ConfigMapKeyRef: cm("absent", "k", false)}),
+		`"spec.schedulerName"`:       ref("A", corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.schedulerName"}}),
+		`"limits.ephemeral-storage"`: res("A", "limits.ephemeral-storage", ""),
+		`container "sidecar"`:        ref("A", corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "sidecar", Resource: "limits.memory"}}),
 	} {
 		_, err := r.containerEnv(context.Background(), &corev1.Container{Env: []corev1.EnvVar{e}}, pod)
 		if err == nil || !strings.Contains(err.Error(), name) {
