@@ -224,7 +224,10 @@ func (s *server) exitErr() error {
 func (s *server) cpuTime() time.Duration { return cpustat.Process(s.pid()) }
 
 // peakRSS is the most resident memory the process has held since it started,
-// in bytes (0 when unreadable): what a pod's memory limit must allow.
+// in bytes (0 when unreadable). It counts the binary's file pages, which a
+// pod's cgroup may reclaim, and not the kernel's memory for the process
+// (socket buffers), which the cgroup charges: a guide to a pod's limit, not
+// its measure.
 func (s *server) peakRSS() int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid()))
 	if err != nil {

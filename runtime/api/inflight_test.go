@@ -121,11 +121,14 @@ func holdBothPlaces(t *testing.T, f *fixture) (pgx.Tx, chan response) {
 
 // A request in line whose wait (half the deadline) passes with the places
 // still held is answered 503, having sent Redis nothing; the requests at
-// work then finish within their own deadline. (The wait, 3 s, ends before
-// the held ledger batch's own 5 s timeout would free the places.)
+// work then finish within their own deadline.
 func TestALineThatDoesNotMoveIsRefusedAfterTheWait(t *testing.T) {
 	const timeout = 6 * time.Second
-	f := newFixture(t, withMaxInFlight(3), withWorking(2), func(c *fixtureConfig) { c.api.RequestTimeout = timeout })
+	// The held batch's own timeout well past the test's steps: the places
+	// are freed by the rollback, never by it.
+	f := newFixture(t, withMaxInFlight(3), withWorking(2), func(c *fixtureConfig) {
+		c.api.RequestTimeout, c.mat.Timeout = timeout, time.Minute
+	})
 	tx, held := holdBothPlaces(t, f)
 	redisBefore := f.redisCmds.Load()
 	start := time.Now()
