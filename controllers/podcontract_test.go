@@ -231,6 +231,7 @@ func TestPodContract(t *testing.T) {
 		fs.Spec.Reservation = flashsalev1alpha1.ReservationSpec{
 			TTL: &metav1.Duration{Duration: 90 * time.Second}, GracePeriod: &metav1.Duration{Duration: 7 * time.Second},
 			StealProbes: ptr.To[int32](1), Replicas: ptr.To[int32](3),
+			RequestTimeout: &metav1.Duration{Duration: 1500 * time.Millisecond}, MaxInFlight: ptr.To[int32](4096),
 		}
 		fs.Spec.Sweeper.Interval = &metav1.Duration{Duration: 5 * time.Second}
 	})

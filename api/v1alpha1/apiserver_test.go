@@ -110,9 +110,9 @@ func TestAgainstTheAPIServer(t *testing.T) {
 			{"maxPerUser 101", func(f *v1alpha1.FlashSale) { f.Spec.MaxPerUser = ptr.To[int32](101) }, "spec.maxPerUser in body should be less than or equal to 100"},
 			{"unknown redis mode", func(f *v1alpha1.FlashSale) { f.Spec.Redis.Mode = "sentinel" }, `spec.redis.mode: Unsupported value: "sentinel"`},
 			{"ttl 0s", func(f *v1alpha1.FlashSale) { f.Spec.Reservation.TTL = &metav1.Duration{} }, "reservation.ttl must be at least 1s"},
-			{"requestTimeout 30s", func(f *v1alpha1.FlashSale) {
-				f.Spec.Reservation.RequestTimeout = &metav1.Duration{Duration: 30 * time.Second}
-			}, "reservation.requestTimeout must be at most 20s"},
+			{"requestTimeout 11s", func(f *v1alpha1.FlashSale) {
+				f.Spec.Reservation.RequestTimeout = &metav1.Duration{Duration: 11 * time.Second}
+			}, "reservation.requestTimeout must be at most 10s"},
 			{"maxInFlight 0", func(f *v1alpha1.FlashSale) { f.Spec.Reservation.MaxInFlight = ptr.To[int32](0) }, "spec.reservation.maxInFlight in body should be greater than or equal to 1"},
 			{"missing sku", func(f *v1alpha1.FlashSale) { f.Spec.SKU = "" }, "spec.sku"},
 			{"sku too long", func(f *v1alpha1.FlashSale) { f.Spec.SKU = strings.Repeat("x", 129) }, "spec.sku"},

@@ -148,7 +148,7 @@ func TestCRDValidationRules(t *testing.T) {
 		{[]string{"reservation", "gracePeriod"}, "duration(self) <= duration('1h')", "reservation.gracePeriod must be at most 1h"},
 		{[]string{"sweeper", "interval"}, "duration(self) <= duration('1h')", "sweeper.interval must be at most 1h"},
 		{[]string{"reservation", "requestTimeout"}, "duration(self) >= duration('100ms')", "reservation.requestTimeout must be at least 100ms"},
-		{[]string{"reservation", "requestTimeout"}, "duration(self) <= duration('20s')", "reservation.requestTimeout must be at most 20s"},
+		{[]string{"reservation", "requestTimeout"}, "duration(self) <= duration('10s')", "reservation.requestTimeout must be at most 10s"},
 	}
 	for _, w := range want {
 		s := spec
@@ -368,8 +368,8 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"sweeper.interval must be at most 1h"},
 		{"request timeout under 100ms", nil, with("99ms", "reservation", "requestTimeout"),
 			"reservation.requestTimeout must be at least 100ms"},
-		{"request timeout past 20s", nil, with("21s", "reservation", "requestTimeout"),
-			"reservation.requestTimeout must be at most 20s"},
+		{"request timeout past 10s", nil, with("10001ms", "reservation", "requestTimeout"),
+			"reservation.requestTimeout must be at most 10s"},
 		{"request timeout not a duration", nil, with("5", "reservation", "requestTimeout"),
 			"spec.reservation.requestTimeout in body should match"},
 		{"zero maxInFlight", nil, with(int64(0), "reservation", "maxInFlight"),
@@ -430,17 +430,21 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 		t.Fatal(errs.ToAggregate())
 	}
 	for name, obj := range map[string]map[string]any{
-		"restock":          with(int64(2000), "allocation"),
-		"ten million":      with(int64(10_000_000), "allocation"),
-		"pause":            with(true, "paused"),
-		"longer ttl":       with("15m", "reservation", "ttl"),
-		"zero grace":       with("0s", "reservation", "gracePeriod"),
-		"a day's ttl":      with("24h", "reservation", "ttl"),
-		"an hour's grace":  with("1h", "reservation", "gracePeriod"),
-		"hourly sweeps":    with("60m", "sweeper", "interval"),
-		"no steal probes":  with(int64(0), "reservation", "stealProbes"),
-		"cluster mode":     with("cluster", "redis", "mode"),
-		"open-ended start": with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),
+		"restock":                  with(int64(2000), "allocation"),
+		"ten million":              with(int64(10_000_000), "allocation"),
+		"pause":                    with(true, "paused"),
+		"longer ttl":               with("15m", "reservation", "ttl"),
+		"zero grace":               with("0s", "reservation", "gracePeriod"),
+		"a day's ttl":              with("24h", "reservation", "ttl"),
+		"an hour's grace":          with("1h", "reservation", "gracePeriod"),
+		"hourly sweeps":            with("60m", "sweeper", "interval"),
+		"no steal probes":          with(int64(0), "reservation", "stealProbes"),
+		"shortest request timeout": with("100ms", "reservation", "requestTimeout"),
+		"longest request timeout":  with("10s", "reservation", "requestTimeout"),
+		"one in flight":            with(int64(1), "reservation", "maxInFlight"),
+		"a million in flight":      with(int64(1_000_000), "reservation", "maxInFlight"),
+		"cluster mode":             with("cluster", "redis", "mode"),
+		"open-ended start":         with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),
 		"offset and fraction": with(map[string]any{
 			"start": "2026-12-01T09:00:00.250+01:00", "end": "2026-12-01T10:00:00-05:30"}, "schedule"),
 		"tolerations": tolerations(

@@ -289,25 +289,27 @@ type ReservationSpec struct {
 	Replicas *int32 `json:"replicas,omitempty"`
 
 	// resources are the compute resources of each reservation API pod. Its
-	// memory grows with the requests it takes in at once (maxInFlight): about
-	// 256Mi for 4,096 buyers at once; the pod's Go runtime keeps to nine
+	// memory grows with the buyers' connections to it (about 256Mi for 4,096
+	// at once, measured outside a pod); the pod's Go runtime keeps to nine
 	// tenths of limits.memory.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 
-	// requestTimeout is how long a reserve, checkout or cancel request may
-	// take in a reservation API pod: its wait for a place (at most half of
-	// it) and its Redis and SQL work. Past it the buyer is answered 503 with
-	// Retry-After and retries with the same idempotency key. At least 100ms,
-	// and at most 20s, so that a pod being stopped lets the requests it took
-	// finish within its 25s drain.
+	// requestTimeout is the deadline of a reserve, checkout or cancel request
+	// in a reservation API pod: its wait for a place (at most half of it) and
+	// its Redis and SQL work. Past it the buyer is answered 503 with
+	// Retry-After and retries with the same idempotency key; a ledger batch
+	// already sent is waited for up to 5s more, and a unit whose row was not
+	// written is given back within 5s. At least 100ms, and at most 10s, so
+	// that a pod being stopped answers the requests it took within its 25s
+	// drain.
 	// +optional
 	// +kubebuilder:default="5s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms')",message="reservation.requestTimeout must be at least 100ms"
-	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('20s')",message="reservation.requestTimeout must be at most 20s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('10s')",message="reservation.requestTimeout must be at most 10s"
 	RequestTimeout *metav1.Duration `json:"requestTimeout,omitempty"`
 
 	// maxInFlight is the most reserve, checkout and cancel requests one

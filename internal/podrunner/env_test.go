@@ -2,6 +2,8 @@ package podrunner
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"reflect"
 	"runtime"
 	"strconv"
@@ -194,5 +196,22 @@ func TestContainerEnvReadsEachSecretOnce(t *testing.T) {
 	}
 	if want := map[string]int{"s": 1, "absent": 1}; !reflect.DeepEqual(reads, want) {
 		t.Fatalf("Secret reads %v, want %v", reads, want)
+	}
+}
+
+// A container without a memory limit is given this host's memory, as the
+// kubelet gives the node's allocatable.
+func TestResourceValueWithoutALimitIsTheHosts(t *testing.T) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kb int64
+	if _, err := fmt.Sscanf(string(b), "MemTotal: %d kB", &kb); err != nil || kb <= 0 {
+		t.Fatalf("/proc/meminfo starts %q: %v", b[:min(len(b), 40)], err)
+	}
+	got, err := resourceValue(&corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: apiresource.MustParse("1Ki")}, &corev1.Container{})
+	if err != nil || got != strconv.FormatInt(kb, 10) {
+		t.Fatalf("limits.memory without a limit, in KiB: %q, %v; want %d", got, err, kb)
 	}
 }
