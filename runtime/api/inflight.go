@@ -43,16 +43,20 @@ type inFlight struct {
 	wait    time.Duration
 
 	n       atomic.Int64 // at work
-	waiting atomic.Int64 // in line, and those just refused by a full line
+	waiting atomic.Int64 // in line
 }
 
-// Why a request was not let in.
+// Whether a request was let in, and why not.
 const (
 	admitted = iota
 	lineFull
 	waitedTooLong
 	clientGone
 )
+
+// shedReasons are the reason labels of flashsale_api_shed_total, by why a
+// request was not let in.
+var shedReasons = map[int]string{lineFull: "line_full", waitedTooLong: "waited", clientGone: "client_gone"}
 
 // init sets the bound: places for working requests, the rest of max in line;
 // max <= 0 sets no bound.
@@ -67,8 +71,10 @@ func (f *inFlight) init(max, working int, wait time.Duration) {
 // enter takes a place, waiting in line for one if none is free. The channel
 // keeps the line first come first served: a place that frees goes to the
 // request that waited longest, never to one that just came (only to one
-// about to park behind the others).
-func (f *inFlight) enter(gone <-chan struct{}) int {
+// about to park behind the others). ctx is the request's: one whose client
+// goes away leaves the line; its Done is asked for only then, off the path
+// of a request that finds a place free.
+func (f *inFlight) enter(ctx context.Context) int {
 	if f.places == nil {
 		f.n.Add(1)
 		return admitted
@@ -99,7 +105,7 @@ func (f *inFlight) enter(gone <-chan struct{}) int {
 		return admitted
 	case <-t.C:
 		return waitedTooLong
-	case <-gone:
+	case <-ctx.Done():
 		return clientGone
 	}
 }
@@ -119,18 +125,19 @@ func (f *inFlight) leave() {
 // s.end().
 func (s *Server) begin(r *http.Request) (context.Context, *apiError) {
 	ctx := s.deadlines.context()
-	var reason, msg string
-	switch s.inFlight.enter(r.Context().Done()) {
+	var msg string
+	why := s.inFlight.enter(r.Context())
+	switch why {
 	case admitted:
 		return ctx, nil
 	case lineFull:
-		reason, msg = "line_full", fmt.Sprintf("overloaded: %d requests are in progress here and %d wait for a place, the most it takes; retry", s.inFlight.n.Load(), s.inFlight.lineMax)
+		msg = fmt.Sprintf("overloaded: %d requests are in progress here and %d wait for a place, the most it takes; retry", s.inFlight.n.Load(), s.inFlight.lineMax)
 	case waitedTooLong:
-		reason, msg = "waited", fmt.Sprintf("overloaded: no place among the %d requests in progress here freed within %v; retry", cap(s.inFlight.places), s.inFlight.wait)
+		msg = fmt.Sprintf("overloaded: no place among the %d requests in progress here freed within %v; retry", cap(s.inFlight.places), s.inFlight.wait)
 	case clientGone:
-		reason, msg = "client_gone", "the client went away while the request waited for a place"
+		msg = "the client went away while the request waited for a place"
 	}
-	s.metrics.shed.WithLabelValues(reason).Inc()
+	s.metrics.shed.WithLabelValues(shedReasons[why]).Inc()
 	return nil, unavailable(msg)
 }
 

@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -169,13 +168,13 @@ func TestMaxInFlightDefaults(t *testing.T) {
 	var none inFlight
 	none.init(-1, DefaultWorking, time.Hour)
 	for range 3 {
-		if none.enter(nil) != admitted {
+		if none.enter(bg) != admitted {
 			t.Fatal("refused without a bound")
 		}
 	}
 	var small inFlight
 	small.init(2, DefaultWorking, time.Hour)
-	if r := []int{small.enter(nil), small.enter(nil), small.enter(nil)}; r[0] != admitted || r[1] != admitted || r[2] != lineFull {
+	if r := []int{small.enter(bg), small.enter(bg), small.enter(bg)}; r[0] != admitted || r[1] != admitted || r[2] != lineFull {
 		t.Fatalf("a bound of 2 let in %v, want admitted, admitted, line full", r)
 	}
 }
@@ -185,31 +184,28 @@ func TestMaxInFlightDefaults(t *testing.T) {
 func TestTheLineWaitsAtMostWait(t *testing.T) {
 	var f inFlight
 	f.init(3, 1, 200*time.Millisecond)
-	if f.enter(nil) != admitted {
+	if f.enter(bg) != admitted {
 		t.Fatal("the first request was not admitted")
 	}
 	start := time.Now()
-	if got := f.enter(nil); got != waitedTooLong {
+	if got := f.enter(bg); got != waitedTooLong {
 		t.Fatalf("with the place kept: %d, want waited too long", got)
 	}
 	if d := time.Since(start); d < 200*time.Millisecond {
 		t.Fatalf("refused after %v, before the 200ms wait", d)
 	}
-	gone := make(chan struct{})
-	close(gone)
 	if got := f.enter(gone); got != clientGone {
 		t.Fatalf("with the client gone: %d, want client gone", got)
 	}
 	f.wait = time.Hour
-	stop := make(chan struct{})
-	leave := sync.OnceFunc(func() { close(stop) })
+	stop, leave := context.WithCancel(bg)
 	t.Cleanup(leave) // a failed test's waiters leave too
 	out := make(chan int, 2)
 	for range 2 {
 		go func() { out <- f.enter(stop) }()
 	}
 	waitForSenders(t, 2)
-	if got := f.enter(nil); got != lineFull {
+	if got := f.enter(bg); got != lineFull {
 		t.Fatalf("past a full line: %d, want line full", got)
 	}
 	leave()
@@ -228,11 +224,11 @@ func TestTheLineWaitsAtMostWait(t *testing.T) {
 func TestTheLineIsFirstComeFirstServed(t *testing.T) {
 	var f inFlight
 	f.init(5, 1, time.Hour)
-	if f.enter(nil) != admitted {
+	if f.enter(bg) != admitted {
 		t.Fatal("the first request was not admitted")
 	}
-	stop := make(chan struct{}) // a failed test's waiters leave
-	t.Cleanup(func() { close(stop) })
+	stop, leave := context.WithCancel(bg)
+	t.Cleanup(leave) // a failed test's waiters leave
 	order := make(chan int, 3)
 	for i := range 3 {
 		go func() {
@@ -244,8 +240,6 @@ func TestTheLineIsFirstComeFirstServed(t *testing.T) {
 	}
 	// A newcomer right after the place frees finds it taken by the first in
 	// line: it would wait (and leaves at once, its client gone).
-	gone := make(chan struct{})
-	close(gone)
 	for want := range 3 {
 		f.leave()
 		if got := f.enter(gone); got != clientGone {
@@ -256,7 +250,7 @@ func TestTheLineIsFirstComeFirstServed(t *testing.T) {
 		}
 	}
 	f.leave()
-	if f.enter(nil) != admitted {
+	if f.enter(bg) != admitted {
 		t.Fatal("a free place refused")
 	}
 }
@@ -265,7 +259,7 @@ func TestTheLineIsFirstComeFirstServed(t *testing.T) {
 // answer stays within the request deadline.
 func TestTheDeadlineCountsTheWait(t *testing.T) {
 	f := newFixture(t, withMaxInFlight(2), withWorking(1))
-	if f.srv.inFlight.enter(nil) != admitted {
+	if f.srv.inFlight.enter(bg) != admitted {
 		t.Fatal("the first request was not admitted")
 	}
 	type begun struct {
@@ -299,7 +293,7 @@ func TestTheDeadlineCountsTheWait(t *testing.T) {
 // Each refusal of a request in line is counted by its reason and says why.
 func TestARefusalInLineSaysWhy(t *testing.T) {
 	f := newFixture(t, withMaxInFlight(2), withWorking(1), func(c *fixtureConfig) { c.api.RequestTimeout = 400 * time.Millisecond })
-	if f.srv.inFlight.enter(nil) != admitted {
+	if f.srv.inFlight.enter(bg) != admitted {
 		t.Fatal("the first request was not admitted")
 	}
 	defer f.srv.end()
@@ -318,6 +312,12 @@ func TestARefusalInLineSaysWhy(t *testing.T) {
 		}
 	}
 }
+
+// bg is a request context whose client stays; gone one whose client went.
+var (
+	bg   = context.Background()
+	gone = func() context.Context { ctx, cancel := context.WithCancel(bg); cancel(); return ctx }()
+)
 
 // waitForSenders waits until n goroutines are parked sending on a channel in
 // inFlight.enter: in line, not about to be.

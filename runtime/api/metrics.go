@@ -75,7 +75,7 @@ func NewMetrics() *Metrics {
 	}
 	m.reserveScript = sync.OnceValue(func() prometheus.Observer { return m.scriptLatency.WithLabelValues("reserve") })
 	m.otherScript = sync.OnceValue(func() prometheus.Observer { return m.scriptLatency.WithLabelValues("other") })
-	for _, reason := range []string{"waited", "line_full", "client_gone"} {
+	for _, reason := range shedReasons {
 		m.shed.WithLabelValues(reason) // every reason from 0, so that rate() sees the first refusal
 	}
 	m.reg.MustRegister(m.requests, m.shed, m.latency, m.scriptCalls, m.scriptLatency, m.batchSize, m.batchLatency,
