@@ -432,12 +432,7 @@ func readMachine() Machine {
 		}
 	}
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-				m.MemoryGB = kb / (1 << 20)
-			}
-		}
+		m.MemoryGB = float64(procKB(string(b), "MemTotal")) / (1 << 30)
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))

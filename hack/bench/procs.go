@@ -233,14 +233,14 @@ func (s *server) peakRSS() int64 {
 	if err != nil {
 		return 0
 	}
-	return vmHWM(string(b))
+	return procKB(string(b), "VmHWM")
 }
 
-// vmHWM reads the peak resident set ("VmHWM:  1234 kB") from a
-// /proc/<pid>/status, in bytes; 0 when absent.
-func vmHWM(status string) int64 {
-	for line := range strings.Lines(status) {
-		rest, ok := strings.CutPrefix(line, "VmHWM:")
+// procKB reads a "key:  1234 kB" line of a /proc file (status, meminfo), in
+// bytes; 0 when absent or not so.
+func procKB(text, key string) int64 {
+	for line := range strings.Lines(text) {
+		rest, ok := strings.CutPrefix(line, key+":")
 		if !ok {
 			continue
 		}
