@@ -20,6 +20,98 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// FlashSalePhase is the one-word summary of where a FlashSale is in its life.
+// +kubebuilder:validation:Enum=Scheduled;Open;Paused;SoldOut;Ended;Completed;FailClosed;Rebuilding
+type FlashSalePhase string
+
+const (
+	// PhaseScheduled: the sale has a schedule whose start is still ahead.
+	PhaseScheduled FlashSalePhase = "Scheduled"
+	// PhaseOpen: reservations are being admitted.
+	PhaseOpen FlashSalePhase = "Open"
+	// PhasePaused: spec.paused is set; no new reservations are admitted.
+	PhasePaused FlashSalePhase = "Paused"
+	// PhaseSoldOut: every unit is reserved or sold; open reservations may
+	// still expire and return units to stock.
+	PhaseSoldOut FlashSalePhase = "SoldOut"
+	// PhaseEnded: the schedule's end has passed; open reservations may still
+	// be checked out or released.
+	PhaseEnded FlashSalePhase = "Ended"
+	// PhaseCompleted: the sale is over and no reservation is open any more.
+	PhaseCompleted FlashSalePhase = "Completed"
+	// PhaseFailClosed: Redis lost or disagrees with the sale's state; every
+	// shard refuses reservations until the stock is rebuilt from the ledger.
+	PhaseFailClosed FlashSalePhase = "FailClosed"
+	// PhaseRebuilding: the stock is being rebuilt from the ledger, and every
+	// shard refuses reservations until it is whole. Either a rebuild runs
+	// (status.rebuildProgress says how many shards it finished; Ready's
+	// reason is Rebuilding), or the last one failed for a reason other than
+	// the ledger and is retried (Ready's reason is RebuildFailed). A rebuild
+	// that fails on the ledger leaves the sale FailClosed, LedgerHealthy
+	// False. Once the rebuild is over the phase is the sale's again.
+	PhaseRebuilding FlashSalePhase = "Rebuilding"
+)
+
+// Condition types reported in status.conditions.
+const (
+	// ConditionReady is True when the sale's children are running and its
+	// state in Redis and PostgreSQL is consistent.
+	ConditionReady = "Ready"
+	// ConditionSeeded is True once the ledger row exists and the Redis shards
+	// were seeded (it stays True after a loss: RedisHealthy says whether
+	// Redis still holds them).
+	ConditionSeeded = "Seeded"
+	// ConditionAdmitting is True while the sale accepts new reservations.
+	ConditionAdmitting = "Admitting"
+	// ConditionRedisHealthy is True while every Redis shard answers and
+	// carries the current epoch.
+	ConditionRedisHealthy = "RedisHealthy"
+	// ConditionLedgerHealthy is True while PostgreSQL answers.
+	ConditionLedgerHealthy = "LedgerHealthy"
+	// ConditionDegraded is True while a reserve or sweeper replica crashes,
+	// whatever the other replicas do: one of its containers waits in
+	// CrashLoopBackOff, or ended with an OOM kill or a non-zero exit less
+	// than 10 minutes ago (the kubelet's own span: a container that runs
+	// that long has its restart back-off reset). Its reason is OOMKilled,
+	// CrashLoopBackOff or Error, in that order of precedence over the
+	// replicas; its message names each replica's Deployment, pod, the
+	// termination's reason and exit code, when it ended and the restart
+	// count. It is False (ReplicasStable) once every replica has run 10
+	// minutes without such an end, as the pods' container states tell (the
+	// times the kubelet reports). A pod being deleted, or Failed or
+	// Succeeded (evicted), does not count. Ready keeps its own meaning: a
+	// sale whose other replicas serve stays Ready.
+	ConditionDegraded = "Degraded"
+	// ConditionClocksInStep is True while PostgreSQL's clock and the clock
+	// of every Redis server holding the sale's shards agree within the
+	// smaller of 1s and a tenth of reservation.ttl. A reservation's
+	// expires_at is set by Redis's clock and judged by PostgreSQL's: a
+	// database clock ahead by Δ leaves every buyer Δ less to pay, one behind
+	// takes checkouts up to Δ late and gives expired units back Δ late. A
+	// reading counts beyond its round trips' uncertainty, and gives no
+	// verdict when they hide the answer. False (ClockSkew) names the server
+	// and the difference, until it is under half the bound; the operator
+	// reads the clocks with every status refresh. Ready keeps its own
+	// meaning.
+	ConditionClocksInStep = "ClocksInStep"
+	// ConditionLedgerFailoverSafe is True while a failover of PostgreSQL to
+	// a standby keeps every commit the sale answered for: the server streams
+	// its WAL to no standby and keeps no idle physical replication slot of
+	// one away (NoStandby), or a commit waits for the standbys
+	// synchronous_standby_names names (SynchronousStandby). False
+	// (AsynchronousStandby) names the standbys, and the slots of those
+	// away, when that setting is empty,
+	// or when the ledger's role may read sync_state (pg_monitor) and the
+	// setting names none of them or lets a backup tool's WAL client stand
+	// for one; False (LocalCommit) says synchronous_commit is local. A failover then loses the last reservations and payments, and
+	// a rebuild sells their units again. Logical walsenders, the WAL clients
+	// of backup tools and the replicas the sale's annotation
+	// flashsale.dev/ledger-standbys-never-promoted names (application_names
+	// or slot names) are no standbys. The operator reads it with
+	// every status refresh; Ready keeps its own meaning.
+	ConditionLedgerFailoverSafe = "LedgerFailoverSafe"
+)
+
 // FlashSaleStatus is the observed state of a flash-sale campaign. Everything
 // an on-call engineer needs during an incident is here.
 type FlashSaleStatus struct {
