@@ -48,9 +48,11 @@ func TestAsynchronousLedgerStandbyIsReported(t *testing.T) {
 		t.Fatalf("Ready is not True beside an asynchronous standby: %+v", meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady))
 	}
 	// The event names what the refresh that turned the condition False saw:
-	// the standby streaming, or its slot idle between its base backup and
-	// its first stream.
-	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonAsynchronousStandby, "(synchronous_standby_names is empty)") {
+	// the standby streaming ("streams asynchronously (synchronous_standby_names
+	// is empty) to 1 standby"), or its slot idle between its base backup and
+	// its first stream ("1 is away (its slot pg_b idle), and
+	// synchronous_standby_names is empty"). Both say the setting is empty.
+	if !hasEventSaying(t, e.ns, "repl", controllers.ReasonAsynchronousStandby, "synchronous_standby_names is empty") {
 		t.Fatal("no AsynchronousStandby event")
 	}
 
