@@ -170,25 +170,6 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 		"the container's memory limit in bytes: the Go runtime collects harder as it nears 9/10 of it instead of being killed at it; 0: none; GOMEMLIMIT, when set, wins; the operator sets it from the pod's limits.memory (env "+config.EnvMemoryLimit+")")
 }
 
-// memoryLimitShare is the share of the container's memory limit the Go
-// runtime keeps to: the rest is for what the runtime does not count and the
-// cgroup does (the kernel's socket buffers, the binary's pages it cannot
-// reclaim at once).
-const memoryLimitShare = 0.9
-
-// goMemoryLimit is the Go runtime's memory limit for a container limit of
-// bytes; 0: none. With the GC target of 400 the heap grows to five times what
-// is live before a collection: a storm of 4,096 buyers took a reserve
-// process to 480–500 MiB resident, and to 255–258 MiB (file pages included)
-// with the runtime's limit set from 256 MiB, with no measurable loss of
-// throughput (docs/operations.md, "The reserve pods' memory").
-func goMemoryLimit(container uint64) int64 {
-	if container == 0 || container > math.MaxInt64 {
-		return 0
-	}
-	return int64(float64(container) * memoryLimitShare)
-}
-
 // Defaults of the ledger writer and the GC.
 const (
 	DefaultLedgerWriters = 2
@@ -280,6 +261,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		debug.SetMemoryLimit(lim)
 		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
 	}
+	warnOfFewFiles(log, opts.Server.MaxInFlight)
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
 	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)
