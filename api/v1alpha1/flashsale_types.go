@@ -220,10 +220,11 @@ type ReservationSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('10s')",message="reservation.requestTimeout must be at most 10s"
 	RequestTimeout *metav1.Duration `json:"requestTimeout,omitempty"`
 
-	// maxInFlight is the most reserve, checkout and cancel requests one
-	// reservation API pod takes in at once: up to 1024 do their Redis and SQL
-	// work, the others wait in line for a place (at most half of
-	// requestTimeout); one more is answered 503 with Retry-After at once.
+	// maxInFlight is the most buyer requests (reserve, checkout, cancel, the
+	// buyer's reservations) one reservation API pod takes in at once: up to
+	// 1024 do their Redis and SQL work, the others wait in line for a place
+	// (at most half of requestTimeout); one more is answered 503 with
+	// Retry-After at once.
 	// +optional
 	// +kubebuilder:default=16384
 	// +kubebuilder:validation:Minimum=1

@@ -33,6 +33,18 @@ type (
 	StatusBody struct {
 		Status string `json:"status"`
 	}
+	// HeldBody answers the buyer's list of reservations.
+	HeldBody struct {
+		Reservations []HeldReservation `json:"reservations"`
+	}
+	// HeldReservation is one reservation the buyer holds: "reserved" until
+	// it is paid or released (expires_at, then the sweeper), or "confirmed".
+	HeldReservation struct {
+		ReservationID string `json:"reservation_id"`
+		Quantity      int    `json:"quantity"`
+		Status        string `json:"status"`
+		ExpiresAt     string `json:"expires_at,omitempty"`
+	}
 	// AvailabilityBody answers the availability route.
 	AvailabilityBody struct {
 		ItemID    string `json:"item_id"`
@@ -200,6 +212,37 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) string {
 		return notFound("no such reservation").write(w)
 	}
 	return s.engineError(r, "cancel", fmt.Errorf("unknown outcome %v", res.Outcome)).write(w)
+}
+
+// held lists the token subject's reservations in this sale, from the
+// ledger: a buyer who lost a reservation's answer and its key can still pay
+// for it or cancel it.
+func (s *Server) held(w http.ResponseWriter, r *http.Request) string {
+	claims, e := s.admit(r)
+	if e != nil {
+		return e.write(w)
+	}
+	ctx, e := s.begin(r)
+	if e != nil {
+		return e.write(w)
+	}
+	defer s.end()
+	orders, err := s.engine.Held(ctx, claims.Subject)
+	if err != nil {
+		return s.engineError(r, "held", err).write(w)
+	}
+	body := HeldBody{Reservations: make([]HeldReservation, 0, len(orders))}
+	for _, o := range orders {
+		h := HeldReservation{ReservationID: o.ReservationID, Quantity: o.Quantity, Status: "reserved"}
+		if o.Status == ledger.StatusCommitted {
+			h.Status = "confirmed"
+		} else {
+			h.ExpiresAt = o.ExpiresAt.UTC().Format(expiryFormat)
+		}
+		body.Reservations = append(body.Reservations, h)
+	}
+	writeJSON(w, http.StatusOK, body)
+	return okOK
 }
 
 func (s *Server) availability(w http.ResponseWriter, r *http.Request) string {

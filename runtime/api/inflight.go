@@ -149,7 +149,7 @@ func (s *Server) inFlightGauges() []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_in_flight",
-			Help: "Buyer requests (reserve, checkout, cancel) doing their Redis and ledger work now.",
+			Help: "Buyer requests (reserve, checkout, cancel, the list of reservations) doing their Redis and ledger work now.",
 		}, func() float64 { return float64(s.inFlight.n.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_waiting",

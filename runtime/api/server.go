@@ -1,7 +1,8 @@
-// Package api is the HTTP server of one FlashSale (`flashsale reserve`): the buyer
-// routes (reserve, checkout, cancel) behind admission tokens and a per-user rate
-// limit, the public availability route, health probes and Prometheus metrics. It
-// turns the engine's outcomes into stable error codes; docs/api.md is its contract.
+// Package api is the HTTP server of one FlashSale (`flashsale reserve`): the
+// buyer routes (reserve, checkout, cancel, the buyer's reservations) behind
+// admission tokens and a per-user rate limit, the public availability route,
+// health probes and Prometheus metrics. It turns the engine's outcomes into
+// stable error codes; docs/api.md is its contract.
 package api
 
 import (
@@ -71,7 +72,7 @@ type Config struct {
 	RateBurst int
 
 	RequestTimeout time.Duration // deadline of one request's wait in line and its Redis and SQL work
-	// MaxInFlight is the most reserve, checkout and cancel requests taken in
+	// MaxInFlight is the most buyer requests (all but availability) taken in
 	// at once: min(DefaultWorking, MaxInFlight) of them do their Redis and
 	// SQL work, the others wait in line for a place, at most half of
 	// RequestTimeout. One more, or one that waited that long, is answered 503
@@ -211,6 +212,7 @@ func New(cfg Config) (*Server, error) {
 		{"reserve", http.MethodPost, "/api/v1/flash-sale/reserve", s.reserve},
 		{"checkout", http.MethodPost, "/api/v1/flash-sale/checkout", s.checkout},
 		{"cancel", http.MethodDelete, "/api/v1/flash-sale/reservations/{reservation_id}", s.cancel},
+		{"held", http.MethodGet, "/api/v1/flash-sale/reservations", s.held},
 		{"availability", http.MethodGet, "/api/v1/flash-sale/items/{item_id}/availability", s.availability},
 		{"healthz", http.MethodGet, config.PathHealthz, s.healthz},
 		{"readyz", http.MethodGet, config.PathReadyz, s.readyz},

@@ -90,3 +90,19 @@ func (e *Engine) Cancel(ctx context.Context, user, reservationID string) (Cancel
 	}
 	return CancelResult{Outcome: out, Order: o}, nil
 }
+
+// Held lists the reservations the user holds in this sale, as the ledger
+// has them: held (PENDING, until the sweeper releases them) and paid. A
+// buyer who lost the answer to a reservation and its key finds it here,
+// to pay for it or cancel it. A reservation whose ledger row is not
+// written yet is not listed: it was not acknowledged either.
+func (e *Engine) Held(ctx context.Context, user string) ([]ledger.Order, error) {
+	if user == "" {
+		return nil, fmt.Errorf("%w: user is required", ErrInvalid)
+	}
+	orders, err := e.ledger.HeldBy(ctx, e.cfg.CampaignID, user)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return orders, nil
+}

@@ -25,7 +25,8 @@ FROM generate_series(1, $2::integer) g`
 // lookup and sweeper batch, and the cancels of expired reservations a loop
 // comparing every row of the sale with every cancelled one: a rebuild of
 // 10,000 expired reservations took 19 s. A sale in the statistics got its
-// cancels planned as a scan of every sale's orders.
+// cancels planned as a scan of every sale's orders. A buyer's list of what
+// it holds goes through the holders' index.
 func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
@@ -88,6 +89,7 @@ func TestSaleLookupsUseTheirKeyWhateverTheStatistics(t *testing.T) {
 			{"the sweeper's cancel", sqlCancelExpired, []any{c.sale.ID, ids, int64(0)}, "request_key = ANY"},
 			{"the rebuild's cancel", sqlCancelExpiredAll, []any{c.sale.ID, int64(0)}, "request_key = ANY"},
 			{"statuses of abandoned rows", sqlStatusesAnyCampaign, []any{[]string{c.sale.ID}, ids[:1]}, "request_key = ANY"},
+			{"a buyer's held orders", sqlHeldBy, []any{c.sale.ID, "u7"}, "user_id = "},
 		} {
 			for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 				plan := explainPrepared(t, l, mode, q.sql, q.args...)

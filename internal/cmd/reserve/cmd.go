@@ -146,7 +146,7 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", int64(o.env.Int(config.EnvMaxBodyBytes, api.DefaultMaxBodyBytes)),
 		"largest request body accepted (env "+config.EnvMaxBodyBytes+")")
 	f.IntVar(&s.MaxInFlight, "max-in-flight", o.env.Int(config.EnvMaxInFlight, api.DefaultMaxInFlight),
-		"most reserve, checkout and cancel requests taken in at once: up to "+strconv.Itoa(api.DefaultWorking)+" do their Redis and SQL work, the others wait in line for a place, at most half --request-timeout; one more, or one that waited that long, is answered 503 with Retry-After; 0 takes the default, -1 sets no bound (on the work either) (env "+config.EnvMaxInFlight+")")
+		"most buyer requests (reserve, checkout, cancel, the list of reservations) taken in at once: up to "+strconv.Itoa(api.DefaultWorking)+" do their Redis and SQL work, the others wait in line for a place, at most half --request-timeout; one more, or one that waited that long, is answered 503 with Retry-After; 0 takes the default, -1 sets no bound (on the work either) (env "+config.EnvMaxInFlight+")")
 	f.StringVar(&o.LogLevel, "log-level", config.EnvString(config.EnvLogLevel, "info"), "debug, info, warn or error (env "+config.EnvLogLevel+")")
 	f.IntVar(&o.Ledger.Concurrency, "ledger-writers", o.env.Int(config.EnvLedgerWriters, DefaultLedgerWriters),
 		"most ledger transactions in flight at once; one at a time while it keeps up (batches grow with load), another only when a full batch of 256 rows waits (env "+config.EnvLedgerWriters+")")
