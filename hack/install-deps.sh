@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the build and the tests need: Redis
 # (server and redis-cli), PostgreSQL (server and client), git, make, procps,
-# util-linux (setpriv, for the test API server; nsenter, for the test node),
-# CA certificates, a C compiler with the C library headers (go test -race
-# needs cgo), and what the test node runs beside the kubelet: containerd,
-# runc, the CNI plugins (bridge, host-local, loopback), iptables and
-# conntrack for kube-proxy, and iproute2 for its network namespace. Packages
-# already present are left alone, so a second run does nothing and prints
-# nothing.
+# util-linux (setpriv, for the test API server; nsenter, for the test node;
+# prlimit, for a reserve process test), CA certificates, a C compiler with
+# the C library headers (go test -race needs cgo), and what the test node
+# runs beside the kubelet: containerd, runc, the CNI plugins (bridge,
+# host-local, loopback), iptables and conntrack for kube-proxy, and iproute2
+# for its network namespace. Packages already present are left alone, so a
+# second run does nothing and prints nothing.
 set -euo pipefail
 
 # package:command that proves it is installed ("" = ask dpkg)

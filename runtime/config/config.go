@@ -66,6 +66,9 @@ type Redis struct {
 	TLS *tls.Config
 }
 
+// RedisPoolSize is the most connections a process keeps to one Redis server.
+const RedisPoolSize = 128
+
 // Client returns a client for the mode: a cluster client, or a plain client on the
 // first address. Timeouts are short: a reservation must fail fast, not hang.
 //
@@ -85,13 +88,13 @@ func (r Redis) Client() redis.UniversalClient {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: r.Addresses, Username: r.Username, Password: r.Password, TLSConfig: r.TLS,
 			DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			PoolSize: 128, MaxRetries: -1,
+			PoolSize: RedisPoolSize, MaxRetries: -1,
 		})
 	}
 	return redis.NewClient(&redis.Options{
 		Addr: r.Addresses[0], Username: r.Username, Password: r.Password, TLSConfig: r.TLS,
 		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		PoolSize: 128, MaxRetries: -1,
+		PoolSize: RedisPoolSize, MaxRetries: -1,
 	})
 }
 

@@ -57,10 +57,10 @@ var (
 	ErrBadDSN = errors.New("ledger: the DSN cannot be parsed")
 )
 
-// defaultMaxConns covers the materializer workers plus checkout, cancel and
+// DefaultMaxConns covers the materializer workers plus checkout, cancel and
 // sweeper traffic of one process without letting a fleet of replicas exhaust
 // PostgreSQL's max_connections.
-const defaultMaxConns = 32
+const DefaultMaxConns = 32
 
 // defaultApplicationName names the ledger's connections in pg_stat_activity
 // unless the DSN names them; the group-commit writer's add "-writer".
@@ -111,7 +111,7 @@ func WithMaxConns(n int32) Option {
 }
 
 // Open connects to dsn, checks the connection and applies migrations. The
-// pool holds defaultMaxConns connections unless the DSN sets pool_max_conns;
+// pool holds DefaultMaxConns connections unless the DSN sets pool_max_conns;
 // a Materializer's writers have connections of their own besides
 // (NewMaterializer).
 // A schema upgrade outlives ctx (see migrateDetached): a ledger of millions of
@@ -124,7 +124,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 	// ParseConfig fills a CPU-based default that cannot be told apart from an
 	// explicit setting, so look at the DSN itself.
 	if !strings.Contains(dsn, "pool_max_conns") {
-		cfg.MaxConns = defaultMaxConns
+		cfg.MaxConns = DefaultMaxConns
 		for _, o := range opts {
 			o(cfg)
 		}

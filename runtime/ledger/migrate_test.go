@@ -24,8 +24,8 @@ func countVersions(t *testing.T, pool *pgxpool.Pool) int {
 func TestOpenPoolSize(t *testing.T) {
 	t.Parallel()
 	dsn := newDSN(t, testPG)
-	if got := openLedger(t, dsn).Pool().Config().MaxConns; got != defaultMaxConns {
-		t.Errorf("default MaxConns = %d, want %d", got, defaultMaxConns)
+	if got := openLedger(t, dsn).Pool().Config().MaxConns; got != DefaultMaxConns {
+		t.Errorf("default MaxConns = %d, want %d", got, DefaultMaxConns)
 	}
 	if got := openLedger(t, dsn+"&pool_max_conns=5").Pool().Config().MaxConns; got != 5 {
 		t.Errorf("MaxConns with pool_max_conns=5 = %d", got)

@@ -90,7 +90,8 @@ func NewCmd() *cobra.Command {
 		Use:   "reserve",
 		Short: "Serve the reservation API of one FlashSale",
 		Long: `Serves POST /api/v1/flash-sale/reserve, POST /api/v1/flash-sale/checkout,
-DELETE /api/v1/flash-sale/reservations/{id}, GET /api/v1/flash-sale/items/{sku}/availability,
+DELETE /api/v1/flash-sale/reservations/{id}, GET /api/v1/flash-sale/reservations,
+GET /api/v1/flash-sale/items/{sku}/availability,
 /healthz, /readyz and /metrics for one FlashSale (see docs/api.md);
 /metrics on its own address with --metrics-listen.
 
@@ -261,7 +262,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		debug.SetMemoryLimit(lim)
 		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
 	}
-	warnOfFewFiles(log, opts.Server.MaxInFlight)
+	warnOfFewFiles(log, opts.Server.MaxInFlight, ownFiles(len(c.Redis.Addresses), opts.Ledger.Concurrency))
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
 	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)

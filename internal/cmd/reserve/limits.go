@@ -23,6 +23,8 @@ import (
 	"syscall"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/api"
+	"github.com/flashsale-dev/flashsale-operator/runtime/config"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
 // memoryLimitShare is the share of the container's memory limit the Go
@@ -44,39 +46,43 @@ func goMemoryLimit(container uint64) int64 {
 	return int64(float64(container) * memoryLimitShare)
 }
 
-// spareFiles are the files a reserve process keeps open besides its buyers'
-// connections: its Redis and PostgreSQL pools (32 connections to the ledger,
-// go-redis's pool per Redis server, the ledger writers'), the listeners and
-// the scrapes.
-const spareFiles = 256
+// ownFiles are the files a reserve process may keep open besides its
+// buyers' connections: go-redis's pool to each Redis server it is given (a
+// cluster's seed list names its masters, or fewer of them), the ledger's
+// pool and its writers' connections, and 64 for the listeners, the probes,
+// the scrapes and the files it reads.
+func ownFiles(redisServers, ledgerWriters int) int {
+	return config.RedisPoolSize*max(redisServers, 1) + ledger.DefaultMaxConns + ledgerWriters + 64
+}
 
 // fewFiles says why a process allowed to open limit files cannot hold the
-// connections of the maxInFlight buyers it takes in at once (0: the
-// default; -1: no bound, nothing to compare), or "" when it can. Each buyer
-// taken in holds a socket; past the limit the listener cannot accept, and
-// the buyers past it wait in the kernel's listen queue, unseen by the line
-// and its 503s, until a connection closes.
-func fewFiles(limit uint64, maxInFlight int) string {
-	if maxInFlight == 0 {
-		maxInFlight = api.DefaultMaxInFlight
-	}
-	if maxInFlight < 0 || limit >= uint64(maxInFlight)+spareFiles {
+// connections of the maxInFlight buyers it takes in at once (-1: no bound,
+// nothing to compare) beside its own, or "" when it can. Each buyer taken in
+// holds a socket; past the limit the listener cannot accept, so the buyers
+// past it wait in the kernel's listen queue, unseen by the line and its
+// 503s, and the process's own new connections to Redis and the ledger fail
+// too ("too many open files").
+func fewFiles(limit uint64, maxInFlight, own int) string {
+	if maxInFlight < 0 || limit >= uint64(maxInFlight+own) {
 		return ""
 	}
-	return fmt.Sprintf("this process may open %d files: fewer than the %d buyers --max-in-flight takes in at once and the %d it keeps for its own connections; "+
-		"buyers past about %d connections wait to be accepted instead of in line (raise the container runtime's RLIMIT_NOFILE, or lower maxInFlight)",
-		limit, maxInFlight, spareFiles, max(int64(limit)-spareFiles, 0))
+	return fmt.Sprintf("this process may open %d files: fewer than the %d buyers --max-in-flight takes in at once and the %d its own connections may take; "+
+		"past about %d buyers connected it cannot accept more, nor open its own connections to Redis and the ledger (raise the container runtime's RLIMIT_NOFILE, or lower maxInFlight)",
+		limit, maxInFlight, own, max(int64(limit)-int64(own), 0))
 }
 
 // warnOfFewFiles logs fewFiles for this process's open-file limit (the Go
 // runtime has raised its soft limit to the hard one at start).
-func warnOfFewFiles(log *slog.Logger, maxInFlight int) {
+func warnOfFewFiles(log *slog.Logger, maxInFlight, own int) {
+	if maxInFlight == 0 {
+		maxInFlight = api.DefaultMaxInFlight
+	}
 	var r syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
 		log.Warn("cannot read the open-file limit", "err", err)
 		return
 	}
-	if why := fewFiles(r.Cur, maxInFlight); why != "" {
-		log.Warn("open-file limit below max in flight", "why", why, "files", r.Cur, "maxInFlight", maxInFlight)
+	if why := fewFiles(r.Cur, maxInFlight, own); why != "" {
+		log.Warn("open-file limit below max in flight", "why", why, "files", r.Cur, "maxInFlight", maxInFlight, "ownFiles", own)
 	}
 }

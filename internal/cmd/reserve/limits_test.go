@@ -19,35 +19,37 @@ package reserve
 import (
 	"strings"
 	"testing"
-
-	"github.com/flashsale-dev/flashsale-operator/runtime/api"
 )
 
-// A process that cannot hold a socket for every buyer it takes in, and a
-// few for its own connections, says so; one that can, or that takes in any
-// number (-1), says nothing.
+// A process that cannot hold a socket for every buyer it takes in beside
+// its own connections says so; one that can, or that takes in any number
+// (-1), says nothing. Its own are go-redis's pool to each Redis server, the
+// ledger's pool, the writers' and 64 more.
 func TestFewFiles(t *testing.T) {
+	own := ownFiles(1, 2)
+	if own != 128+32+2+64 {
+		t.Fatalf("ownFiles(1, 2) = %d, want 226", own)
+	}
+	if got := ownFiles(3, 2); got != 3*128+32+2+64 {
+		t.Fatalf("ownFiles(3, 2) = %d: a pool to each of three Redis servers", got)
+	}
 	for _, c := range []struct {
 		limit       uint64
 		maxInFlight int
 		want        string // "" for none
 	}{
 		{1024, 4096, "this process may open 1024 files: fewer than the 4096 buyers"},
-		{1024, 0, "fewer than the 16384 buyers"},
-		{4096, 4096, "buyers past about 3840 connections wait to be accepted"},
-		{4096 + spareFiles, 4096, ""},
-		{524288, 0, ""},
-		{1024, 768, ""},
-		{1024, 769, "fewer than the 769 buyers"},
-		{100, 4096, "buyers past about 0 connections"},
+		{1024, 16384, "fewer than the 16384 buyers --max-in-flight takes in at once and the 226 its own connections may take"},
+		{4096, 4096, "past about 3870 buyers connected it cannot accept more"},
+		{uint64(4096 + own), 4096, ""},
+		{uint64(4095 + own), 4096, "fewer than the 4096 buyers"},
+		{524288, 16384, ""},
+		{100, 4096, "past about 0 buyers connected"},
 		{1024, -1, ""},
 	} {
-		got := fewFiles(c.limit, c.maxInFlight)
+		got := fewFiles(c.limit, c.maxInFlight, own)
 		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
-			t.Errorf("fewFiles(%d, %d) = %q, want %q", c.limit, c.maxInFlight, got, c.want)
+			t.Errorf("fewFiles(%d, %d, %d) = %q, want %q", c.limit, c.maxInFlight, own, got, c.want)
 		}
-	}
-	if api.DefaultMaxInFlight != 16384 {
-		t.Fatalf("DefaultMaxInFlight %d: the cases above assume 16384", api.DefaultMaxInFlight)
 	}
 }
