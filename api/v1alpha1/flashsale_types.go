@@ -203,14 +203,14 @@ type ReservationSpec struct {
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 
-	// requestTimeout is the deadline of a reserve, checkout or cancel request
-	// in a reservation API pod: its wait for a place (at most half of it) and
-	// its Redis and SQL work. Past it the buyer is answered 503 with
-	// Retry-After and retries with the same idempotency key; a ledger batch
-	// already sent is waited for up to 5s more, and a unit whose row was not
-	// written is given back within 5s. At least 100ms, and at most 10s, so
-	// that a pod being stopped answers the requests it took within its 25s
-	// drain.
+	// requestTimeout is the deadline of a buyer request (reserve, checkout,
+	// cancel, the buyer's reservations) in a reservation API pod: its wait
+	// for a place (at most half of it) and its Redis and SQL work. Past it
+	// the buyer is answered 503 with Retry-After and retries with the same
+	// idempotency key; a ledger batch already sent is waited for up to 5s
+	// more, and a unit whose row was not written is given back within 5s.
+	// At least 100ms, and at most 10s, so that a pod being stopped answers
+	// the requests it took within its 25s drain.
 	// +optional
 	// +kubebuilder:default="5s"
 	// +kubebuilder:validation:Type=string

@@ -437,17 +437,20 @@ func collectStatuses(rows pgx.Rows, err error) (map[string]Status, error) {
 }
 
 // sqlHeldBy reads a buyer's held and paid orders of one sale through the
-// holders' index, which holds exactly those (0002), oldest first. A buyer
+// holders' index, which holds exactly those (0002). A buyer
 // holds at most maxPerUser units (100 at most in a FlashSale), one or more
 // a reservation; the LIMIT bounds the answer whatever the flag says.
 const sqlHeldBy = `SELECT ` + orderColumns + ` FROM flashsale_orders
 WHERE campaign_id = (SELECT $1::text) AND user_id = $2 AND status IN ('PENDING', 'COMMITTED')
-ORDER BY created_at, reservation_id
+ORDER BY created_at, expires_at, reservation_id
 LIMIT 1000`
 
-// HeldBy returns the orders the user holds in the campaign: PENDING (also
-// past their expiry until the sweeper cancels them: a checkout may still
-// take them then) and COMMITTED, oldest first, at most 1000.
+// HeldBy returns the orders the user holds in the campaign, PENDING and
+// COMMITTED, oldest first (a batch's rows share created_at; their expiry
+// keeps the order they were reserved in, to the millisecond), at most 1000.
+// A PENDING order past its expiry is still held until the sweeper cancels
+// it: a checkout refuses it, a cancel still takes it, and it counts against
+// the buyer's limit until then.
 func (l *Ledger) HeldBy(ctx context.Context, campaignID, userID string) ([]Order, error) {
 	rows, err := l.pool.Query(ctx, sqlHeldBy, campaignID, userID)
 	if err != nil {
