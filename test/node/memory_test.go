@@ -3,7 +3,6 @@ package node_test
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,8 +76,10 @@ func TestReserveServingTheSamplesBuyersKeepsToItsMemoryLimit(t *testing.T) {
 	}
 	kills := cgroupKeyed(t, cg.pod, "memory.oom_control")["oom_kill"]
 
+	port := kubectl(t, nil, "get", "pod", name, "-n", ns, "-o", "jsonpath={.spec.containers[0].ports[0].containerPort}")
 	// Every buyer keeps its connection for the whole storm, so the most
-	// sockets seen open is the buyers taken in at once.
+	// connections seen established to the API's port is the buyers taken
+	// in at once.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mostOpen int
@@ -86,7 +87,7 @@ func TestReserveServingTheSamplesBuyersKeepsToItsMemoryLimit(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for {
-			mostOpen = max(mostOpen, openSockets(pid))
+			mostOpen = max(mostOpen, connectionsTo(t, pid, port))
 			select {
 			case <-stop:
 				return
@@ -114,21 +115,21 @@ func TestReserveServingTheSamplesBuyersKeepsToItsMemoryLimit(t *testing.T) {
 		t.Fatalf("pod %s: the kernel killed %d processes at its %s limit", name, after-kills, sampleLimit)
 	}
 	stat := cgroupKeyed(t, cg.container, "memory.stat")
-	t.Logf("pod %s under %s, %d files at most: %d sockets open at most; peak %.1f MiB (page cache included), now %.1f MiB anonymous, %.1f MiB cache; %d charges refused at the limit",
+	t.Logf("pod %s under %s, %d files at most: %d buyers connected at most; peak %.1f MiB (page cache included), now %.1f MiB anonymous, %.1f MiB cache; %d charges refused at the limit",
 		name, sampleLimit, podFiles, mostOpen, mib(cgroupInt(t, cg.pod, "memory.max_usage_in_bytes")),
 		mib(stat["total_rss"]), mib(stat["total_cache"]), cgroupInt(t, cg.pod, "memory.failcnt"))
-	// The premise: the buyers were in at once (a socket each, and a few of
-	// the process's own to Redis, the ledger and the node).
+	// The premise: the buyers were in at once.
 	if mostOpen < sampleBuyers {
-		t.Fatalf("pod %s held at most %d sockets, fewer than the %d buyers: the storm never had them in at once", name, mostOpen, sampleBuyers)
+		t.Fatalf("pod %s had at most %d connections to port %s, fewer than the %d buyers: the storm never had them in at once", name, mostOpen, port, sampleBuyers)
 	}
-	// A buyer the process could not take in would see its connection
-	// refused or reset; one that waited too long in line gets a 503, which
-	// a slow host may give and is not what this test is about.
+	// A process killed or closing connections shows as refused, reset or
+	// cut connections. A 503 (a wait in line past half the deadline) or the
+	// client's own timeout is what a slow host may give, and not what this
+	// test is about.
 	for op, codes := range rep.Outcomes {
 		for code, n := range codes {
-			if strings.HasPrefix(code, "ERR") {
-				t.Errorf("%s: %d requests failed without an answer (%s)", op, n, code)
+			if code == "ERR refused" || code == "ERR reset" || code == "ERR eof" {
+				t.Errorf("%s: %d requests %s", op, n, code)
 			}
 		}
 	}
@@ -161,17 +162,27 @@ func openFileLimit(t *testing.T, pid int) int {
 	return 0
 }
 
-// openSockets counts a process's open sockets; 0 once it is gone.
-func openSockets(pid int) int {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	fds, err := os.ReadDir(dir)
+// connectionsTo counts the established TCP connections to port in a
+// process's network namespace (/proc/PID/net/tcp and tcp6); 0 once the
+// process is gone.
+func connectionsTo(t *testing.T, pid int, port string) int {
+	p, err := strconv.Atoi(port)
 	if err != nil {
+		t.Errorf("container port %q: %v", port, err)
 		return 0
 	}
+	local := fmt.Sprintf(":%04X", p)
 	n := 0
-	for _, fd := range fds {
-		if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
-			n++
+	for _, file := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, file))
+		if err != nil {
+			return 0
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// sl local_address rem_address st ...; st 01 is ESTABLISHED.
+			if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[1], local) && f[3] == "01" {
+				n++
+			}
 		}
 	}
 	return n
