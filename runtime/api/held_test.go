@@ -97,3 +97,24 @@ func TestTheListIsTheTokenHolders(t *testing.T) {
 		}
 	}
 }
+
+// A held reservation past its expiry stays listed, with its expiry, until
+// the sweeper releases it: a checkout of it is refused as expired, a cancel
+// still takes it, and then it is gone from the list.
+func TestAnExpiredReservationIsListedUntilReleased(t *testing.T) {
+	f := newFixture(t, withAllocation(5), withTTL(time.Second))
+	res := f.reserve("late", "k", 1)
+	time.Sleep(1500 * time.Millisecond)
+	if got := f.held("late"); len(got) != 1 || got[0].Status != "reserved" || got[0].ExpiresAt != res.ExpiresAt {
+		t.Fatalf("past its expiry, late holds %+v, want its reservation until %s", got, res.ExpiresAt)
+	}
+	if r := f.checkout("late", res.ReservationID, "pay-late"); r.status != http.StatusGone {
+		t.Fatalf("checkout past the expiry: %d %s", r.status, r.body)
+	}
+	if r := f.call(http.MethodDelete, cancelPath(res.ReservationID), f.token("late"), nil); r.status != http.StatusOK {
+		t.Fatalf("cancel past the expiry: %d %s", r.status, r.body)
+	}
+	if got := f.held("late"); len(got) != 0 {
+		t.Fatalf("after the cancel, late holds %+v", got)
+	}
+}
