@@ -262,7 +262,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		debug.SetMemoryLimit(lim)
 		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
 	}
-	warnOfFewFiles(log, opts.Server.MaxInFlight, ownFiles(len(c.Redis.Addresses), opts.Ledger.Concurrency))
+	redisServers := 1 // a standalone client uses the first address alone
+	if c.Redis.Mode == config.RedisCluster {
+		redisServers = len(c.Redis.Addresses)
+	}
+	warnOfFewFiles(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency))
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
 	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)

@@ -24,7 +24,6 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/api"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
-	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
 // memoryLimitShare is the share of the container's memory limit the Go
@@ -47,12 +46,13 @@ func goMemoryLimit(container uint64) int64 {
 }
 
 // ownFiles are the files a reserve process may keep open besides its
-// buyers' connections: go-redis's pool to each Redis server it is given (a
-// cluster's seed list names its masters, or fewer of them), the ledger's
-// pool and its writers' connections, and 64 for the listeners, the probes,
-// the scrapes and the files it reads.
-func ownFiles(redisServers, ledgerWriters int) int {
-	return config.RedisPoolSize*max(redisServers, 1) + ledger.DefaultMaxConns + ledgerWriters + 64
+// buyers' connections: go-redis's pool to each Redis server (a standalone
+// client's one; a cluster's, one per address given, which names its masters
+// or fewer of them), the ledger's pool (32 unless the DSN sets
+// pool_max_conns) and its writers' connections, and 64 for the listeners,
+// the probes, the scrapes and the files it reads.
+func ownFiles(redisServers, ledgerPool, ledgerWriters int) int {
+	return config.RedisPoolSize*max(redisServers, 1) + ledgerPool + ledgerWriters + 64
 }
 
 // fewFiles says why a process allowed to open limit files cannot hold the

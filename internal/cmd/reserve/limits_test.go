@@ -19,6 +19,8 @@ package reserve
 import (
 	"strings"
 	"testing"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
 // A process that cannot hold a socket for every buyer it takes in beside
@@ -26,12 +28,12 @@ import (
 // (-1), says nothing. Its own are go-redis's pool to each Redis server, the
 // ledger's pool, the writers' and 64 more.
 func TestFewFiles(t *testing.T) {
-	own := ownFiles(1, 2)
+	own := ownFiles(1, ledger.DefaultMaxConns, 2)
 	if own != 128+32+2+64 {
-		t.Fatalf("ownFiles(1, 2) = %d, want 226", own)
+		t.Fatalf("ownFiles(1, 32, 2) = %d, want 226", own)
 	}
-	if got := ownFiles(3, 2); got != 3*128+32+2+64 {
-		t.Fatalf("ownFiles(3, 2) = %d: a pool to each of three Redis servers", got)
+	if got := ownFiles(3, 100, 2); got != 3*128+100+2+64 {
+		t.Fatalf("ownFiles(3, 100, 2) = %d: a pool to each of three Redis servers, and the ledger's of 100", got)
 	}
 	for _, c := range []struct {
 		limit       uint64
