@@ -76,10 +76,14 @@ func TestReserveServingTheSamplesBuyersKeepsToItsMemoryLimit(t *testing.T) {
 	}
 	kills := cgroupKeyed(t, cg.pod, "memory.oom_control")["oom_kill"]
 
-	port := kubectl(t, nil, "get", "pod", name, "-n", ns, "-o", "jsonpath={.spec.containers[0].ports[0].containerPort}")
+	port, err := strconv.Atoi(strings.TrimSpace(kubectl(t, nil, "get", "pod", name, "-n", ns, "-o", "jsonpath={.spec.containers[0].ports[0].containerPort}")))
+	if err != nil {
+		t.Fatalf("pod %s's port: %v", name, err)
+	}
 	// Every buyer keeps its connection for the whole storm, so the most
-	// connections seen established to the API's port is the buyers taken
-	// in at once.
+	// connections seen established to the API's port is the buyers
+	// connected at once (taken in, since the process may open a file for
+	// each: checked above).
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mostOpen int
@@ -87,7 +91,7 @@ func TestReserveServingTheSamplesBuyersKeepsToItsMemoryLimit(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for {
-			mostOpen = max(mostOpen, connectionsTo(t, pid, port))
+			mostOpen = max(mostOpen, connectionsTo(pid, port))
 			select {
 			case <-stop:
 				return
@@ -120,15 +124,15 @@ func TestReserveServingTheSamplesBuyersKeepsToItsMemoryLimit(t *testing.T) {
 		mib(stat["total_rss"]), mib(stat["total_cache"]), cgroupInt(t, cg.pod, "memory.failcnt"))
 	// The premise: the buyers were in at once.
 	if mostOpen < sampleBuyers {
-		t.Fatalf("pod %s had at most %d connections to port %s, fewer than the %d buyers: the storm never had them in at once", name, mostOpen, port, sampleBuyers)
+		t.Fatalf("pod %s had at most %d connections to port %d, fewer than the %d buyers: the storm never had them in at once", name, mostOpen, port, sampleBuyers)
 	}
-	// A process killed or closing connections shows as refused, reset or
-	// cut connections. A 503 (a wait in line past half the deadline) or the
-	// client's own timeout is what a slow host may give, and not what this
-	// test is about.
+	// A process killed or closing connections shows as a transport error
+	// (refused, reset, cut before or during the answer). A 503 (a wait in
+	// line past half the deadline) or the client's own timeout is what a
+	// slow host may give, and not what this test is about.
 	for op, codes := range rep.Outcomes {
 		for code, n := range codes {
-			if code == "ERR refused" || code == "ERR reset" || code == "ERR eof" {
+			if strings.HasPrefix(code, "ERR") && code != "ERR timeout" && code != "ERR cancelled" {
 				t.Errorf("%s: %d requests %s", op, n, code)
 			}
 		}
@@ -165,18 +169,13 @@ func openFileLimit(t *testing.T, pid int) int {
 // connectionsTo counts the established TCP connections to port in a
 // process's network namespace (/proc/PID/net/tcp and tcp6); 0 once the
 // process is gone.
-func connectionsTo(t *testing.T, pid int, port string) int {
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		t.Errorf("container port %q: %v", port, err)
-		return 0
-	}
-	local := fmt.Sprintf(":%04X", p)
+func connectionsTo(pid, port int) int {
+	local := fmt.Sprintf(":%04X", port)
 	n := 0
 	for _, file := range []string{"tcp", "tcp6"} {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, file))
 		if err != nil {
-			return 0
+			continue // gone, or no IPv6
 		}
 		for _, line := range strings.Split(string(b), "\n")[1:] {
 			// sl local_address rem_address st ...; st 01 is ESTABLISHED.
