@@ -23,7 +23,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
@@ -79,14 +78,8 @@ type Config struct {
 	// RequestTimeout. One more, or one that waited that long, is answered 503
 	// UNAVAILABLE with Retry-After (inFlight). 0: DefaultMaxInFlight;
 	// negative: no bound, on the work either.
-	MaxInFlight int
-	working     int // places at work; 0: DefaultWorking (tests set fewer)
-	// MaxConnections is the most client connections held open at once; 0:
-	// no bound. Past it the listener accepts none until one closes, and the
-	// next wait in the kernel's listen queue: a process whose open-file
-	// limit cannot hold MaxInFlight connections keeps the files its own
-	// connections to Redis and the ledger need.
-	MaxConnections    int
+	MaxInFlight       int
+	working           int // places at work; 0: DefaultWorking (tests set fewer)
 	MaxBodyBytes      int64
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
 	ReadHeaderTimeout time.Duration
@@ -362,9 +355,6 @@ func (s *Server) Start(ctx context.Context) error {
 // writer. It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer s.engine.Close()
-	if s.cfg.MaxConnections > 0 {
-		ln = netutil.LimitListener(ln, s.cfg.MaxConnections)
-	}
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
