@@ -258,6 +258,12 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 	d := deployment(fs, ComponentReserve, image, s.replicas, c)
 	cs := &d.Spec.Template.Spec.Containers[0]
 	cs.Ports = append(cs.Ports, corev1.ContainerPort{Name: config.PortNameMetrics, ContainerPort: config.PortMetrics, Protocol: corev1.ProtocolTCP})
+	// The metrics listener answers the probes too: on the API's port they
+	// would wait for a connection behind the buyers whenever the process
+	// holds its buyers' connections at the bound its open-file limit sets.
+	for _, p := range []*corev1.Probe{cs.StartupProbe, cs.LivenessProbe, cs.ReadinessProbe} {
+		p.HTTPGet.Port = intstr.FromString(config.PortNameMetrics)
+	}
 	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To(int64(reservePreStopSeconds + reserveDrainDelay/time.Second + 30))
 	return d
 }

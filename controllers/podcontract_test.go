@@ -38,10 +38,12 @@ import (
 // command itself builds it from the environment (its defaults come from
 // there), and the campaign it completes.
 type podCommand struct {
-	flags    func() (*pflag.FlagSet, *config.Campaign, func() error)
-	listen   string // the flag that holds EnvListen's address
-	metrics  string // the flag that holds EnvMetricsListen's, if any
-	probeMux func() http.Handler
+	flags   func() (*pflag.FlagSet, *config.Campaign, func() error)
+	listen  string // the flag that holds EnvListen's address
+	metrics string // the flag that holds EnvMetricsListen's, if any
+	// probePort names the container port the command answers its probes on.
+	probePort string
+	probeMux  func() http.Handler
 	// readyTimeout bounds the command's own readiness check: it must answer
 	// before the kubelet's probe gives up.
 	readyTimeout time.Duration
@@ -67,13 +69,14 @@ var podCommands = map[string]podCommand{
 			return commandFlags("reserve", o, &o.Campaign)
 		},
 		listen: "listen", metrics: "metrics-listen", readyTimeout: api.ReadyTimeout,
+		probePort: config.PortNameMetrics, // served by api.Server.MetricsHandler
 	},
 	"sweeper": {
 		flags: func() (*pflag.FlagSet, *config.Campaign, func() error) {
 			o := &sweeper.Options{}
 			return commandFlags("sweeper", o, &o.Campaign)
 		},
-		listen: "listen", readyTimeout: runtimesweeper.ProbeTimeout,
+		listen: "listen", readyTimeout: runtimesweeper.ProbeTimeout, probePort: config.PortNameHTTP,
 		probeMux: func() http.Handler {
 			return runtimesweeper.Handler(prometheus.NewRegistry(), func() error { return nil }, func(context.Context) error { return nil })
 		},
@@ -317,8 +320,8 @@ func TestPodContract(t *testing.T) {
 				t.Errorf("the %s command's readiness check may take %s, its probe gives up after %+v", d.c.Args[0], cmd.readyTimeout, rp)
 			}
 			for _, p := range []*corev1.Probe{d.c.StartupProbe, d.c.LivenessProbe, d.c.ReadinessProbe} {
-				if p == nil || p.HTTPGet == nil || ports[p.HTTPGet.Port.StrVal] != ports[config.PortNameHTTP] {
-					t.Fatalf("a probe off the listening port: %+v", p)
+				if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.StrVal != cmd.probePort || ports[cmd.probePort] == 0 {
+					t.Fatalf("a probe off the %q port the %s command serves its probes on: %+v", cmd.probePort, d.c.Args[0], p)
 				}
 				if cmd.probeMux != nil {
 					rec := httptest.NewRecorder()

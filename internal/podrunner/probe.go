@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -28,11 +30,10 @@ var probeClient = &http.Client{
 	},
 }
 
-// probeTarget maps container ports onto the replica's one local port.
+// probeTarget maps container ports onto the replica's local ports.
 type probeTarget struct {
-	container     *corev1.Container
-	containerPort int32 // the port the container listens on in the pod spec
-	localPort     int   // where this replica really listens
+	container *corev1.Container
+	ports     map[int32]int // container port -> where this replica listens
 }
 
 // port resolves a probe's port (a number or a container port name).
@@ -49,10 +50,11 @@ func (t probeTarget) port(p intstr.IntOrString) (int, error) {
 			return 0, fmt.Errorf("no container port named %q", p.StrVal)
 		}
 	}
-	if n != t.containerPort {
-		return 0, fmt.Errorf("port %d: only the listening port %d is mapped to this replica", n, t.containerPort)
+	local, ok := t.ports[n]
+	if !ok {
+		return 0, fmt.Errorf("port %d: the replica listens on no address of that port (its listen variables name %v)", n, slices.Sorted(maps.Keys(t.ports)))
 	}
-	return t.localPort, nil
+	return local, nil
 }
 
 // check runs a probe once.

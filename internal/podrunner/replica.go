@@ -51,6 +51,7 @@ type replica struct {
 	mu         sync.Mutex
 	proc       *process
 	port       int
+	ports      map[int32]int // container port -> where this process listens
 	phase      string
 	ready      bool
 	readySince time.Time
@@ -86,7 +87,7 @@ func (rp *replica) run(ctx context.Context) {
 			rp.set(func() { rp.phase = PhaseStopped })
 			return
 		}
-		proc, port, err := rp.start(ctx)
+		proc, ports, err := rp.start(ctx)
 		if err != nil {
 			rp.set(func() { rp.phase, rp.lastError = PhaseWaiting, err.Error() })
 			rp.r.log.Warn("replica cannot start", "pod", rp.namespace+"/"+rp.name, "err", err, "retryIn", backoff)
@@ -100,7 +101,7 @@ func (rp *replica) run(ctx context.Context) {
 		}
 		started := time.Now()
 		pctx, cancelProbes := context.WithCancel(ctx)
-		go rp.probe(pctx, proc, port)
+		go rp.probe(pctx, proc, ports)
 		select {
 		case <-proc.done:
 			cancelProbes()
@@ -154,10 +155,8 @@ func (rp *replica) set(f func()) {
 func listenPort(c *corev1.Container, listenEnv string) int32 {
 	for _, e := range c.Env {
 		if e.Name == listenEnv && e.ValueFrom == nil {
-			if _, p, err := net.SplitHostPort(e.Value); err == nil {
-				if n, err := strconv.Atoi(p); err == nil {
-					return int32(n)
-				}
+			if n := addrPort(e.Value); n > 0 {
+				return n
 			}
 		}
 	}
@@ -167,30 +166,46 @@ func listenPort(c *corev1.Container, listenEnv string) int32 {
 	return 0
 }
 
+// addrPort is the port of a listen address (":9090"), or 0.
+func addrPort(addr string) int32 {
+	if _, p, err := net.SplitHostPort(addr); err == nil {
+		if n, err := strconv.ParseUint(p, 10, 16); err == nil {
+			return int32(n)
+		}
+	}
+	return 0
+}
+
 // start resolves the environment and starts one process of the replica.
-func (rp *replica) start(ctx context.Context) (*process, int, error) {
+// The ports it returns map each container port the process listens on (its
+// listen address's and its aside addresses') to where it really listens.
+func (rp *replica) start(ctx context.Context) (*process, map[int32]int, error) {
 	cfg := rp.r.cfg
 	c := rp.container()
 	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	env, err := rp.r.resolver.containerEnv(rctx, c, rp.meta())
 	cancel()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	port, err := freePort()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	// The one deviation from the pod spec: replicas share the host's network
 	// namespace, so each listens on its own loopback port instead of the
 	// container port.
 	env = setEnv(env, cfg.ListenEnv, net.JoinHostPort(podIP, strconv.Itoa(port)))
+	ports := map[int32]int{listenPort(c, cfg.ListenEnv): port}
 	var aside []string
 	for _, name := range cfg.AsideListenEnvs {
 		if i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == name && e.Value != "" }); i >= 0 {
 			p, err := freePort()
 			if err != nil {
-				return nil, 0, err
+				return nil, nil, err
+			}
+			if cp := addrPort(env[i].Value); cp > 0 {
+				ports[cp] = p // a probe or Service may name this port
 			}
 			env[i].Value = net.JoinHostPort(podIP, strconv.Itoa(p))
 			aside = append(aside, name+"="+env[i].Value)
@@ -198,12 +213,12 @@ func (rp *replica) start(ctx context.Context) (*process, int, error) {
 	}
 	argv, err := commandLine(cfg.Binary, cfg.Entrypoint, c, env)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	base := append(append([]string(nil), cfg.Env...), "HOSTNAME="+rp.name)
 	full := environ(base, env)
 	if err := os.MkdirAll(rp.dir, 0o755); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	rp.mu.Lock()
 	n := rp.starts + 1
@@ -212,26 +227,26 @@ func (rp *replica) start(ctx context.Context) (*process, int, error) {
 		time.Now().UTC().Format(time.RFC3339Nano), n, rp.namespace, rp.name, podIP, port,
 		strings.Join(append([]string{""}, aside...), " "), strings.Join(argv[1:], " "))
 	if err := appendFile(rp.logPath, header); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	proc, err := startProcess(argv, full, rp.dir, rp.logPath)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	rp.set(func() {
-		rp.proc, rp.port, rp.phase, rp.starts, rp.lastError = proc, port, PhaseRunning, n, ""
+		rp.proc, rp.port, rp.ports, rp.phase, rp.starts, rp.lastError = proc, port, ports, PhaseRunning, n, ""
 		rp.ready = false
 	})
 	rp.r.log.Info("replica started", "pod", rp.namespace+"/"+rp.name, "pid", proc.pid(), "port", port, "start", n)
 	rp.r.kick()
-	return proc, port, nil
+	return proc, ports, nil
 }
 
 // probe runs the readiness and liveness probes of one process. Without a
 // readiness probe a running process is ready, as in Kubernetes.
-func (rp *replica) probe(ctx context.Context, proc *process, port int) {
+func (rp *replica) probe(ctx context.Context, proc *process, ports map[int32]int) {
 	c := rp.container()
-	t := probeTarget{container: c, containerPort: listenPort(c, rp.r.cfg.ListenEnv), localPort: port}
+	t := probeTarget{container: c, ports: ports}
 	if c.LivenessProbe != nil {
 		go t.probeLoop(ctx, c.LivenessProbe, true, false, func(ok bool, err error) {
 			if ok {
@@ -279,6 +294,7 @@ func (rp *replica) meta() podMeta {
 type snapshot struct {
 	phase      string
 	pid, port  int
+	ports      map[int32]int
 	ready      bool
 	readySince time.Time
 	restarts   int
@@ -290,7 +306,7 @@ func (rp *replica) snapshot() snapshot {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	s := snapshot{
-		phase: rp.phase, port: rp.port, ready: rp.ready, readySince: rp.readySince,
+		phase: rp.phase, port: rp.port, ports: rp.ports, ready: rp.ready, readySince: rp.readySince,
 		restarts: max(rp.starts-1, 0), lastExit: rp.lastExit, lastError: rp.lastError,
 	}
 	if rp.proc != nil {
@@ -308,7 +324,7 @@ func (rp *replica) endpoint(targetPort intstr.IntOrString) (string, bool) {
 	if !s.ready || rp.stopping() {
 		return "", false
 	}
-	t := probeTarget{container: rp.container(), containerPort: listenPort(rp.container(), rp.r.cfg.ListenEnv), localPort: s.port}
+	t := probeTarget{container: rp.container(), ports: s.ports}
 	port, err := t.port(targetPort)
 	if err != nil {
 		return "", false

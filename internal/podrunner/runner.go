@@ -15,8 +15,9 @@
 //     own 127.0.0.1 port: the runner overrides the listen address variable
 //     (FLASHSALE_LISTEN) and maps the container port onto that port for probes
 //     and Services. A further listen address the container sets (its
-//     FLASHSALE_METRICS_LISTEN) gets a port of its own too, not mapped. These
-//     are the only changes made to a replica's environment.
+//     FLASHSALE_METRICS_LISTEN) gets a port of its own too, and its container
+//     port (the address's) is mapped onto it the same way. These are the only
+//     changes made to a replica's environment.
 //   - There is no in-cluster API endpoint: no KUBERNETES_SERVICE_* variables and
 //     no service account token are given to replicas (the operator's pods do not
 //     mount one anyway).

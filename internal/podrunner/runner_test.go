@@ -110,6 +110,37 @@ func TestReplicasRunWithTheResolvedEnvironment(t *testing.T) {
 	}
 }
 
+// Probes may name the port of a further listen address (the reserve pods
+// probe their metrics port): the runner maps it onto that address's own
+// loopback port, as it maps the listening port. The API port answers unready
+// here, so only probes sent to the metrics port make the replicas ready.
+func TestProbesReachAFurtherListenAddress(t *testing.T) {
+	ns := namespace(t)
+	create(t, newDeployment(ns, "aside", 2, withEnv(
+		corev1.EnvVar{Name: DefaultAsideListenEnv, Value: ":9090"},
+		corev1.EnvVar{Name: "FAKEPOD_API_UNREADY", Value: "1"},
+	), func(d *appsv1.Deployment) {
+		c := &d.Spec.Template.Spec.Containers[0]
+		c.Ports = append(c.Ports, corev1.ContainerPort{Name: "metrics", ContainerPort: 9090})
+		c.ReadinessProbe.HTTPGet.Port = intstr.FromString("metrics")
+		c.LivenessProbe.HTTPGet.Port = intstr.FromInt32(9090)
+	}))
+	waitStatus(t, ns, "aside", 2)
+	for _, p := range pods(ns, "aside") {
+		resp, err := http.Get("http://" + p.Address + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("%s: the API port's /readyz answers %d: the test's premise is gone", p.Name, resp.StatusCode)
+		}
+		if p.Restarts != 0 {
+			t.Errorf("%s restarted %d times: its liveness probe missed the metrics port", p.Name, p.Restarts)
+		}
+	}
+}
+
 func condition(d *appsv1.Deployment, typ appsv1.DeploymentConditionType) *appsv1.DeploymentCondition {
 	for i := range d.Status.Conditions {
 		if d.Status.Conditions[i].Type == typ {

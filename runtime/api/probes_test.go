@@ -144,7 +144,7 @@ func TestReadinessOutlastsARedisOutage(t *testing.T) {
 }
 
 // With MetricsElsewhere the API's listener has no /metrics: the process
-// serves MetricsHandler on an address buyers cannot reach.
+// serves MetricsHandler, with the probes, on an address buyers cannot reach.
 func TestMetricsElsewhere(t *testing.T) {
 	f := newFixture(t, withAllocation(10), func(c *fixtureConfig) { c.api.MetricsElsewhere = true })
 	f.reserve("m", "k", 1)
@@ -156,11 +156,37 @@ func TestMetricsElsewhere(t *testing.T) {
 			t.Fatalf("the metrics route is registered: %+v", rt)
 		}
 	}
-	rec := httptest.NewRecorder()
-	f.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) {
+	aside := f.srv.MetricsHandler()
+	get := func(method, path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		aside.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+		return rec
+	}
+	// The probes answer on the metrics listener as on the API's port, so the
+	// kubelet never queues behind buyers for a connection.
+	for path, want := range map[string]string{"/healthz": `{"status":"ok"}`, "/readyz": `{"status":"ready"}`} {
+		if rec := get(http.MethodGet, path); rec.Code != http.StatusOK || strings.TrimSpace(rec.Body.String()) != want {
+			t.Fatalf("%s on the metrics listener: %d %.200s, want 200 %s", path, rec.Code, rec.Body, want)
+		}
+	}
+	if rec := get(http.MethodPost, "/readyz"); rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != "GET, HEAD" ||
+		!strings.Contains(rec.Body.String(), string(CodeMethodNotAllowed)) {
+		t.Fatalf("POST /readyz on the metrics listener: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	if rec := get(http.MethodPost, "/api/v1/flash-sale/reserve"); rec.Code != http.StatusNotFound {
+		t.Fatalf("a buyer route on the metrics listener: %d %s, want 404", rec.Code, rec.Body)
+	}
+	rec := get(http.MethodGet, "/metrics")
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="RESERVED",route="reserve"} 1`) ||
+		!strings.Contains(rec.Body.String(), `flashsale_api_requests_total{code="OK",route="readyz"} 1`) {
 		t.Fatalf("MetricsHandler: %d %.300s", rec.Code, rec.Body.String())
 	}
+	// Draining fails readiness on both listeners.
+	f.srv.draining.Store(true)
+	if rec := get(http.MethodGet, "/readyz"); rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz on the metrics listener while draining: %d %s", rec.Code, rec.Body)
+	}
+	f.srv.draining.Store(false)
 }
 
 // Anyone can reach readyz through the sale's Service: a confirmed replica

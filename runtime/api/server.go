@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/admission"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
@@ -63,7 +62,8 @@ type Config struct {
 
 	Addr string // for Start; default ":8080"
 	// MetricsElsewhere leaves /metrics off the API's routes: the caller serves
-	// MetricsHandler on a listener of its own, away from the buyers.
+	// MetricsHandler, with the probes, on a listener of its own, away from
+	// the buyers.
 	MetricsElsewhere bool
 
 	// RateLimit is each user's sustained requests per second on the buyer routes
@@ -318,23 +318,6 @@ func (s *Server) instrument(route string, h func(http.ResponseWriter, *http.Requ
 		}
 		c.(prometheus.Counter).Inc()
 	})
-}
-
-func (s *Server) metricsHandler() func(http.ResponseWriter, *http.Request) string {
-	h := promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{
-		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-		ErrorHandling: promhttp.ContinueOnError,
-		Timeout:       5 * time.Second,
-	})
-	return func(w http.ResponseWriter, r *http.Request) string {
-		h.ServeHTTP(w, r)
-		return "OK"
-	}
-}
-
-// MetricsHandler serves the Prometheus metrics (for Config.MetricsElsewhere).
-func (s *Server) MetricsHandler() http.Handler {
-	return s.instrument("metrics", s.metricsHandler())
 }
 
 // Start listens on Config.Addr and serves until ctx is cancelled (see Serve).

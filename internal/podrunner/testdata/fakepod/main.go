@@ -1,6 +1,7 @@
 // Command fakepod stands in for the flashsale binary in the pod runner's
 // tests: an HTTP server on $FLASHSALE_LISTEN that tells what it was started
-// with and can be made unready or made to exit.
+// with and can be made unready or made to exit, and one answering the probes
+// on $FLASHSALE_METRICS_LISTEN when that is set.
 package main
 
 import (
@@ -34,7 +35,7 @@ func main() {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if unready.Load() || time.Since(start) < readyAfter {
+		if unready.Load() || time.Since(start) < readyAfter || os.Getenv("FAKEPOD_API_UNREADY") == "1" {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 	})
@@ -53,6 +54,16 @@ func main() {
 		}
 		os.Exit(0)
 	}()
+	if addr := os.Getenv("FLASHSALE_METRICS_LISTEN"); addr != "" {
+		aside := http.NewServeMux()
+		aside.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {})
+		aside.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {})
+		go func() {
+			err := (&http.Server{Addr: addr, Handler: aside, ReadHeaderTimeout: 5 * time.Second}).ListenAndServe()
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(2)
+		}()
+	}
 	srv := &http.Server{Addr: os.Getenv("FLASHSALE_LISTEN"), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	if err := srv.ListenAndServe(); err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
