@@ -78,8 +78,14 @@ type Config struct {
 	// RequestTimeout. One more, or one that waited that long, is answered 503
 	// UNAVAILABLE with Retry-After (inFlight). 0: DefaultMaxInFlight;
 	// negative: no bound, on the work either.
-	MaxInFlight       int
-	working           int // places at work; 0: DefaultWorking (tests set fewer)
+	MaxInFlight int
+	working     int // places at work; 0: DefaultWorking (tests set fewer)
+	// MaxConnections is the most client connections held open at once; 0:
+	// no bound. Past it the listener accepts none until one closes, and the
+	// next wait in the kernel's listen queue: a process whose open-file
+	// limit cannot hold MaxInFlight connections keeps the files its own
+	// connections to Redis and the ledger need.
+	MaxConnections    int
 	MaxBodyBytes      int64
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
 	ReadHeaderTimeout time.Duration
@@ -152,6 +158,9 @@ type Server struct {
 	routes    []Route
 
 	draining atomic.Bool
+	// conns holds the buyers' connections at Config.MaxConnections; nil
+	// without a bound. Set by Serve.
+	conns atomic.Pointer[boundedListener]
 	// confirmed: the ledger has shown the campaign as configured (readyz).
 	confirmed atomic.Bool
 	// ready keeps the ledger's last answer to a confirmed replica's readyz;
@@ -247,10 +256,12 @@ func New(cfg Config) (*Server, error) {
 // client opens a new one (to another replica). Without it the connections
 // stay until Shutdown closes the idle ones, and a request a client sends on
 // one at that moment gets no answer: a reservation's POST is not retried by
-// HTTP clients.
+// HTTP clients. It does the same while the connections are at their bound
+// (Config.MaxConnections), so that a kept-alive connection does not hold its
+// place while others wait to be accepted.
 func (s *Server) closeWhenDraining(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.draining.Load() {
+		if s.draining.Load() || s.conns.Load().full() {
 			w.Header().Set("Connection", "close")
 		}
 		next.ServeHTTP(w, r)
@@ -338,6 +349,11 @@ func (s *Server) Start(ctx context.Context) error {
 // writer. It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer s.engine.Close()
+	if s.cfg.MaxConnections > 0 {
+		bl := newBoundedListener(ln, s.cfg.MaxConnections)
+		s.conns.Store(bl)
+		ln = bl
+	}
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,

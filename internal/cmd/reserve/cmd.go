@@ -266,7 +266,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if c.Redis.Mode == config.RedisCluster {
 		redisServers = len(c.Redis.Addresses)
 	}
-	warnOfFewFiles(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency))
+	maxConns := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency))
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
 	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)
@@ -279,6 +279,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	cfg.AdmissionKeyPrevious = c.AdmissionKeyPrevious
 	cfg.AdmissionKeyPreviousAlt = c.AdmissionKeyPreviousAsSet
 	cfg.MetricsElsewhere = opts.MetricsListen != ""
+	cfg.MaxConnections = maxConns
 	srv, err := api.New(cfg)
 	if err != nil {
 		eng.Close()

@@ -57,32 +57,40 @@ func ownFiles(redisServers, ledgerPool, ledgerWriters int) int {
 
 // fewFiles says why a process allowed to open limit files cannot hold the
 // connections of the maxInFlight buyers it takes in at once (-1: no bound,
-// nothing to compare) beside its own, or "" when it can. Each buyer taken in
-// holds a socket; past the limit the listener cannot accept, so the buyers
-// past it wait in the kernel's listen queue, unseen by the line and its
-// 503s, and the process's own new connections to Redis and the ledger fail
-// too ("too many open files").
+// nothing to compare) beside its own, or "" when it can.
 func fewFiles(limit uint64, maxInFlight, own int) string {
 	if maxInFlight < 0 || limit >= uint64(maxInFlight+own) {
 		return ""
 	}
 	return fmt.Sprintf("this process may open %d files: fewer than the %d buyers --max-in-flight takes in at once and the %d its own connections may take; "+
-		"past about %d buyers connected it cannot accept more, nor open its own connections to Redis and the ledger (raise the container runtime's RLIMIT_NOFILE, or lower maxInFlight)",
-		limit, maxInFlight, own, max(int64(limit)-int64(own), 0))
+		"it holds at most %d buyers' connections, closing each after its answer while at that bound, and the next wait in the kernel's listen queue, unseen by the line and its 503s (raise the container runtime's RLIMIT_NOFILE, or lower maxInFlight)",
+		limit, maxInFlight, own, connectionCap(limit, own))
 }
 
-// warnOfFewFiles logs fewFiles for this process's open-file limit (the Go
-// runtime has raised its soft limit to the hard one at start).
-func warnOfFewFiles(log *slog.Logger, maxInFlight, own int) {
+// connectionCap is the most buyers' connections a process allowed to open
+// limit files holds, keeping own for its connections to Redis and the
+// ledger: past the limit it could open neither.
+func connectionCap(limit uint64, own int) int {
+	return int(max(int64(limit)-int64(own), 1))
+}
+
+// maxConnections is the bound on buyers' connections for this process's
+// open-file limit (the Go runtime has raised its soft limit to the hard one
+// at start), logged when it binds; 0: none.
+func maxConnections(log *slog.Logger, maxInFlight, own int) int {
 	if maxInFlight == 0 {
 		maxInFlight = api.DefaultMaxInFlight
 	}
 	var r syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
 		log.Warn("cannot read the open-file limit", "err", err)
-		return
+		return 0
 	}
-	if why := fewFiles(r.Cur, maxInFlight, own); why != "" {
-		log.Warn("open-file limit below max in flight", "why", why, "files", r.Cur, "maxInFlight", maxInFlight, "ownFiles", own)
+	why := fewFiles(r.Cur, maxInFlight, own)
+	if why == "" {
+		return 0
 	}
+	n := connectionCap(r.Cur, own)
+	log.Warn("open-file limit below max in flight", "why", why, "files", r.Cur, "maxInFlight", maxInFlight, "ownFiles", own, "maxConnections", n)
+	return n
 }

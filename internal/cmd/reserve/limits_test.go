@@ -42,11 +42,11 @@ func TestFewFiles(t *testing.T) {
 	}{
 		{1024, 4096, "this process may open 1024 files: fewer than the 4096 buyers"},
 		{1024, 16384, "fewer than the 16384 buyers --max-in-flight takes in at once and the 226 its own connections may take"},
-		{4096, 4096, "past about 3870 buyers connected it cannot accept more"},
+		{4096, 4096, "it holds at most 3870 buyers' connections"},
 		{uint64(4096 + own), 4096, ""},
 		{uint64(4095 + own), 4096, "fewer than the 4096 buyers"},
 		{524288, 16384, ""},
-		{100, 4096, "past about 0 buyers connected"},
+		{100, 4096, "it holds at most 1 buyers' connections"},
 		{1024, -1, ""},
 	} {
 		got := fewFiles(c.limit, c.maxInFlight, own)

@@ -17,6 +17,7 @@ limitations under the License.
 package reserve
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -24,6 +25,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -121,11 +123,15 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 		config.EnvPostgresDSN+config.FileSuffix+"="+dsnFile,
 		config.EnvAdmissionKey+config.FileSuffix+"="+keyFile,
 		config.EnvListen+"="+addr, config.EnvMetricsListen+"="+metricsAddr,
+		// Connections that send nothing hold their places while the bound is
+		// checked below.
+		config.EnvReadHeaderTimeout+"=2m",
 	)
 
 	var logs testharness.SyncBuffer
 	// Under 1024 open files, as a container runtime may set them: too few
-	// for the default max in flight, which the process says at start.
+	// for the default max in flight, which the process says at start, and
+	// it holds at most 1024 - 226 buyers' connections.
 	// (Lowering a limit needs no privilege; util-linux's prlimit is among
 	// hack/install-deps.sh's packages.)
 	proc := exec.Command("prlimit", "--nofile=1024:1024", bin, "reserve")
@@ -238,6 +244,8 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 		t.Fatalf("/metrics on %s: %d %.300s", metricsAddr, mresp.StatusCode, mbody)
 	}
 
+	fillTheBound(t, addr, metricsAddr, 1024-226)
+
 	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +275,7 @@ func TestBinaryServesAndExitsOnSIGTERM(t *testing.T) {
 	if !strings.Contains(lines[len(lines)-1], `"msg":"stopped"`) {
 		t.Fatalf("last log line %q", lines[len(lines)-1])
 	}
-	if !strings.Contains(string(out), `"msg":"open-file limit below max in flight"`) || !strings.Contains(string(out), `"files":1024,"maxInFlight":16384`) {
+	if !strings.Contains(string(out), `"msg":"open-file limit below max in flight"`) || !strings.Contains(string(out), `"files":1024,"maxInFlight":16384,"ownFiles":226,"maxConnections":798`) {
 		t.Fatalf("no warning that 1024 files are too few for the default max in flight:\n%s", out)
 	}
 }
@@ -290,5 +298,61 @@ func TestDebugListenerServesProfiles(t *testing.T) {
 	}
 	if _, _, err := serveDebug("256.0.0.1:1", discard); err == nil {
 		t.Fatal("a bad --debug-listen address must be refused")
+	}
+}
+
+// fillTheBound holds bound connections open on the API's address, which a
+// process under too few open files accepts no more of: a request on one
+// more is not answered, while the probes on the metrics address are. Once
+// the held connections close, that request is answered.
+func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
+	t.Helper()
+	held := make([]net.Conn, 0, bound)
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range bound {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	late, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if _, err := late.Write([]byte("GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	answer := bufio.NewReader(late)
+	_ = late.SetReadDeadline(time.Now().Add(time.Second))
+	if line, err := answer.ReadString('\n'); err == nil {
+		t.Fatalf("a connection past %d held ones was answered: %q", bound, line)
+	}
+
+	probes := &http.Client{Timeout: 2 * time.Second} // the kubelet's timeout in the operator's pods
+	for path, want := range map[string]string{"/healthz": `{"status":"ok"}`, "/readyz": `{"status":"ready"}`} {
+		resp, err := probes.Get("http://" + metricsAddr + path)
+		if err != nil {
+			t.Fatalf("%s on the metrics address while the API's connections are at their bound: %v", path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(b)) != want {
+			t.Fatalf("%s on the metrics address: %d %.200s, want 200 %s", path, resp.StatusCode, b, want)
+		}
+	}
+
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	_ = late.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if line, err := answer.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("once the held connections closed, the late one was answered %q, %v; want 200", line, err)
 	}
 }
