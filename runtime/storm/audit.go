@@ -67,6 +67,8 @@ const maxExamples = 5
 //     CANCELLED_BY_USER;
 //   - I4: every retry of an acknowledged request replayed it (Result's
 //     IdempotencyViolations);
+//   - every lost answer's reservation was in its buyer's list while held,
+//     as answered (Result's ListViolations);
 //   - I7: no checkout answered EXPIRED was sold.
 func RunAudit(ctx context.Context, src Source, res *Result, settle time.Duration) (*Audit, error) {
 	return RunAuditUntil(ctx, nil, src, res, settle)
@@ -119,6 +121,9 @@ func RunAuditUntil(ctx context.Context, stop <-chan struct{}, src Source, res *R
 	}
 	if n := len(res.IdempotencyViolations); n > 0 {
 		fail("I4: %d retries of acknowledged requests did not replay them (%s)", n, examples(res.IdempotencyViolations))
+	}
+	if n := len(res.ListViolations); n > 0 {
+		fail("%d buyers' lists did not show a reservation held as it was answered (%s)", n, examples(res.ListViolations))
 	}
 	a.OK = len(a.Failures) == 0
 	return a, nil

@@ -21,11 +21,12 @@ const (
 
 // answer is what one request ended with.
 type answer struct {
-	status        int       // 0 after a transport error
-	code          string    // the error body's code
-	reservationID string    // reserve and retry: the id of a 201 or 200
-	expiresAt     time.Time // with reservationID: when it lapses unless paid
-	sentAt        time.Time // when the attempt that gave this answer was sent
+	status        int         // 0 after a transport error
+	code          string      // the error body's code
+	reservationID string      // reserve and retry: the id of a 201 or 200
+	expiresAt     time.Time   // with reservationID: when it lapses unless paid
+	held          []heldEntry // a list's 200: the buyer's reservations
+	sentAt        time.Time   // when the attempt that gave this answer was sent
 	retryAfter    time.Duration
 	// took is the attempt's latency (see latency); timed says it counts in
 	// the histogram: an answer, or in the open loop any end of the request.
@@ -109,9 +110,10 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		return answer{sentAt: sentAt, took: d, timed: !intended.IsZero()}
 	}
 	var wire struct {
-		ReservationID string    `json:"reservation_id"`
-		ExpiresAt     time.Time `json:"expires_at"`
-		Code          string    `json:"code"`
+		ReservationID string      `json:"reservation_id"`
+		ExpiresAt     time.Time   `json:"expires_at"`
+		Code          string      `json:"code"`
+		Reservations  []heldEntry `json:"reservations"`
 	}
 	_ = json.Unmarshal(b, &wire) // a body that is not ours shows as a bare status
 	a := answer{status: resp.StatusCode, code: wire.Code, sentAt: sentAt, took: d, timed: true}
@@ -120,6 +122,9 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 	}
 	if (op == OpReserve || op == OpRetry) && (a.status == http.StatusCreated || a.status == http.StatusOK) {
 		a.reservationID, a.expiresAt = wire.ReservationID, wire.ExpiresAt
+	}
+	if op == OpList && a.status == http.StatusOK {
+		a.held = wire.Reservations
 	}
 	st.count(op, outcomeLabel(a.status, a.code))
 	if a.code == "SOLD_OUT" {

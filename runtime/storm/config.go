@@ -36,6 +36,12 @@ type Config struct {
 	CheckoutRatio float64 // acknowledged reservations paid for
 	CancelRatio   float64 // acknowledged reservations cancelled by the buyer
 	AbandonRatio  float64 // acknowledged reservations left to expire (the rest of 1)
+	// LoseRatio is the acknowledged reservations whose answer the buyer
+	// loses, with its idempotency key: it finds the reservation in its list
+	// (GET /api/v1/flash-sale/reservations) before paying, cancelling or
+	// walking away, and the storm checks the list against the answer it
+	// saw (Result.ListViolations).
+	LoseRatio float64
 
 	Quantity    int           // units per reservation; 0 means 1
 	UserPrefix  string        // user ids are <prefix>-<n>; keep runs apart with distinct prefixes
@@ -128,7 +134,7 @@ func (c Config) Validate() error {
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"retry", c.RetryRatio}, {"checkout", c.CheckoutRatio}, {"cancel", c.CancelRatio}, {"abandon", c.AbandonRatio}} {
+	}{{"retry", c.RetryRatio}, {"checkout", c.CheckoutRatio}, {"cancel", c.CancelRatio}, {"abandon", c.AbandonRatio}, {"lose", c.LoseRatio}} {
 		if !(r.v >= 0 && r.v <= 1) { // NaN too
 			return fmt.Errorf("the %s ratio must be in [0, 1], got %v", r.name, r.v)
 		}

@@ -30,12 +30,15 @@ type fakeAPI struct {
 	expiresIn     time.Duration // with it, reservations carry expires_at = now + expiresIn
 	busyFirst     bool          // answer 503 + Retry-After to the first attempt of each key
 	busySeen      map[string]bool
-	dropResponses atomic.Int64 // close this many connections after doing the work
+	dropResponses atomic.Int64         // close this many connections after doing the work
+	expiry        map[string]time.Time // reservation id → expires_at, with expiresIn
+	unlisted      map[string]bool      // reservation ids the buyer's list leaves out (on purpose)
+	listBusy      bool                 // answer every list 503
 }
 
 func newFakeAPI(stock int) *fakeAPI {
 	return &fakeAPI{stock: stock, byKey: map[string]string{}, holder: map[string]string{}, held: map[string]int{},
-		status: map[string]string{}, busySeen: map[string]bool{}}
+		status: map[string]string{}, busySeen: map[string]bool{}, expiry: map[string]time.Time{}, unlisted: map[string]bool{}}
 }
 
 func fakeMint(sku, user string, _ time.Duration, _ time.Time) (string, error) {
@@ -121,6 +124,9 @@ func (f *fakeAPI) handler() http.Handler {
 		f.seq++
 		id := fmt.Sprintf("%d.r%06d", f.seq%4, f.seq)
 		f.byKey[k], f.holder[id], f.status[id] = id, user, "reserved"
+		if f.expiresIn != 0 {
+			f.expiry[id] = time.Now().Add(f.expiresIn).Truncate(time.Millisecond)
+		}
 		f.held[user]++
 		f.issued = append(f.issued, id)
 		if f.dropResponses.Add(-1) >= 0 {
@@ -158,6 +164,34 @@ func (f *fakeAPI) handler() http.Handler {
 		f.status[req.ReservationID] = "paid"
 		writeJSON(w, 200, map[string]string{"order_id": req.ReservationID, "status": "confirmed"})
 	})
+	mux.HandleFunc("GET /api/v1/flash-sale/reservations", func(w http.ResponseWriter, r *http.Request) {
+		f.requests.Add(1)
+		user, ok := f.user(r)
+		if !ok {
+			apiErr(w, 401, "ADMISSION_INVALID")
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.listBusy {
+			apiErr(w, 503, "UNAVAILABLE")
+			return
+		}
+		list := []map[string]any{}
+		for _, id := range f.issued {
+			if f.holder[id] != user || f.unlisted[id] {
+				continue
+			}
+			switch f.status[id] {
+			case "reserved":
+				list = append(list, map[string]any{"reservation_id": id, "quantity": 1, "status": "reserved",
+					"expires_at": f.expiry[id].UTC().Format("2006-01-02T15:04:05.000Z07:00")})
+			case "paid":
+				list = append(list, map[string]any{"reservation_id": id, "quantity": 1, "status": "confirmed"})
+			}
+		}
+		writeJSON(w, 200, map[string]any{"reservations": list})
+	})
 	mux.HandleFunc("DELETE /api/v1/flash-sale/reservations/{id}", func(w http.ResponseWriter, r *http.Request) {
 		f.requests.Add(1)
 		user, ok := f.user(r)
@@ -183,7 +217,11 @@ func (f *fakeAPI) handler() http.Handler {
 func (f *fakeAPI) reservation(id string) map[string]string {
 	m := map[string]string{"reservation_id": id, "status": "reserved"}
 	if f.expiresIn != 0 {
-		m["expires_at"] = time.Now().Add(f.expiresIn).UTC().Format(time.RFC3339Nano)
+		at, ok := f.expiry[id]
+		if !ok { // a replay answered with a new id (replayNewID)
+			at = time.Now().Add(f.expiresIn)
+		}
+		m["expires_at"] = at.UTC().Format(time.RFC3339Nano)
 	}
 	return m
 }

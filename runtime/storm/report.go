@@ -3,6 +3,7 @@ package storm
 import (
 	"fmt"
 	"io"
+	"net/http"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -42,6 +43,10 @@ type Report struct {
 	Cancelled             int      `json:"cancelled"`
 	Abandoned             int64    `json:"abandoned"`
 	IdempotencyViolations []string `json:"idempotency_violations"`
+	// Recovered lost answers, and the lists that did not show one as
+	// answered (Config.LoseRatio).
+	Recovered      int64    `json:"recovered,omitempty"`
+	ListViolations []string `json:"list_violations"`
 
 	Audit *Audit `json:"audit,omitempty"` // nil when the audit was not run
 	// Failures of the run itself: it was interrupted, or no request reached
@@ -60,9 +65,13 @@ func NewReport(cfg Config, res *Result, audit *Audit) *Report {
 		RequestsPerSecond: res.Throughput(), Outcomes: res.Outcomes, LatencyMS: map[string]LatencyMS{},
 		Acked: len(res.Acked), Confirmed: len(res.Confirmed), Cancelled: len(res.Cancelled), Abandoned: res.Abandoned,
 		IdempotencyViolations: res.IdempotencyViolations, Audit: audit,
+		Recovered: res.Recovered, ListViolations: res.ListViolations,
 	}
 	if r.IdempotencyViolations == nil {
 		r.IdempotencyViolations = []string{}
+	}
+	if r.ListViolations == nil {
+		r.ListViolations = []string{}
 	}
 	if res.Elapsed > 0 {
 		r.ReservationsPerSecond = float64(len(res.Acked)) / res.Elapsed.Seconds()
@@ -80,14 +89,14 @@ func NewReport(cfg Config, res *Result, audit *Audit) *Report {
 	if res.Journeys > 0 && res.Verdicts() == 0 {
 		r.Failures = append(r.Failures, fmt.Sprintf("no reservation request reached the sale (outcomes %v): check the URL, the SKU and the admission key", res.Outcomes[OpReserve]))
 	}
-	r.OK = len(r.Failures) == 0 && len(res.IdempotencyViolations) == 0 && (audit == nil || audit.OK)
+	r.OK = len(r.Failures) == 0 && len(res.IdempotencyViolations) == 0 && len(res.ListViolations) == 0 && (audit == nil || audit.OK)
 	return r
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // opOrder is the order operations are listed in.
-var opOrder = []string{OpReserve, OpRetry, OpCheckout, OpCancel}
+var opOrder = []string{OpReserve, OpRetry, OpList, OpCheckout, OpCancel}
 
 func sortedOps[V any](m map[string]V) []string {
 	var ops []string
@@ -105,6 +114,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "storm: %d journeys, %d requests in %.2fs: %.0f req/s; %d reservations acknowledged (%.0f/s)\n",
 		r.Journeys, r.Requests, r.ElapsedSeconds, r.RequestsPerSecond, r.Acked, r.ReservationsPerSecond)
 	fmt.Fprintf(&b, "buyers: %d confirmed, %d cancelled, %d abandoned\n", r.Confirmed, r.Cancelled, r.Abandoned)
+	if n := r.Outcomes[OpList][outcomeLabel(http.StatusOK, "")]; n > 0 || len(r.ListViolations) > 0 {
+		fmt.Fprintf(&b, "lost answers: %d found in the buyer's list (%d lists answered)\n", r.Recovered, n)
+	}
 
 	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "\noutcomes:")
@@ -135,6 +147,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	for _, v := range r.IdempotencyViolations {
 		fmt.Fprintf(&b, "idempotency violation: %s\n", v)
+	}
+	for _, v := range r.ListViolations {
+		fmt.Fprintf(&b, "list violation: %s\n", v)
 	}
 	for _, f := range r.Failures {
 		fmt.Fprintf(&b, "FAIL %s\n", f)

@@ -25,6 +25,7 @@ const (
 	OpRetry    = "retry"    // the same request again (same idempotency key)
 	OpCheckout = "checkout" // payment of an acknowledged reservation
 	OpCancel   = "cancel"   // the buyer's own cancel
+	OpList     = "list"     // the buyer's list of its reservations, after a lost answer
 )
 
 // NewClient is an HTTP client for a storm: keep-alive connections, as many as
@@ -83,6 +84,11 @@ type Result struct {
 	// IdempotencyViolations are retries of an acknowledged request that did
 	// not replay it (I4); each is described.
 	IdempotencyViolations []string
+	// Recovered counts the lost answers (Config.LoseRatio) whose reservation
+	// the buyer found in its list; ListViolations are those its list did
+	// not show as answered while it was held, each described.
+	Recovered      int64
+	ListViolations []string
 	// Interrupted: ctx ended the run before its count or duration.
 	Interrupted bool
 }
@@ -153,13 +159,15 @@ type stormer struct {
 // workerStats are one worker's private counters, merged at the end: no
 // shared lock on the hot path.
 type workerStats struct {
-	outcomes   map[string]map[string]int64
-	latency    map[string]*histogram
-	confirmed  []string
-	cancelled  []string
-	voided     []string
-	abandoned  int64
-	violations []string
+	outcomes       map[string]map[string]int64
+	latency        map[string]*histogram
+	confirmed      []string
+	cancelled      []string
+	voided         []string
+	abandoned      int64
+	violations     []string
+	recovered      int64
+	listViolations []string
 }
 
 func newWorkerStats() *workerStats {
@@ -268,6 +276,8 @@ func (s *stormer) result(start time.Time, stats []*workerStats) *Result {
 		res.Voided = append(res.Voided, w.voided...)
 		res.Abandoned += w.abandoned
 		res.IdempotencyViolations = append(res.IdempotencyViolations, w.violations...)
+		res.Recovered += w.recovered
+		res.ListViolations = append(res.ListViolations, w.listViolations...)
 	}
 	for op, h := range hists {
 		res.Latency[op] = h.summary()
@@ -326,8 +336,15 @@ func (s *stormer) journey(ctx context.Context, j int64, intended time.Time, rng 
 	}
 	s.ack(got.reservationID)
 	r := rng.Float64() // drawn even when stopping, so one seed makes the same choices
+	// Drawn only in storms that lose answers, so that the others' seeds
+	// make the choices they made before.
+	lost := s.cfg.LoseRatio > 0 && rng.Float64() < s.cfg.LoseRatio
 	if ctx.Err() != nil {
 		st.abandoned++ // the storm is stopping: no new requests
+		return
+	}
+	if lost && !s.findLost(ctx, st, home, token, user, got) {
+		st.abandoned++ // not listed: the buyer cannot act on it, and it lapses
 		return
 	}
 	switch {
@@ -388,6 +405,7 @@ const (
 	reservePath      = "/api/v1/flash-sale/reserve"
 	checkoutPath     = "/api/v1/flash-sale/checkout"
 	reservationsPath = "/api/v1/flash-sale/reservations/"
+	heldPath         = "/api/v1/flash-sale/reservations"
 )
 
 // outcomeLabel names an answer for the report.

@@ -36,6 +36,7 @@ type report struct {
 	Confirmed int                         `json:"confirmed"`
 	Cancelled int                         `json:"cancelled"`
 	Abandoned int64                       `json:"abandoned"`
+	Recovered int64                       `json:"recovered"`
 	Outcomes  map[string]map[string]int64 `json:"outcomes"`
 	Latency   map[string]struct {
 		Count int64   `json:"count"`
@@ -232,13 +233,19 @@ func TestFinalAnswersSplitsRetriedAttempts(t *testing.T) {
 // Two reserve and two sweeper processes, 10,000 buyers on 1,000 units: every
 // acknowledged reservation in the ledger, the audit exact after the sweeper
 // caught up, and each reservation ending once: paid, cancelled or released.
+// A fifth of the buyers lose their answer and find their reservation in
+// their list instead (the report fails if a list does not show it).
 func TestStormTwoReplicas(t *testing.T) {
 	c := newCampaign(t)
 	r1, r2 := c.startReserve("reserve-1"), c.startReserve("reserve-2")
 	s1, s2 := c.startSweeper("sweeper-1"), c.startSweeper("sweeper-2")
 
-	r, acked, code := c.startStorm([]string{r1.url(), r2.url()}).wait()
+	r, acked, code := c.startStorm([]string{r1.url(), r2.url()}, "--lose-ratio", "0.2").wait()
 	assertReportOK(t, r, code)
+	if lists := r.Outcomes["list"]["200"]; r.Recovered == 0 || r.Recovered != lists {
+		t.Fatalf("%d lost answers found in %d lists answered: %v", r.Recovered, lists, r.Outcomes["list"])
+	}
+	t.Logf("%d of %d acknowledged reservations found again in their buyers' lists", r.Recovered, r.Acked)
 	c.assertAckedInLedger(acked)
 	c.assertSettled()
 

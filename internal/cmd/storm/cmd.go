@@ -95,6 +95,7 @@ same FLASHSALE_* variables as the reserve pods; --audit=false skips it.`,
 	f.Float64Var(&o.Storm.CheckoutRatio, "checkout-ratio", o.Storm.CheckoutRatio, "acknowledged reservations paid for")
 	f.Float64Var(&o.Storm.CancelRatio, "cancel-ratio", o.Storm.CancelRatio, "acknowledged reservations cancelled by the buyer")
 	f.Float64Var(&o.Storm.AbandonRatio, "abandon-ratio", 0, "acknowledged reservations never paid (default: the rest of 1; if set, the three must add up to 1)")
+	f.Float64Var(&o.Storm.LoseRatio, "lose-ratio", 0, "acknowledged reservations whose answer the buyer loses with its idempotency key: it finds them in its list of reservations before paying, cancelling or walking away, and the storm checks the list")
 	f.IntVar(&o.Storm.Quantity, "quantity", o.Storm.Quantity, "units per reservation")
 	f.StringVar(&o.Storm.UserPrefix, "user-prefix", "", "user ids are <prefix>-<n> (default: a random prefix, so runs do not share buyers)")
 	f.Uint64Var(&o.Seed, "seed", 0, "seed of the buyers' choices (default: random)")
@@ -205,6 +206,9 @@ func run(cmd *cobra.Command, o *Options) error {
 		}
 		if n := len(res.IdempotencyViolations); n > 0 && audit == nil {
 			fails = append(fails, fmt.Sprintf("%d idempotency violations", n))
+		}
+		if n := len(res.ListViolations); n > 0 && audit == nil {
+			fails = append(fails, fmt.Sprintf("%d list violations", n))
 		}
 		fails = append(fails, rep.Failures...)
 		return fmt.Errorf("storm failed: %s", strings.Join(fails, "; "))

@@ -1,0 +1,100 @@
+package storm
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Buyers who lose their answers find their reservations in their lists and
+// pay for them or cancel them as the others do.
+func TestStormFindsLostAnswersInTheBuyersList(t *testing.T) {
+	f := newFakeAPI(300)
+	f.expiresIn = time.Minute
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	cfg := baseConfig(srv.URL)
+	cfg.LoseRatio = 0.5
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lists := res.Outcomes[OpList]["200"]
+	if len(res.ListViolations) != 0 || res.Recovered == 0 || res.Recovered != lists {
+		t.Fatalf("recovered %d of %d lists; violations %v", res.Recovered, lists, res.ListViolations)
+	}
+	// About half the acknowledged reservations, loosely.
+	if acked := int64(len(res.Acked)); res.Recovered < acked/4 || res.Recovered > 3*acked/4 {
+		t.Fatalf("recovered %d of %d acknowledged reservations for a ratio of 0.5", res.Recovered, acked)
+	}
+	if paid := f.with("paid"); !slices.Equal(res.Confirmed, paid) || len(paid) == 0 {
+		t.Fatalf("confirmed %d, the server has %d paid", len(res.Confirmed), len(paid))
+	}
+	if got := int64(len(res.Confirmed)+len(res.Cancelled)) + res.Abandoned; got != int64(len(res.Acked)) {
+		t.Fatalf("confirmed+cancelled+abandoned = %d, acked %d", got, len(res.Acked))
+	}
+	if r := NewReport(cfg, res, nil); !r.OK || r.Recovered != res.Recovered {
+		t.Fatalf("report ok %v, recovered %d", r.OK, r.Recovered)
+	}
+}
+
+// A list that leaves out a held reservation, or shows it otherwise than it
+// was answered, is a violation, and the report fails; a list the server
+// could not give (503) is no verdict: the buyer walks away.
+func TestStormChecksTheBuyersList(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		spoil func(f *fakeAPI, id string)
+		want  string
+	}{
+		{"left out", func(f *fakeAPI, id string) { f.unlisted[id] = true }, "is not in the list of 0 reservations"},
+		{"another expiry", func(f *fakeAPI, id string) { f.expiry[id] = f.expiry[id].Add(time.Second) }, "listed reserved for 1 until"},
+		{"not served", func(f *fakeAPI, _ string) { f.listBusy = true }, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeAPI(10)
+			f.expiresIn = time.Minute
+			srv := httptest.NewServer(breakAfterReserve(f, func(id string) { c.spoil(f, id) }))
+			defer srv.Close()
+			cfg := baseConfig(srv.URL)
+			cfg.Buyers, cfg.Count, cfg.Concurrency, cfg.RetryRatio = 1, 1, 1, 0
+			cfg.CheckoutRatio, cfg.CancelRatio, cfg.AbandonRatio, cfg.LoseRatio = 1, 0, 0, 1
+			cfg.Sleep = func(ctx context.Context, d time.Duration) {}
+			res, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := NewReport(cfg, res, nil)
+			if c.want == "" {
+				if len(res.ListViolations) != 0 || !r.OK || res.Abandoned != 1 || len(res.Confirmed) != 0 {
+					t.Fatalf("violations %v, ok %v, abandoned %d, confirmed %d; want the buyer to walk away", res.ListViolations, r.OK, res.Abandoned, len(res.Confirmed))
+				}
+				return
+			}
+			if len(res.ListViolations) != 1 || !strings.Contains(res.ListViolations[0], c.want) || r.OK || len(res.Confirmed) != 0 {
+				t.Fatalf("violations %q, report ok %v, confirmed %d; want one with %q", res.ListViolations, r.OK, len(res.Confirmed), c.want)
+			}
+		})
+	}
+}
+
+// breakAfterReserve serves f, and once a reservation is made calls brk with
+// its id before the answer leaves (net/http sends a small answer when the
+// handler returns), so the buyer's list is broken before it asks.
+func breakAfterReserve(f *fakeAPI, brk func(id string)) http.Handler {
+	next := f.handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r)
+		if r.Method == http.MethodPost && r.URL.Path == reservePath {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if n := len(f.issued); n > 0 {
+				brk(f.issued[n-1])
+			}
+		}
+	})
+}
