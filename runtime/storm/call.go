@@ -27,6 +27,7 @@ type answer struct {
 	expiresAt     time.Time   // with reservationID: when it lapses unless paid
 	held          []heldEntry // a list's 200: the buyer's reservations
 	sentAt        time.Time   // when the attempt that gave this answer was sent
+	doneAt        time.Time   // when its answer was read (zero without one)
 	retryAfter    time.Duration
 	// took is the attempt's latency (see latency); timed says it counts in
 	// the histogram: an answer, or in the open loop any end of the request.
@@ -116,7 +117,7 @@ func (s *stormer) once(ctx context.Context, st *workerStats, op, base, method, p
 		Reservations  []heldEntry `json:"reservations"`
 	}
 	_ = json.Unmarshal(b, &wire) // a body that is not ours shows as a bare status
-	a := answer{status: resp.StatusCode, code: wire.Code, sentAt: sentAt, took: d, timed: true}
+	a := answer{status: resp.StatusCode, code: wire.Code, sentAt: sentAt, doneAt: s.cfg.Now(), took: d, timed: true}
 	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
 		a.retryAfter = time.Duration(secs) * time.Second
 	}

@@ -34,6 +34,7 @@ type fakeAPI struct {
 	expiry        map[string]time.Time // reservation id → expires_at, with expiresIn
 	unlisted      map[string]bool      // reservation ids the buyer's list leaves out (on purpose)
 	listBusy      bool                 // answer every list 503
+	listDelay     time.Duration        // answer lists this late
 }
 
 func newFakeAPI(stock int) *fakeAPI {
@@ -171,6 +172,7 @@ func (f *fakeAPI) handler() http.Handler {
 			apiErr(w, 401, "ADMISSION_INVALID")
 			return
 		}
+		time.Sleep(f.listDelay)
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if f.listBusy {

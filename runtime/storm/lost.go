@@ -40,10 +40,10 @@ func (s *stormer) findLost(ctx context.Context, st *workerStats, home int, token
 		return true
 	}
 	// Past its expiry the sweeper may have released it, and then it is no
-	// longer listed.
-	if a.sentAt.Add(clockSlack).Before(got.expiresAt) {
-		st.listViolations = append(st.listViolations, fmt.Sprintf("user %s: %s, held until %s, is not in the list of %d reservations sent at %s",
-			user, got.reservationID, got.expiresAt.UTC().Format(time.RFC3339Nano), len(a.held), a.sentAt.UTC().Format(time.RFC3339Nano)))
+	// longer listed: the list was read at the latest when its answer came.
+	if a.doneAt.Add(clockSlack).Before(got.expiresAt) {
+		st.listViolations = append(st.listViolations, fmt.Sprintf("user %s: %s, held until %s, is not in the list of %d reservations answered at %s",
+			user, got.reservationID, got.expiresAt.UTC().Format(time.RFC3339Nano), len(a.held), a.doneAt.UTC().Format(time.RFC3339Nano)))
 	}
 	return false
 }

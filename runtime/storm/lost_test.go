@@ -1,6 +1,7 @@
 package storm
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -47,17 +48,25 @@ func TestStormFindsLostAnswersInTheBuyersList(t *testing.T) {
 // could not give (503) is no verdict: the buyer walks away.
 func TestStormChecksTheBuyersList(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		spoil func(f *fakeAPI, id string)
-		want  string
+		name      string
+		expiresIn time.Duration // of the reservation, as answered; 0: a minute
+		spoil     func(f *fakeAPI, id string)
+		want      string
 	}{
-		{"left out", func(f *fakeAPI, id string) { f.unlisted[id] = true }, "is not in the list of 0 reservations"},
-		{"another expiry", func(f *fakeAPI, id string) { f.expiry[id] = f.expiry[id].Add(time.Second) }, "listed reserved for 1 until"},
-		{"not served", func(f *fakeAPI, _ string) { f.listBusy = true }, ""},
+		{"left out", 0, func(f *fakeAPI, id string) { f.unlisted[id] = true }, "is not in the list of 0 reservations"},
+		{"another expiry", 0, func(f *fakeAPI, id string) { f.expiry[id] = f.expiry[id].Add(time.Second) }, "listed reserved for 1 until"},
+		{"not served", 0, func(f *fakeAPI, _ string) { f.listBusy = true }, ""},
+		// Released by the sweeper before the list was read: no longer listed.
+		{"lapsed", -2 * time.Second, func(f *fakeAPI, id string) { f.unlisted[id] = true }, ""},
+		// Held when the list was sent, released by the time it was read.
+		{"lapsed while listed", 1500 * time.Millisecond, func(f *fakeAPI, id string) {
+			f.listDelay = time.Second
+			f.unlisted[id] = true
+		}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFakeAPI(10)
-			f.expiresIn = time.Minute
+			f.expiresIn = cmp.Or(c.expiresIn, time.Minute)
 			srv := httptest.NewServer(breakAfterReserve(f, func(id string) { c.spoil(f, id) }))
 			defer srv.Close()
 			cfg := baseConfig(srv.URL)

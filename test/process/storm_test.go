@@ -242,7 +242,9 @@ func TestStormTwoReplicas(t *testing.T) {
 
 	r, acked, code := c.startStorm([]string{r1.url(), r2.url()}, "--lose-ratio", "0.2").wait()
 	assertReportOK(t, r, code)
-	if lists := r.Outcomes["list"]["200"]; r.Recovered == 0 || r.Recovered != lists {
+	// A list answered after its reservation lapsed and was released does
+	// not show it (and is no violation).
+	if lists := r.Outcomes["list"]["200"]; r.Recovered == 0 || r.Recovered > lists {
 		t.Fatalf("%d lost answers found in %d lists answered: %v", r.Recovered, lists, r.Outcomes["list"])
 	}
 	t.Logf("%d of %d acknowledged reservations found again in their buyers' lists", r.Recovered, r.Acked)
