@@ -2,32 +2,54 @@ package api
 
 import (
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// A full listener closes up to drainIdle kept-alive connections that have
+// been idle for idleGrace or more, every idleGrace while it has no place for
+// the next connection. A connection idle for less is between a buyer's
+// requests: closing it would lose the next one, which is on its way.
+const (
+	drainIdle = 16
+	idleGrace = time.Second
 )
 
 // boundedListener accepts at most n connections open at once: past them it
 // accepts none until one closes, and the next wait in the kernel's listen
-// queue. A process whose open-file limit cannot hold a socket for every
-// buyer it takes in keeps so the files its own connections to Redis and the
-// ledger need; the kubelet's probes go to the metrics listener, not here.
+// queue. The process keeps so the files its own connections to Redis and
+// the ledger, and its metrics listener (where the kubelet probes it), need.
+//
+// A connection must not hold its place for nothing while others wait: at the
+// bound each answer closes its connection (Server.closeWhenDraining), and
+// while no place is free the listener closes the connections that sit idle,
+// as a kept-alive connection's idle timeout would, only sooner.
 type boundedListener struct {
 	net.Listener
 	places chan struct{} // a token per open connection, and one for the Accept waiting
 	open   atomic.Int64  // connections accepted and not yet closed
 	done   chan struct{} // closed by Close: a waiting Accept returns
 	once   sync.Once
+
+	mu   sync.Mutex
+	idle map[*placeConn]time.Time // between requests since (http.Server.ConnState)
 }
 
 func newBoundedListener(ln net.Listener, n int) *boundedListener {
-	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{})}
+	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{}), idle: map[*placeConn]time.Time{}}
 }
 
 func (l *boundedListener) Accept() (net.Conn, error) {
 	select {
 	case l.places <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
+	default:
+		if err := l.waitForPlace(); err != nil {
+			return nil, err
+		}
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -35,7 +57,32 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.open.Add(1)
-	return &placeConn{Conn: c, release: func() { l.open.Add(-1); <-l.places }}, nil
+	pc := &placeConn{Conn: c}
+	pc.release = func() {
+		l.mu.Lock()
+		delete(l.idle, pc)
+		l.mu.Unlock()
+		l.open.Add(-1)
+		<-l.places
+	}
+	return pc, nil
+}
+
+// waitForPlace waits for a connection to close, closing idle ones meanwhile.
+func (l *boundedListener) waitForPlace() error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case l.places <- struct{}{}:
+			return nil
+		case <-l.done:
+			return net.ErrClosed
+		case <-t.C:
+			l.closeIdle(drainIdle, time.Now().Add(-idleGrace))
+			t.Reset(idleGrace)
+		}
+	}
 }
 
 func (l *boundedListener) Close() error {
@@ -47,6 +94,63 @@ func (l *boundedListener) Close() error {
 // bound).
 func (l *boundedListener) full() bool {
 	return l != nil && l.open.Load() >= int64(cap(l.places))
+}
+
+// connState is the http.Server's ConnState hook: it keeps the set of idle
+// connections.
+func (l *boundedListener) connState(c net.Conn, st http.ConnState) {
+	pc, ok := c.(*placeConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if st == http.StateIdle {
+		l.idle[pc] = time.Now()
+	} else {
+		delete(l.idle, pc)
+	}
+}
+
+// closeIdle closes up to n connections idle since before. A client that
+// sends a request on one just then gets no answer, as at any idle timeout;
+// a reservation it sends again with the same idempotency key is answered
+// once.
+func (l *boundedListener) closeIdle(n int, before time.Time) {
+	l.mu.Lock()
+	var picked []*placeConn
+	for pc, since := range l.idle {
+		if len(picked) == n {
+			break
+		}
+		if since.Before(before) {
+			picked = append(picked, pc)
+			delete(l.idle, pc)
+		}
+	}
+	l.mu.Unlock()
+	for _, pc := range picked {
+		_ = pc.Close()
+	}
+}
+
+// gauges report the buyers' connections and their bound (0 without one).
+func (s *Server) connectionGauges() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "flashsale_api_connections",
+			Help: "Connections open to the API's port, when they are bounded (flashsale_api_connections_max > 0).",
+		}, func() float64 {
+			if l := s.conns.Load(); l != nil {
+				return float64(l.open.Load())
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "flashsale_api_connections_max",
+			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); at it each answer closes its connection and the next buyers wait in the kernel's listen queue.",
+		}, func() float64 { return float64(max(s.cfg.MaxConnections, 0)) }),
+	}
 }
 
 // placeConn gives its place back once, on its first Close.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"net/http"
 	"strings"
@@ -54,35 +55,90 @@ func TestConnectionsPastTheBoundWaitToBeAccepted(t *testing.T) {
 		return resp, err
 	}
 
-	// One connection of two: kept alive.
-	first, firstR := dial()
-	if resp, err := get(first, firstR, 10*time.Second); err != nil || resp.StatusCode != http.StatusOK || resp.Close {
+	silent := func() net.Conn { c, _ := dial(); return c } // accepted, sends nothing: holds its place
+
+	// One connection of two: answered and kept alive, then idle.
+	a, aR := dial()
+	if resp, err := get(a, aR, 10*time.Second); err != nil || resp.StatusCode != http.StatusOK || resp.Close {
 		t.Fatalf("below the bound: %+v, %v; want 200 on a kept-alive connection", resp, err)
 	}
-	// A second, accepted, that sends nothing yet: the bound is reached.
-	second, secondR := dial()
-	third, thirdR := dial()
-	if resp, err := get(third, thirdR, 500*time.Millisecond); err == nil {
-		t.Fatalf("a third connection past a bound of 2 was answered at once: %d", resp.StatusCode)
+	// A second fills the bound: the listener, with no place for a next one,
+	// closes the idle connection.
+	b := silent()
+	_ = a.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := aR.ReadByte(); err == nil {
+		t.Fatal("the idle connection got data, want it closed")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the idle connection is still open with the bound reached")
+	}
+	// Two silent connections hold both places: a request on a third is not
+	// read until one closes.
+	c := silent()
+	d, dR := dial()
+	if resp, err := get(d, dR, 500*time.Millisecond); err == nil {
+		t.Fatalf("a connection past a bound of 2 was answered at once: %d", resp.StatusCode)
 	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
-		t.Fatalf("a third connection past a bound of 2: %v, want no answer yet", err)
+		t.Fatalf("a connection past a bound of 2: %v, want no answer yet", err)
 	}
-
-	// At the bound the kept-alive connection's next answer closes it, which
-	// lets the third in.
-	if resp, err := get(first, firstR, 10*time.Second); err != nil || resp.StatusCode != http.StatusOK || !resp.Close {
-		t.Fatalf("at the bound: %+v, %v; want 200 with Connection: close", resp, err)
-	}
-	_ = third.SetReadDeadline(time.Now().Add(20 * time.Second))
-	resp, err := http.ReadResponse(thirdR, nil)
+	b.Close()
+	_ = d.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(dR, nil)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("once a connection closed, the third was answered %+v, %v; want 200", resp, err)
+		t.Fatalf("once a connection closed, the waiting one was answered %+v, %v; want 200", resp, err)
 	}
 	resp.Body.Close()
+	// Answered at the bound, so closed: the next buyer is taken in turn.
 	if !resp.Close {
-		t.Fatal("the third connection, answered at the bound, is kept alive")
+		t.Fatal("a connection answered at the bound is kept alive")
 	}
-	if resp, err := get(second, secondR, 10*time.Second); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("the second connection: %+v, %v", resp, err)
+	c.Close()
+}
+
+// An Accept waiting for a place returns once the listener closes (Shutdown
+// closes it), and a connection gives its place back once, however often it
+// is closed.
+func TestBoundedListenerCloseWakesAWaitingAccept(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newBoundedListener(inner, 1)
+	client, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	held, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if c != nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	select {
+	case err := <-accepted:
+		t.Fatalf("Accept past a bound of 1 returned %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-accepted:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("the waiting Accept returned %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting Accept did not return once the listener closed")
+	}
+	held.Close()
+	held.Close()
+	if n := l.open.Load(); n != 0 || len(l.places) != 0 {
+		t.Fatalf("after closing the one connection twice: %d open, %d places taken", n, len(l.places))
 	}
 }

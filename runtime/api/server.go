@@ -82,9 +82,9 @@ type Config struct {
 	working     int // places at work; 0: DefaultWorking (tests set fewer)
 	// MaxConnections is the most client connections held open at once; 0:
 	// no bound. Past it the listener accepts none until one closes, and the
-	// next wait in the kernel's listen queue: a process whose open-file
-	// limit cannot hold MaxInFlight connections keeps the files its own
-	// connections to Redis and the ledger need.
+	// next wait in the kernel's listen queue: the process keeps the files
+	// its own connections to Redis and the ledger, and its metrics
+	// listener, need (boundedListener).
 	MaxConnections    int
 	MaxBodyBytes      int64
 	AvailabilityCache time.Duration // how long one Redis read of the shards serves availability
@@ -229,7 +229,7 @@ func New(cfg Config) (*Server, error) {
 	if !cfg.MetricsElsewhere {
 		s.routes = append(s.routes, Route{"metrics", http.MethodGet, config.PathMetrics, s.metricsHandler()})
 	}
-	s.metrics.reg.MustRegister(append(s.inFlightGauges(), stockCollector{s})...)
+	s.metrics.reg.MustRegister(append(append(s.inFlightGauges(), s.connectionGauges()...), stockCollector{s})...)
 	s.mux = http.NewServeMux()
 	allowed := map[string][]string{}
 	for _, rt := range s.routes {
@@ -349,8 +349,9 @@ func (s *Server) Start(ctx context.Context) error {
 // writer. It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer s.engine.Close()
+	var bl *boundedListener
 	if s.cfg.MaxConnections > 0 {
-		bl := newBoundedListener(ln, s.cfg.MaxConnections)
+		bl = newBoundedListener(ln, s.cfg.MaxConnections)
 		s.conns.Store(bl)
 		ln = bl
 	}
@@ -365,6 +366,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// Requests must outlive the stop signal: Shutdown drains them, and a
 		// cancelled context would abort reservations that are being written.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	if bl != nil {
+		srv.ConnState = bl.connState
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

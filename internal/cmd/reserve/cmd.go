@@ -266,7 +266,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if c.Redis.Mode == config.RedisCluster {
 		redisServers = len(c.Redis.Addresses)
 	}
-	maxConns := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency))
+	maxConns := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency), opts.MetricsListen != "")
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
 	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)
@@ -372,7 +372,10 @@ func serveAside(flag, addr string, h http.Handler, log *slog.Logger) (bound stri
 	if err != nil {
 		return "", nil, fmt.Errorf("--%s: %w", flag, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// Timeouts of its own: the kubelet's probes and the scrapes come here,
+	// and an idle or stalled client must not hold a file for ever.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 15 * time.Second, IdleTimeout: 60 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	log.Info("serving", "flag", flag, "addr", ln.Addr().String())
 	return ln.Addr().String(), func() { _ = srv.Close() }, nil

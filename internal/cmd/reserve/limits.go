@@ -69,15 +69,22 @@ func fewFiles(limit uint64, maxInFlight, own int) string {
 
 // connectionCap is the most buyers' connections a process allowed to open
 // limit files holds, keeping own for its connections to Redis and the
-// ledger: past the limit it could open neither.
+// ledger and for its metrics listener: past the limit it could open none of
+// them, and the kubelet's probes would fail with them. 0: no bound (a limit
+// too large to matter).
 func connectionCap(limit uint64, own int) int {
+	if limit >= 1<<30 {
+		return 0
+	}
 	return int(max(int64(limit)-int64(own), 1))
 }
 
 // maxConnections is the bound on buyers' connections for this process's
 // open-file limit (the Go runtime has raised its soft limit to the hard one
-// at start), logged when it binds; 0: none.
-func maxConnections(log *slog.Logger, maxInFlight, own int) int {
+// at start); 0: none. The bound holds whatever --max-in-flight says, since
+// connections outlive their requests (kept alive, refused, waiting for their
+// headers); it is logged as a warning when it is below --max-in-flight.
+func maxConnections(log *slog.Logger, maxInFlight, own int, probesAside bool) int {
 	if maxInFlight == 0 {
 		maxInFlight = api.DefaultMaxInFlight
 	}
@@ -86,11 +93,12 @@ func maxConnections(log *slog.Logger, maxInFlight, own int) int {
 		log.Warn("cannot read the open-file limit", "err", err)
 		return 0
 	}
-	why := fewFiles(r.Cur, maxInFlight, own)
-	if why == "" {
-		return 0
-	}
 	n := connectionCap(r.Cur, own)
-	log.Warn("open-file limit below max in flight", "why", why, "files", r.Cur, "maxInFlight", maxInFlight, "ownFiles", own, "maxConnections", n)
+	if why := fewFiles(r.Cur, maxInFlight, own); why != "" {
+		if !probesAside {
+			why += "; without --metrics-listen the probes wait in that queue too"
+		}
+		log.Warn("open-file limit below max in flight", "why", why, "files", r.Cur, "maxInFlight", maxInFlight, "ownFiles", own, "maxConnections", n)
+	}
 	return n
 }

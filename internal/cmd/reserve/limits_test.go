@@ -55,3 +55,24 @@ func TestFewFiles(t *testing.T) {
 		}
 	}
 }
+
+// Buyers' connections are bounded at the limit less the process's own
+// share whenever the limit is finite, not only below --max-in-flight: kept
+// alive or refused, a connection holds a file past its request.
+func TestConnectionCap(t *testing.T) {
+	for _, c := range []struct {
+		limit uint64
+		own   int
+		want  int
+	}{
+		{1024, 226, 798},
+		{524288, 226, 524062},
+		{100, 226, 1},
+		{1 << 30, 226, 0},
+		{^uint64(0), 226, 0},
+	} {
+		if got := connectionCap(c.limit, c.own); got != c.want {
+			t.Errorf("connectionCap(%d, %d) = %d, want %d", c.limit, c.own, got, c.want)
+		}
+	}
+}

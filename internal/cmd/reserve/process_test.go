@@ -301,36 +301,55 @@ func TestDebugListenerServesProfiles(t *testing.T) {
 	}
 }
 
-// fillTheBound holds bound connections open on the API's address, which a
-// process under too few open files accepts no more of: a request on one
-// more is not answered, while the probes on the metrics address are. Once
-// the held connections close, that request is answered.
+// fillTheBound checks the bound on the API's connections from both sides:
+// with one place left a request is answered; with every place held by a
+// connection that sends nothing, a request on one more is not, while the
+// probes on the metrics address are. Once the held connections close, that
+// request is answered.
 func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
 	t.Helper()
-	held := make([]net.Conn, 0, bound)
+	if got := metricValue(t, metricsAddr, "flashsale_api_connections_max"); got != float64(bound) {
+		t.Fatalf("flashsale_api_connections_max %v, want %d", got, bound)
+	}
+	var held []net.Conn
 	defer func() {
 		for _, c := range held {
 			c.Close()
 		}
 	}()
-	for range bound {
+	hold := func(n int) {
+		for range n {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+		}
+	}
+	ask := func(wait time.Duration) (net.Conn, *bufio.Reader, string, error) {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		held = append(held, c)
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		r := bufio.NewReader(c)
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		line, err := r.ReadString('\n')
+		return c, r, line, err
 	}
-	late, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+
+	hold(bound - 1)
+	c, _, line, err := ask(10 * time.Second)
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("with %d connections held, one more was answered %q, %v; want 200", bound-1, line, err)
 	}
-	defer late.Close()
-	if _, err := late.Write([]byte("GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	answer := bufio.NewReader(late)
-	_ = late.SetReadDeadline(time.Now().Add(time.Second))
-	if line, err := answer.ReadString('\n'); err == nil {
+	c.Close()
+	hold(1)
+	late, answer, line, err := ask(time.Second)
+	if err == nil {
 		t.Fatalf("a connection past %d held ones was answered: %q", bound, line)
 	}
 
@@ -346,6 +365,9 @@ func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
 			t.Fatalf("%s on the metrics address: %d %.200s, want 200 %s", path, resp.StatusCode, b, want)
 		}
 	}
+	if got := metricValue(t, metricsAddr, "flashsale_api_connections"); got != float64(bound) {
+		t.Fatalf("flashsale_api_connections %v at the bound, want %d", got, bound)
+	}
 
 	for _, c := range held {
 		c.Close()
@@ -355,4 +377,26 @@ func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
 	if line, err := answer.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
 		t.Fatalf("once the held connections closed, the late one was answered %q, %v; want 200", line, err)
 	}
+}
+
+// metricValue reads one unlabelled series from the metrics address.
+func metricValue(t *testing.T, metricsAddr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %q", name, line)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in the metrics", name)
+	return 0
 }
