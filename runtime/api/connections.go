@@ -35,12 +35,12 @@ type boundedListener struct {
 	done   chan struct{} // closed by Close: a waiting Accept returns
 	once   sync.Once
 
-	mu   sync.Mutex
-	idle map[*placeConn]time.Time // between requests since (http.Server.ConnState)
+	mu    sync.Mutex
+	conns map[*placeConn]struct{} // open: changes per connection, not per request
 }
 
 func newBoundedListener(ln net.Listener, n int) *boundedListener {
-	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{}), idle: map[*placeConn]time.Time{}}
+	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{}), conns: map[*placeConn]struct{}{}}
 }
 
 func (l *boundedListener) Accept() (net.Conn, error) {
@@ -60,11 +60,14 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 	pc := &placeConn{Conn: c}
 	pc.release = func() {
 		l.mu.Lock()
-		delete(l.idle, pc)
+		delete(l.conns, pc)
 		l.mu.Unlock()
 		l.open.Add(-1)
 		<-l.places
 	}
+	l.mu.Lock()
+	l.conns[pc] = struct{}{}
+	l.mu.Unlock()
 	return pc, nil
 }
 
@@ -96,20 +99,18 @@ func (l *boundedListener) full() bool {
 	return l != nil && l.open.Load() >= int64(cap(l.places))
 }
 
-// connState is the http.Server's ConnState hook: it keeps the set of idle
-// connections.
+// connState is the http.Server's ConnState hook: it marks when each
+// connection turned idle, with no lock (it runs twice a request).
 func (l *boundedListener) connState(c net.Conn, st http.ConnState) {
 	pc, ok := c.(*placeConn)
 	if !ok {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	var since int64
 	if st == http.StateIdle {
-		l.idle[pc] = time.Now()
-	} else {
-		delete(l.idle, pc)
+		since = time.Now().UnixNano()
 	}
+	pc.idleSince.Store(since)
 }
 
 // closeIdle closes up to n connections idle since before. A client that
@@ -119,13 +120,12 @@ func (l *boundedListener) connState(c net.Conn, st http.ConnState) {
 func (l *boundedListener) closeIdle(n int, before time.Time) {
 	l.mu.Lock()
 	var picked []*placeConn
-	for pc, since := range l.idle {
+	for pc := range l.conns {
 		if len(picked) == n {
 			break
 		}
-		if since.Before(before) {
+		if since := pc.idleSince.Load(); since > 0 && since < before.UnixNano() {
 			picked = append(picked, pc)
-			delete(l.idle, pc)
 		}
 	}
 	l.mu.Unlock()
@@ -156,8 +156,9 @@ func (s *Server) connectionGauges() []prometheus.Collector {
 // placeConn gives its place back once, on its first Close.
 type placeConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	once      sync.Once
+	release   func()
+	idleSince atomic.Int64 // Unix nanoseconds; 0 while not idle
 }
 
 func (c *placeConn) Close() error {
