@@ -10,12 +10,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// A full listener closes up to drainIdle kept-alive connections that have
-// been idle for idleGrace or more, every idleGrace while it has no place for
-// the next connection. A connection idle for less is between a buyer's
-// requests: closing it would lose the next one, which is on its way.
+// While it has no place for the next connection, a listener sweeps once
+// every idleGrace: it looks at up to sweepScan of its connections (Go's map
+// order makes them a fresh sample each time) and closes up to drainIdle of
+// those idle for idleGrace or more. A connection idle for less is between a
+// storm buyer's requests: closing it would lose the next one, on its way.
 const (
 	drainIdle = 16
+	sweepScan = 1024
 	idleGrace = time.Second
 )
 
@@ -26,8 +28,10 @@ const (
 //
 // A connection must not hold its place for nothing while others wait: at the
 // bound each answer closes its connection (Server.closeWhenDraining), and
-// while no place is free the listener closes the connections that sit idle,
-// as a kept-alive connection's idle timeout would, only sooner.
+// while no place is free the listener closes connections that have sat idle
+// for a second, as a kept-alive connection's idle timeout would, only
+// sooner, whether or not anyone waits in the kernel's queue (it cannot see
+// that queue).
 type boundedListener struct {
 	net.Listener
 	places chan struct{} // a token per open connection, and one for the Accept waiting
@@ -35,12 +39,17 @@ type boundedListener struct {
 	done   chan struct{} // closed by Close: a waiting Accept returns
 	once   sync.Once
 
+	grace     time.Duration // idleGrace; tests set less
+	nextSweep atomic.Int64  // Unix nanoseconds: no sweep before
+	fullTimes atomic.Int64  // Accepts that found no place free
+
 	mu    sync.Mutex
 	conns map[*placeConn]struct{} // open: changes per connection, not per request
 }
 
 func newBoundedListener(ln net.Listener, n int) *boundedListener {
-	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{}), conns: map[*placeConn]struct{}{}}
+	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{}),
+		grace: idleGrace, conns: map[*placeConn]struct{}{}}
 }
 
 func (l *boundedListener) Accept() (net.Conn, error) {
@@ -71,9 +80,12 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 	return pc, nil
 }
 
-// waitForPlace waits for a connection to close, closing idle ones meanwhile.
+// waitForPlace waits for a connection to close, sweeping idle ones out
+// meanwhile, at most once per grace whatever the number of Accepts that
+// wait: at the bound one does for every connection taken in.
 func (l *boundedListener) waitForPlace() error {
-	t := time.NewTimer(0)
+	l.fullTimes.Add(1)
+	t := time.NewTimer(time.Duration(max(0, l.nextSweep.Load()-time.Now().UnixNano())))
 	defer t.Stop()
 	for {
 		select {
@@ -82,8 +94,11 @@ func (l *boundedListener) waitForPlace() error {
 		case <-l.done:
 			return net.ErrClosed
 		case <-t.C:
-			l.closeIdle(drainIdle, time.Now().Add(-idleGrace))
-			t.Reset(idleGrace)
+			now := time.Now()
+			if next := l.nextSweep.Load(); now.UnixNano() >= next && l.nextSweep.CompareAndSwap(next, now.Add(l.grace).UnixNano()) {
+				l.closeIdle(drainIdle, now.Add(-l.grace))
+			}
+			t.Reset(time.Duration(max(0, l.nextSweep.Load()-time.Now().UnixNano())))
 		}
 	}
 }
@@ -113,17 +128,19 @@ func (l *boundedListener) connState(c net.Conn, st http.ConnState) {
 	pc.idleSince.Store(since)
 }
 
-// closeIdle closes up to n connections idle since before. A client that
-// sends a request on one just then gets no answer, as at any idle timeout;
-// a reservation it sends again with the same idempotency key is answered
-// once.
+// closeIdle closes up to n connections idle since before, among up to
+// sweepScan of them. A client that sends a request on one just then gets no
+// answer, as at any idle timeout; a reservation it sends again with the
+// same idempotency key is answered once.
 func (l *boundedListener) closeIdle(n int, before time.Time) {
 	l.mu.Lock()
 	var picked []*placeConn
+	seen := 0
 	for pc := range l.conns {
-		if len(picked) == n {
+		if len(picked) == n || seen == sweepScan {
 			break
 		}
+		seen++
 		if since := pc.idleSince.Load(); since > 0 && since < before.UnixNano() {
 			picked = append(picked, pc)
 		}
@@ -134,18 +151,26 @@ func (l *boundedListener) closeIdle(n int, before time.Time) {
 	}
 }
 
-// gauges report the buyers' connections and their bound (0 without one).
+// connectionGauges report the buyers' connections and their bound (0
+// without one).
 func (s *Server) connectionGauges() []prometheus.Collector {
+	read := func(v func(l *boundedListener) int64) func() float64 {
+		return func() float64 {
+			if l := s.conns.Load(); l != nil {
+				return float64(v(l))
+			}
+			return 0
+		}
+	}
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_connections",
 			Help: "Connections open to the API's port, when they are bounded (flashsale_api_connections_max > 0).",
-		}, func() float64 {
-			if l := s.conns.Load(); l != nil {
-				return float64(l.open.Load())
-			}
-			return 0
-		}),
+		}, read(func(l *boundedListener) int64 { return l.open.Load() })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "flashsale_api_connections_full_total",
+			Help: "Times the API's port had no place for the next connection (at the bound, about once per connection taken in).",
+		}, read(func(l *boundedListener) int64 { return l.fullTimes.Load() })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_connections_max",
 			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); at it each answer closes its connection and the next buyers wait in the kernel's listen queue.",

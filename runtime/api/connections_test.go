@@ -17,7 +17,11 @@ import (
 // stays open; at it, each answer closes its connection, so that the buyers
 // waiting to be accepted are taken in turn.
 func TestConnectionsPastTheBoundWaitToBeAccepted(t *testing.T) {
-	f := newFixture(t, func(c *fixtureConfig) { c.api.MaxConnections = 2 })
+	const grace = 2 * time.Second
+	f := newFixture(t, func(c *fixtureConfig) {
+		c.api.MaxConnections, c.api.idleGrace = 2, grace
+		c.api.ReadHeaderTimeout = 2 * time.Minute // silent connections hold their places
+	})
 	// The bound is this test's alone: the fixture's own connections close,
 	// and the server sees them closed.
 	f.client.CloseIdleConnections()
@@ -63,8 +67,15 @@ func TestConnectionsPastTheBoundWaitToBeAccepted(t *testing.T) {
 		t.Fatalf("below the bound: %+v, %v; want 200 on a kept-alive connection", resp, err)
 	}
 	// A second fills the bound: the listener, with no place for a next one,
-	// closes the idle connection.
+	// sweeps at once, and again a grace later; only then has the idle
+	// connection been idle that long, and it is closed.
 	b := silent()
+	_ = a.SetReadDeadline(time.Now().Add(grace / 4))
+	if _, err := aR.ReadByte(); err == nil {
+		t.Fatal("the idle connection got data")
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("a connection idle for less than the grace was closed: %v", err)
+	}
 	_ = a.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := aR.ReadByte(); err == nil {
 		t.Fatal("the idle connection got data, want it closed")

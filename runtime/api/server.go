@@ -79,7 +79,8 @@ type Config struct {
 	// UNAVAILABLE with Retry-After (inFlight). 0: DefaultMaxInFlight;
 	// negative: no bound, on the work either.
 	MaxInFlight int
-	working     int // places at work; 0: DefaultWorking (tests set fewer)
+	working     int           // places at work; 0: DefaultWorking (tests set fewer)
+	idleGrace   time.Duration // of the bounded listener; 0: idleGrace (tests set another)
 	// MaxConnections is the most client connections held open at once; 0:
 	// no bound. Past it the listener accepts none until one closes, and the
 	// next wait in the kernel's listen queue: the process keeps the files
@@ -352,6 +353,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var bl *boundedListener
 	if s.cfg.MaxConnections > 0 {
 		bl = newBoundedListener(ln, s.cfg.MaxConnections)
+		if s.cfg.idleGrace > 0 {
+			bl.grace = s.cfg.idleGrace
+		}
 		s.conns.Store(bl)
 		ln = bl
 	}

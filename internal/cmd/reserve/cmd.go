@@ -266,7 +266,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if c.Redis.Mode == config.RedisCluster {
 		redisServers = len(c.Redis.Addresses)
 	}
-	maxConns := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency), opts.MetricsListen != "")
+	maxConns, err := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency), opts.MetricsListen != "")
+	if err != nil {
+		return err
+	}
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
 	eng, err := engine.New(opts.engineConfig(), rdb, l, mc)

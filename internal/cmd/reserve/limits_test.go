@@ -46,7 +46,7 @@ func TestFewFiles(t *testing.T) {
 		{uint64(4096 + own), 4096, ""},
 		{uint64(4095 + own), 4096, "fewer than the 4096 buyers"},
 		{524288, 16384, ""},
-		{100, 4096, "it holds at most 1 buyers' connections"},
+		{300, 4096, "it holds at most 74 buyers' connections"},
 		{1024, -1, ""},
 	} {
 		got := fewFiles(c.limit, c.maxInFlight, own)
@@ -67,12 +67,19 @@ func TestConnectionCap(t *testing.T) {
 	}{
 		{1024, 226, 798},
 		{524288, 226, 524062},
-		{100, 226, 1},
-		{1 << 30, 226, 0},
+		{227, 226, 1},
+		{1<<24 - 1, 226, 1<<24 - 1 - 226},
+		{1<<30 - 8, 226, 0}, // systemd's infinity
 		{^uint64(0), 226, 0},
 	} {
-		if got := connectionCap(c.limit, c.own); got != c.want {
-			t.Errorf("connectionCap(%d, %d) = %d, want %d", c.limit, c.own, got, c.want)
+		if got, err := connectionCap(c.limit, c.own); got != c.want || err != nil {
+			t.Errorf("connectionCap(%d, %d) = %d, %v; want %d", c.limit, c.own, got, err, c.want)
+		}
+	}
+	// A limit that does not hold the process's own connections is refused.
+	for _, limit := range []uint64{226, 100} {
+		if got, err := connectionCap(limit, 226); err == nil || !strings.Contains(err.Error(), "raise the container runtime's RLIMIT_NOFILE") {
+			t.Errorf("connectionCap(%d, 226) = %d, %v; want an error", limit, got, err)
 		}
 	}
 }

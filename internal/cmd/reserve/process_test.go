@@ -368,6 +368,9 @@ func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
 	if got := metricValue(t, metricsAddr, "flashsale_api_connections"); got != float64(bound) {
 		t.Fatalf("flashsale_api_connections %v at the bound, want %d", got, bound)
 	}
+	if got := metricValue(t, metricsAddr, "flashsale_api_connections_full_total"); got < 1 {
+		t.Fatalf("flashsale_api_connections_full_total %v at the bound, want at least 1", got)
+	}
 
 	for _, c := range held {
 		c.Close()
