@@ -56,21 +56,23 @@ func apiErr(w http.ResponseWriter, status int, code string) {
 	writeJSON(w, status, map[string]string{"code": code, "message": strings.ToLower(code)})
 }
 
-func (f *fakeAPI) user(r *http.Request) (string, bool) {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer tok:sku-1:")
+// admit counts a buyer request and reads its token's user, answering 401
+// when the token is not one fakeMint makes.
+func (f *fakeAPI) admit(w http.ResponseWriter, r *http.Request) (string, bool) {
+	f.requests.Add(1)
+	user, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer tok:sku-1:")
 	if !ok {
 		f.badTokens.Add(1)
+		apiErr(w, 401, "ADMISSION_INVALID")
 	}
-	return tok, ok
+	return user, ok
 }
 
 func (f *fakeAPI) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/flash-sale/reserve", func(w http.ResponseWriter, r *http.Request) {
-		f.requests.Add(1)
-		user, ok := f.user(r)
+		user, ok := f.admit(w, r)
 		if !ok {
-			apiErr(w, 401, "ADMISSION_INVALID")
 			return
 		}
 		var req struct {
@@ -142,10 +144,8 @@ func (f *fakeAPI) handler() http.Handler {
 		writeJSON(w, 201, f.reservation(id))
 	})
 	mux.HandleFunc("POST /api/v1/flash-sale/checkout", func(w http.ResponseWriter, r *http.Request) {
-		f.requests.Add(1)
-		user, ok := f.user(r)
+		user, ok := f.admit(w, r)
 		if !ok {
-			apiErr(w, 401, "ADMISSION_INVALID")
 			return
 		}
 		var req struct {
@@ -166,10 +166,8 @@ func (f *fakeAPI) handler() http.Handler {
 		writeJSON(w, 200, map[string]string{"order_id": req.ReservationID, "status": "confirmed"})
 	})
 	mux.HandleFunc("GET /api/v1/flash-sale/reservations", func(w http.ResponseWriter, r *http.Request) {
-		f.requests.Add(1)
-		user, ok := f.user(r)
+		user, ok := f.admit(w, r)
 		if !ok {
-			apiErr(w, 401, "ADMISSION_INVALID")
 			return
 		}
 		time.Sleep(f.listDelay)
@@ -195,10 +193,8 @@ func (f *fakeAPI) handler() http.Handler {
 		writeJSON(w, 200, map[string]any{"reservations": list})
 	})
 	mux.HandleFunc("DELETE /api/v1/flash-sale/reservations/{id}", func(w http.ResponseWriter, r *http.Request) {
-		f.requests.Add(1)
-		user, ok := f.user(r)
+		user, ok := f.admit(w, r)
 		if !ok {
-			apiErr(w, 401, "ADMISSION_INVALID")
 			return
 		}
 		id := r.PathValue("id")

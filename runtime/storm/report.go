@@ -3,7 +3,6 @@ package storm
 import (
 	"fmt"
 	"io"
-	"net/http"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -114,7 +113,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "storm: %d journeys, %d requests in %.2fs: %.0f req/s; %d reservations acknowledged (%.0f/s)\n",
 		r.Journeys, r.Requests, r.ElapsedSeconds, r.RequestsPerSecond, r.Acked, r.ReservationsPerSecond)
 	fmt.Fprintf(&b, "buyers: %d confirmed, %d cancelled, %d abandoned\n", r.Confirmed, r.Cancelled, r.Abandoned)
-	if n := r.Outcomes[OpList][outcomeLabel(http.StatusOK, "")]; n > 0 || len(r.ListViolations) > 0 {
+	if n := r.Outcomes[OpList]["200"]; n > 0 || len(r.ListViolations) > 0 {
 		fmt.Fprintf(&b, "lost answers: %d found in the buyer's list (%d lists answered)\n", r.Recovered, n)
 	}
 
