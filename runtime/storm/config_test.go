@@ -23,6 +23,8 @@ func TestConfigValidate(t *testing.T) {
 		"sum above 1":  func(c *Config) { c.CheckoutRatio = 0.9 },
 		"negative dur": func(c *Config) { c.Duration = -time.Second },
 		"ratio NaN":    func(c *Config) { c.CheckoutRatio = math.NaN() },
+		"lose > 1":     func(c *Config) { c.LoseRatio = 1.5 },
+		"lose NaN":     func(c *Config) { c.LoseRatio = math.NaN() },
 		"negative qty": func(c *Config) { c.Quantity = -3 },
 		"negative ttl": func(c *Config) { c.TokenTTL = -time.Minute },
 	} {
