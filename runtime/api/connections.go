@@ -1,6 +1,7 @@
 package api
 
 import (
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -10,15 +11,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// While it has no place for the next connection, a listener sweeps once
-// every idleGrace: it looks at up to sweepScan of its connections (Go's map
-// order makes them a fresh sample each time) and closes up to drainIdle of
-// those idle for idleGrace or more. A connection idle for less is between a
-// storm buyer's requests: closing it would lose the next one, on its way.
+// While it has no place for the next connection and one waits in the
+// kernel's queue, a listener sweeps once every idleGrace: it looks at up to
+// sweepScan of its connections (Go's map order makes them a fresh sample
+// each time) and closes up to drainIdle of those idle for idleGrace or
+// more. A connection idle for less is between a storm buyer's requests:
+// closing it would lose the next one, on its way. While none waits, it
+// looks at the queue every queuePoll.
 const (
 	drainIdle = 16
 	sweepScan = 1024
 	idleGrace = time.Second
+	queuePoll = idleGrace / 8
 )
 
 // boundedListener accepts at most n connections open at once: past them it
@@ -27,11 +31,13 @@ const (
 // the ledger, and its metrics listener (where the kubelet probes it), need.
 //
 // A connection must not hold its place for nothing while others wait: at the
-// bound each answer closes its connection (Server.closeWhenDraining), and
-// while no place is free the listener closes connections that have sat idle
-// for a second, as a kept-alive connection's idle timeout would, only
-// sooner, whether or not anyone waits in the kernel's queue (it cannot see
-// that queue).
+// bound, while a connection waits in the kernel's accept queue, each answer
+// closes its connection (Server.closeWhenDraining) and the listener closes
+// connections that have sat idle for a second, as a kept-alive connection's
+// idle timeout would, only sooner. While none waits, connections are kept
+// alive: a load balancer's pool that fills the bound is not churned for
+// nobody. Where the queue cannot be read (listenQueue is nil), a buyer is
+// taken to wait whenever the bound is reached.
 type boundedListener struct {
 	net.Listener
 	places chan struct{} // a token per open connection, and one for the Accept waiting
@@ -39,9 +45,10 @@ type boundedListener struct {
 	done   chan struct{} // closed by Close: a waiting Accept returns
 	once   sync.Once
 
-	grace     time.Duration // idleGrace; tests set less
-	nextSweep atomic.Int64  // Unix nanoseconds: no sweep before
-	fullTimes atomic.Int64  // Accepts that found no place free
+	grace     time.Duration      // idleGrace; tests set less
+	queue     func() (int, bool) // the kernel's accept queue; nil: not readable here
+	nextSweep atomic.Int64       // Unix nanoseconds: no sweep before
+	fullTimes atomic.Int64       // Accepts that found no place free
 
 	mu    sync.Mutex
 	conns map[*placeConn]struct{} // open: changes per connection, not per request
@@ -49,7 +56,7 @@ type boundedListener struct {
 
 func newBoundedListener(ln net.Listener, n int) *boundedListener {
 	return &boundedListener{Listener: ln, places: make(chan struct{}, n), done: make(chan struct{}),
-		grace: idleGrace, conns: map[*placeConn]struct{}{}}
+		grace: idleGrace, queue: listenQueue(ln), conns: map[*placeConn]struct{}{}}
 }
 
 func (l *boundedListener) Accept() (net.Conn, error) {
@@ -81,11 +88,12 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 }
 
 // waitForPlace waits for a connection to close, sweeping idle ones out
-// meanwhile, at most once per grace whatever the number of Accepts that
-// wait: at the bound one does for every connection taken in.
+// meanwhile while a connection waits in the kernel's queue, at most once per
+// grace whatever the number of Accepts that wait: at the bound one does for
+// every connection taken in.
 func (l *boundedListener) waitForPlace() error {
 	l.fullTimes.Add(1)
-	t := time.NewTimer(time.Duration(max(0, l.nextSweep.Load()-time.Now().UnixNano())))
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
@@ -94,6 +102,10 @@ func (l *boundedListener) waitForPlace() error {
 		case <-l.done:
 			return net.ErrClosed
 		case <-t.C:
+			if !l.waiting() {
+				t.Reset(min(queuePoll, l.grace))
+				continue
+			}
 			now := time.Now()
 			if next := l.nextSweep.Load(); now.UnixNano() >= next && l.nextSweep.CompareAndSwap(next, now.Add(l.grace).UnixNano()) {
 				l.closeIdle(drainIdle, now.Add(-l.grace))
@@ -101,6 +113,16 @@ func (l *boundedListener) waitForPlace() error {
 			t.Reset(time.Duration(max(0, l.nextSweep.Load()-time.Now().UnixNano())))
 		}
 	}
+}
+
+// waiting: a connection waits in the kernel's accept queue, or the queue
+// cannot be read here.
+func (l *boundedListener) waiting() bool {
+	if l.queue == nil {
+		return true
+	}
+	n, ok := l.queue()
+	return !ok || n > 0
 }
 
 func (l *boundedListener) Close() error {
@@ -112,6 +134,12 @@ func (l *boundedListener) Close() error {
 // bound).
 func (l *boundedListener) full() bool {
 	return l != nil && l.open.Load() >= int64(cap(l.places))
+}
+
+// crowded: full, and a connection waits for a place. One getsockopt per
+// answer, only at the bound.
+func (l *boundedListener) crowded() bool {
+	return l.full() && l.waiting()
 }
 
 // connState is the http.Server's ConnState hook: it marks when each
@@ -171,6 +199,21 @@ func (s *Server) connectionGauges() []prometheus.Collector {
 			Name: "flashsale_api_connections_full_total",
 			Help: "Times the API's port had no place for the next connection (at the bound, about once per connection taken in).",
 		}, read(func(l *boundedListener) int64 { return l.fullTimes.Load() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "flashsale_api_connections_waiting",
+			Help: "Connections the kernel has taken on the API's port and the process has not accepted yet, when they are bounded (NaN where the kernel does not tell).",
+		}, func() float64 {
+			l := s.conns.Load()
+			if l == nil {
+				return 0
+			}
+			if l.queue != nil {
+				if n, ok := l.queue(); ok {
+					return float64(n)
+				}
+			}
+			return math.NaN()
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_connections_max",
 			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); at it each answer closes its connection and the next buyers wait in the kernel's listen queue.",

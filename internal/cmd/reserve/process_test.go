@@ -311,6 +311,9 @@ func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
 	if got := metricValue(t, metricsAddr, "flashsale_api_connections_max"); got != float64(bound) {
 		t.Fatalf("flashsale_api_connections_max %v, want %d", got, bound)
 	}
+	if got := metricValue(t, metricsAddr, "flashsale_api_connections_waiting"); got != 0 {
+		t.Fatalf("flashsale_api_connections_waiting %v below the bound, want 0", got)
+	}
 	var held []net.Conn
 	defer func() {
 		for _, c := range held {
@@ -370,6 +373,9 @@ func fillTheBound(t *testing.T, addr, metricsAddr string, bound int) {
 	}
 	if got := metricValue(t, metricsAddr, "flashsale_api_connections_full_total"); got < 1 {
 		t.Fatalf("flashsale_api_connections_full_total %v at the bound, want at least 1", got)
+	}
+	if got := metricValue(t, metricsAddr, "flashsale_api_connections_waiting"); got != 1 {
+		t.Fatalf("flashsale_api_connections_waiting %v with one connection past the bound, want 1", got)
 	}
 
 	for _, c := range held {
