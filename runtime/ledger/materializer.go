@@ -126,7 +126,8 @@ func (m *Materializer) Stalled(d time.Duration) bool {
 //     missing or deleted; not written;
 //   - ErrDuplicate: a row with this reservation id already existed; not
 //     written by this call;
-//   - ErrAmbiguous: COMMIT failed, the row may or may not exist;
+//   - ErrAmbiguous: the batch failed where it may have committed (a lost
+//     connection, a timeout, a FATAL or PANIC): the row may or may not exist;
 //   - anything else: definitely not written.
 //
 // A ctx that ends while the row is queued returns at once: not written. Once

@@ -199,10 +199,7 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 		}
 	}
 	if err != nil {
-		// A statement the server refused, or one never sent, changed nothing;
-		// any other failure may have hit the implicit commit.
-		var pgErr *pgconn.PgError
-		definite := errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
+		definite := changedNothing(err)
 		for _, i := range idx {
 			if definite {
 				results[i] = fmt.Errorf("ledger: materialize %s: %w", rows[i].o.ReservationID, err)
@@ -258,3 +255,21 @@ func (m *Materializer) insertGroup(ctx context.Context, rows []*pendingRow, idx 
 // tells skipped rows' duplicates from fenced ones, with the server process id
 // of the connection it runs on.
 var testHookLookupDuplicates func(pid uint32)
+
+// changedNothing: the failed batch certainly wrote nothing, so its callers
+// may give their units back. A statement the server refused with an ERROR
+// changed nothing, nor did one never sent. Any other failure may have hit
+// the implicit commit: a lost connection, a timeout, and a FATAL or PANIC,
+// which end the session and may follow the commit (a PANIC when the
+// commit's WAL flush fails leaves a record that a restart may replay).
+func changedNothing(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		severity := pgErr.SeverityUnlocalized // PostgreSQL 9.6 on; Severity may be translated
+		if severity == "" {
+			severity = pgErr.Severity
+		}
+		return severity != "FATAL" && severity != "PANIC"
+	}
+	return pgconn.SafeToRetry(err)
+}
