@@ -216,7 +216,7 @@ func (s *Server) connectionGauges() []prometheus.Collector {
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_connections_max",
-			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); at it each answer closes its connection and the next buyers wait in the kernel's listen queue.",
+			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); the next buyers wait in the kernel's listen queue, and while one waits each answer closes its connection.",
 		}, func() float64 { return float64(max(s.cfg.MaxConnections, 0)) }),
 	}
 }

@@ -14,7 +14,8 @@ import (
 // its request is not read, until one of them closes; then it is answered.
 // (The kernel completes the connection in the listen queue: the client sees
 // no error, only no answer yet.) Below the bound a kept-alive connection
-// stays open; at it, each answer closes its connection, so that the buyers
+// stays open, and at it too while nobody waits; while someone waits, each
+// answer closes its connection and idle ones are closed, so that the buyers
 // waiting to be accepted are taken in turn.
 func TestConnectionsPastTheBoundWaitToBeAccepted(t *testing.T) {
 	const grace = 2 * time.Second
@@ -24,6 +25,9 @@ func TestConnectionsPastTheBoundWaitToBeAccepted(t *testing.T) {
 	})
 	// The bound is this test's alone: the fixture's own connections close,
 	// and the server sees them closed.
+	if !queueVisible() {
+		t.Skip("the kernel's accept queue cannot be read here: at the bound every answer closes its connection")
+	}
 	f.client.CloseIdleConnections()
 	open := func() int {
 		if bl := f.srv.conns.Load(); bl != nil {
@@ -83,7 +87,7 @@ func TestConnectionsPastTheBoundWaitToBeAccepted(t *testing.T) {
 	// only then has the idle connection been idle that long, and it is
 	// closed.
 	if resp, err := get(a, aR, 10*time.Second); err != nil || resp.StatusCode != http.StatusOK || resp.Close {
-		t.Fatalf("at the bound with nobody waiting: %+v, %v; want 200 on a kept-alive connection", resp, err)
+		t.Fatalf("at the bound, after a grace with nobody waiting: %+v, %v; want 200 on a kept-alive connection", resp, err)
 	}
 	w := silent()
 	_ = a.SetReadDeadline(time.Now().Add(grace / 4))
