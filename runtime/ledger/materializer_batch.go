@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -261,7 +262,8 @@ var testHookLookupDuplicates func(pid uint32)
 // changed nothing, nor did one never sent. Any other failure may have hit
 // the implicit commit: a lost connection, a timeout, and a FATAL or PANIC,
 // which end the session and may follow the commit (a PANIC when the
-// commit's WAL flush fails leaves a record that a restart may replay).
+// commit's WAL flush fails leaves a record that a restart may replay), but
+// for those only a session's start sends (a pooler's login to the server).
 func changedNothing(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -269,7 +271,18 @@ func changedNothing(err error) bool {
 		if severity == "" {
 			severity = pgErr.Severity
 		}
-		return severity != "FATAL" && severity != "PANIC"
+		return (severity != "FATAL" && severity != "PANIC") || sessionStartCode(pgErr.Code)
 	}
 	return pgconn.SafeToRetry(err)
+}
+
+// sessionStartCode: a FATAL sent only before a session runs anything:
+// authorization (class 28), an unknown database, too many connections, a
+// server starting up or shutting down.
+func sessionStartCode(code string) bool {
+	switch code {
+	case "3D000", "53300", "57P03":
+		return true
+	}
+	return strings.HasPrefix(code, "28")
 }

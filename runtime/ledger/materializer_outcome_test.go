@@ -27,7 +27,11 @@ func TestChangedNothing(t *testing.T) {
 		{"never sent", safeToRetry{errors.New("dial")}, true},
 		{"a FATAL", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01"}, false},
 		{"a FATAL, translated", &pgconn.PgError{Severity: "SCHWERWIEGEND", SeverityUnlocalized: "FATAL"}, false},
-		{"a FATAL, translated, from a server before 9.6", &pgconn.PgError{Severity: "FATAL"}, false},
+		{"a FATAL from a server before 9.6", &pgconn.PgError{Severity: "FATAL"}, false},
+		{"a FATAL of a session's start: authentication", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "28P01"}, true},
+		{"a FATAL of a session's start: too many connections", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "53300"}, true},
+		{"a FATAL of a session's start: the server starting", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P03"}, true},
+		{"a pooler's FATAL: protocol violation, may be a lost server", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "08P01"}, false},
 		{"a PANIC", &pgconn.PgError{Severity: "PANIC", SeverityUnlocalized: "PANIC", Code: "58030"}, false},
 		{"a lost connection", io.ErrUnexpectedEOF, false},
 	} {
