@@ -11,18 +11,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// While it has no place for the next connection and one waits in the
-// kernel's queue, a listener sweeps once every idleGrace: it looks at up to
-// sweepScan of its connections (Go's map order makes them a fresh sample
-// each time) and closes up to drainIdle of those idle for idleGrace or
-// more. A connection idle for less is between a storm buyer's requests:
-// closing it would lose the next one, on its way. While none waits, it
-// looks at the queue every queuePoll.
+// While it has no place for the next connection, a listener sweeps once
+// every idleGrace: it looks at up to sweepScan of its connections (Go's map
+// order makes them a fresh sample each time) and closes up to drainIdle of
+// those idle for idleGrace or more. A connection idle for less is between a
+// storm buyer's requests: closing it would lose the next one, on its way.
 const (
 	drainIdle = 16
 	sweepScan = 1024
 	idleGrace = time.Second
-	queuePoll = idleGrace / 8
 )
 
 // boundedListener accepts at most n connections open at once: past them it
@@ -31,13 +28,14 @@ const (
 // the ledger, and its metrics listener (where the kubelet probes it), need.
 //
 // A connection must not hold its place for nothing while others wait: at the
-// bound, while a connection waits in the kernel's accept queue, each answer
-// closes its connection (Server.closeWhenDraining) and the listener closes
-// connections that have sat idle for a second, as a kept-alive connection's
-// idle timeout would, only sooner. While none waits, connections are kept
-// alive: a load balancer's pool that fills the bound is not churned for
-// nobody. Where the queue cannot be read (listenQueue is nil), a buyer is
-// taken to wait whenever the bound is reached.
+// bound each answer closes its connection (Server.closeWhenDraining), and
+// while no place is free the listener closes connections that have sat idle
+// for a second, as a kept-alive connection's idle timeout would, only
+// sooner, whether or not anyone waits in the kernel's queue. Doing both only
+// while someone waits (the queue is read for flashsale_api_connections_waiting)
+// was measured and does not pay: idle connections kept until a buyer comes
+// are closed just as their clients send on them again
+// (docs/capacity-runs-overload.md).
 type boundedListener struct {
 	net.Listener
 	places chan struct{} // a token per open connection, and one for the Accept waiting
@@ -88,12 +86,11 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 }
 
 // waitForPlace waits for a connection to close, sweeping idle ones out
-// meanwhile while a connection waits in the kernel's queue, at most once per
-// grace whatever the number of Accepts that wait: at the bound one does for
-// every connection taken in.
+// meanwhile, at most once per grace whatever the number of Accepts that
+// wait: at the bound one does for every connection taken in.
 func (l *boundedListener) waitForPlace() error {
 	l.fullTimes.Add(1)
-	t := time.NewTimer(0)
+	t := time.NewTimer(time.Duration(max(0, l.nextSweep.Load()-time.Now().UnixNano())))
 	defer t.Stop()
 	for {
 		select {
@@ -102,10 +99,6 @@ func (l *boundedListener) waitForPlace() error {
 		case <-l.done:
 			return net.ErrClosed
 		case <-t.C:
-			if !l.waiting() {
-				t.Reset(min(queuePoll, l.grace))
-				continue
-			}
 			now := time.Now()
 			if next := l.nextSweep.Load(); now.UnixNano() >= next && l.nextSweep.CompareAndSwap(next, now.Add(l.grace).UnixNano()) {
 				l.closeIdle(drainIdle, now.Add(-l.grace))
@@ -113,16 +106,6 @@ func (l *boundedListener) waitForPlace() error {
 			t.Reset(time.Duration(max(0, l.nextSweep.Load()-time.Now().UnixNano())))
 		}
 	}
-}
-
-// waiting: a connection waits in the kernel's accept queue, or the queue
-// cannot be read here.
-func (l *boundedListener) waiting() bool {
-	if l.queue == nil {
-		return true
-	}
-	n, ok := l.queue()
-	return !ok || n > 0
 }
 
 func (l *boundedListener) Close() error {
@@ -134,12 +117,6 @@ func (l *boundedListener) Close() error {
 // bound).
 func (l *boundedListener) full() bool {
 	return l != nil && l.open.Load() >= int64(cap(l.places))
-}
-
-// crowded: full, and a connection waits for a place. One getsockopt per
-// answer, only at the bound.
-func (l *boundedListener) crowded() bool {
-	return l.full() && l.waiting()
 }
 
 // connState is the http.Server's ConnState hook: it marks when each
@@ -216,7 +193,7 @@ func (s *Server) connectionGauges() []prometheus.Collector {
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "flashsale_api_connections_max",
-			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); the next buyers wait in the kernel's listen queue, and while one waits each answer closes its connection.",
+			Help: "The most connections the API's port holds at once, the open-file limit less the process's own share (0: no bound); at it each answer closes its connection and the next buyers wait in the kernel's listen queue.",
 		}, func() float64 { return float64(max(s.cfg.MaxConnections, 0)) }),
 	}
 }

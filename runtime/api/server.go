@@ -262,7 +262,7 @@ func New(cfg Config) (*Server, error) {
 // place while others wait to be accepted.
 func (s *Server) closeWhenDraining(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.draining.Load() || s.conns.Load().crowded() {
+		if s.draining.Load() || s.conns.Load().full() {
 			w.Header().Set("Connection", "close")
 		}
 		next.ServeHTTP(w, r)
@@ -357,10 +357,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			bl.grace = s.cfg.idleGrace
 		}
 		s.conns.Store(bl)
-		if bl.queue == nil {
-			s.log.Warn("the kernel's accept queue cannot be read here: at the connections' bound every answer closes its connection, whether or not a buyer waits",
-				"max_connections", s.cfg.MaxConnections)
-		}
 		ln = bl
 	}
 	srv := &http.Server{
