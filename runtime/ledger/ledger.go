@@ -117,17 +117,9 @@ func WithMaxConns(n int32) Option {
 // A schema upgrade outlives ctx (see migrateDetached): a ledger of millions of
 // orders takes minutes, and ctx's end then fails Open with ErrMigrating.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := poolConfig(dsn, opts...)
 	if err != nil {
-		return nil, parseError(err)
-	}
-	// ParseConfig fills a CPU-based default that cannot be told apart from an
-	// explicit setting, so look at the DSN itself.
-	if !strings.Contains(dsn, "pool_max_conns") {
-		cfg.MaxConns = DefaultMaxConns
-		for _, o := range opts {
-			o(cfg)
-		}
+		return nil, err
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 { // not in the DSN nor PGCONNECT_TIMEOUT
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
@@ -165,6 +157,32 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Ledger, error) {
 		return nil, err
 	}
 	return &Ledger{pool: pool, cfg: cfg}, nil
+}
+
+// PoolSize is the most connections the pool Open makes for dsn holds, known
+// before connecting (a process sizes what it keeps for them first).
+func PoolSize(dsn string, opts ...Option) (int, error) {
+	cfg, err := poolConfig(dsn, opts...)
+	if err != nil {
+		return 0, err
+	}
+	return int(cfg.MaxConns), nil
+}
+
+func poolConfig(dsn string, opts ...Option) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, parseError(err)
+	}
+	// ParseConfig fills a CPU-based default that cannot be told apart from an
+	// explicit setting, so look at the DSN itself.
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+		for _, o := range opts {
+			o(cfg)
+		}
+	}
+	return cfg, nil
 }
 
 // Close closes the pool. Close any Materializer first.

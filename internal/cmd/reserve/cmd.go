@@ -242,6 +242,23 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	defer rdb.Close()
 	stock.AddHook(rdb, metrics.RedisHook())
 
+	// Before the ledger opens: a limit that cannot hold the process's own
+	// connections stops it before any migration runs.
+	poolSize, err := ledger.PoolSize(c.PostgresDSN)
+	if err != nil {
+		err = errors.New(redact(err.Error()))
+		log.Error("cannot open the ledger", "err", err)
+		return err
+	}
+	redisServers := 1 // a standalone client uses the first address alone
+	if c.Redis.Mode == config.RedisCluster {
+		redisServers = len(c.Redis.Addresses)
+	}
+	maxConns, err := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, poolSize, opts.Ledger.Concurrency), opts.MetricsListen != "")
+	if err != nil {
+		return err
+	}
+
 	sctx, cancel := context.WithTimeout(ctx, startupTimeout)
 	l, err := ledger.Open(sctx, c.PostgresDSN)
 	cancel()
@@ -261,14 +278,6 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if lim := goMemoryLimit(opts.MemoryLimit); lim > 0 && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(lim)
 		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
-	}
-	redisServers := 1 // a standalone client uses the first address alone
-	if c.Redis.Mode == config.RedisCluster {
-		redisServers = len(c.Redis.Addresses)
-	}
-	maxConns, err := maxConnections(log, opts.Server.MaxInFlight, ownFiles(redisServers, int(l.Pool().Config().MaxConns), opts.Ledger.Concurrency), opts.MetricsListen != "")
-	if err != nil {
-		return err
 	}
 	mc := opts.Ledger
 	mc.OnBatch = metrics.ObserveBatch
