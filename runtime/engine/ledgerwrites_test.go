@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,5 +94,62 @@ func readOnlyServer(t *testing.T, pg *testharness.Postgres, on bool) {
 	t.Helper()
 	if err := pg.SetReadOnly(on); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A batch that timed out behind a lock is "outcome unknown", and it may
+// still commit once the lock goes (PostgreSQL does not notice the writer
+// gone while it waits). Its buyer was answered 503 and its unit stayed held,
+// so the late row and Redis agree: the buyer's retry with the same key is
+// answered from that row, and at expiry the unit goes back once.
+func TestALateCommitAfterAnUnknownOutcomeSellsTheUnitOnce(t *testing.T) {
+	const ttl = 3 * time.Second
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10), withShards(1),
+		withTTL(ttl, 0), withMaterializer(ledger.MaterializerConfig{Timeout: time.Second}))
+	ctx := context.Background()
+	if r := f.reserve("first", "r", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatal(r.Outcome)
+	}
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := f.e.Reserve(ctx, "late", "r", 1)
+	if !errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), "outcome unknown") {
+		t.Fatalf("the reserve whose batch timed out: %+v %v, want unavailable, outcome unknown", r, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	testharness.Eventually(t, 15*time.Second, "the timed-out batch's row, committed once the lock went", func() bool {
+		err := f.l.Pool().QueryRow(ctx, `SELECT reservation_id FROM flashsale_orders WHERE campaign_id = $1 AND user_id = 'late'`,
+			f.cfg.CampaignID).Scan(&id)
+		return err == nil
+	})
+	if c := f.assertConserved(); c.Reserved != 2 || c.Available != 8 {
+		t.Fatalf("after the late commit: %+v, want 2 units held, 8 available", c)
+	}
+
+	// Once the ledger takes writes again, the retry is answered from the row.
+	var again engine.ReserveResult
+	testharness.Eventually(t, 15*time.Second, "the buyer's retry answered", func() bool {
+		again, err = f.e.Reserve(ctx, "late", "r", 1)
+		return err == nil
+	})
+	if again.Outcome != engine.OutcomeReplayed || again.Reservation.ID != id {
+		t.Fatalf("the retry of the late reservation: %+v, want REPLAYED %s", again, id)
+	}
+
+	time.Sleep(ttl + 500*time.Millisecond)
+	if st := f.sweepUntilQuiet(); st.Released != 2 {
+		t.Fatalf("the sweep past expiry: %+v, want both reservations released once", st)
+	}
+	if c := f.assertConserved(); c.Reserved != 0 || c.Available != 10 || c.Sold != 0 {
+		t.Fatalf("after the sweep: %+v, want all 10 units available again", c)
 	}
 }
