@@ -153,12 +153,3 @@ func TestBoundedListenerCloseWakesAWaitingAccept(t *testing.T) {
 		t.Fatalf("after closing the one connection twice: %d open, %d places taken", n, len(l.places))
 	}
 }
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10 s", what)
-		}
-	}
-}

@@ -127,7 +127,8 @@ func (m *Materializer) Stalled(d time.Duration) bool {
 //   - ErrDuplicate: a row with this reservation id already existed; not
 //     written by this call;
 //   - ErrAmbiguous: the batch failed where it may have committed (a lost
-//     connection, a timeout, a FATAL or PANIC): the row may or may not exist;
+//     connection, a timeout, a PANIC, a FATAL but those only a session's
+//     start sends): the row may or may not exist;
 //   - anything else: definitely not written.
 //
 // A ctx that ends while the row is queued returns at once: not written. Once

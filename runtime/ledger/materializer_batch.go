@@ -271,7 +271,7 @@ func changedNothing(err error) bool {
 		if severity == "" {
 			severity = pgErr.Severity
 		}
-		return (severity != "FATAL" && severity != "PANIC") || sessionStartCode(pgErr.Code)
+		return severity != "PANIC" && (severity != "FATAL" || sessionStartCode(pgErr.Code))
 	}
 	return pgconn.SafeToRetry(err)
 }

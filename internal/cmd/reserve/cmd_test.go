@@ -187,6 +187,10 @@ func TestRunFailsWithoutLeakingSecrets(t *testing.T) {
 			t.Fatalf("a secret leaked: %s", out)
 		}
 	}
+	// The failure looked at is the ledger's, not an earlier step's.
+	if !strings.Contains(logs.String(), "cannot open the ledger") {
+		t.Fatalf("Run failed before opening the ledger: %v\n%s", err, logs.String())
+	}
 }
 
 // A negative pipeline size, linger or pipeline count, from a flag or the environment, is
