@@ -121,14 +121,7 @@ func TestLedgerThatHangsDoesNotSellOut(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(60), withShards(2),
 		withMaterializer(ledger.MaterializerConfig{Timeout: 10 * time.Second}))
 	ctx := context.Background()
-	tx, err := f.l.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockOrders(t, f)
 	// A buyer every 50 ms for 3.8 s: without the guard the first 60 drain
 	// the stock within 3 s and the later ones are told SOLD_OUT. The lock
 	// goes at 4 s.

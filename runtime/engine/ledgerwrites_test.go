@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -68,14 +70,7 @@ func TestALedgerHangLongerThanABatchTakesNoMoreUnits(t *testing.T) {
 	if r := f.reserve("first", "r", 1); r.Outcome != engine.OutcomeReserved {
 		t.Fatal(r.Outcome)
 	}
-	tx, err := f.l.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockOrders(t, f)
 	r, err := f.e.Reserve(ctx, "hung", "r", 1)
 	if !errors.Is(err, engine.ErrUnavailable) || r.Calls != 1 {
 		t.Fatalf("the reserve whose batch timed out: %+v %v", r, err)
@@ -88,6 +83,22 @@ func TestALedgerHangLongerThanABatchTakesNoMoreUnits(t *testing.T) {
 		_, err := f.e.Reserve(ctx, "back", "r", 1)
 		return err == nil
 	})
+}
+
+// lockOrders takes an exclusive lock on the orders table, so every ledger
+// batch waits, until the test rolls the returned transaction back (or ends).
+func lockOrders(t *testing.T, f *fixture) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.l.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
 
 func readOnlyServer(t *testing.T, pg *testharness.Postgres, on bool) {
@@ -110,14 +121,7 @@ func TestALateCommitAfterAnUnknownOutcomeSellsTheUnitOnce(t *testing.T) {
 	if r := f.reserve("first", "r", 1); r.Outcome != engine.OutcomeReserved {
 		t.Fatal(r.Outcome)
 	}
-	tx, err := f.l.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE flashsale_orders IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockOrders(t, f)
 	r, err := f.e.Reserve(ctx, "late", "r", 1)
 	if !errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), "outcome unknown") {
 		t.Fatalf("the reserve whose batch timed out: %+v %v, want unavailable, outcome unknown", r, err)
