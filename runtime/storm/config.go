@@ -103,6 +103,10 @@ func (c *Config) defaults() {
 	}
 }
 
+// MaxUserPrefix leaves room in the API's 128 bytes for the rest of an
+// idempotency key: "-", the storm's 8-digit tag, "-j" and a journey number.
+const MaxUserPrefix = 64
+
 // ratioSlack absorbs float rounding when ratios are meant to add up to 1.
 const ratioSlack = 1e-9
 
@@ -128,6 +132,8 @@ func (c Config) Validate() error {
 		return errors.New("count, duration and concurrency must not be negative")
 	case c.Quantity < 0 || c.MaxAttempts < 0 || c.Timeout < 0 || c.TokenTTL < 0:
 		return errors.New("quantity, attempts, timeout and token lifetime must not be negative")
+	case len(c.UserPrefix) > MaxUserPrefix:
+		return fmt.Errorf("the user prefix is at most %d bytes, got %d: buyers' ids and idempotency keys are built on it and the API takes 128", MaxUserPrefix, len(c.UserPrefix))
 	case !(c.Rate >= 0 && c.Rate <= maxRate): // NaN too
 		return fmt.Errorf("the rate must be in [0, %g] journeys per second, got %v", float64(maxRate), c.Rate)
 	}

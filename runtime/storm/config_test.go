@@ -2,6 +2,7 @@ package storm
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -27,6 +28,7 @@ func TestConfigValidate(t *testing.T) {
 		"lose NaN":     func(c *Config) { c.LoseRatio = math.NaN() },
 		"negative qty": func(c *Config) { c.Quantity = -3 },
 		"negative ttl": func(c *Config) { c.TokenTTL = -time.Minute },
+		"long prefix":  func(c *Config) { c.UserPrefix = strings.Repeat("b", MaxUserPrefix+1) },
 	} {
 		c := ok
 		mut(&c)

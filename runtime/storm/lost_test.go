@@ -107,3 +107,45 @@ func breakAfterReserve(f *fakeAPI, brk func(id string)) http.Handler {
 		}
 	})
 }
+
+// Two storms with the same buyers (one --user-prefix) are two sets of
+// requests: the second one's keys are new, so none of its reservations is a
+// replay of the first one's, and the buyers' lists show what each was
+// answered.
+func TestStormsSharingBuyersDoNotReplayEachOther(t *testing.T) {
+	f := newFakeAPI(4000)
+	f.expiresIn = time.Minute
+	srv := httptest.NewServer(f.handler())
+	defer srv.Close()
+	cfg := baseConfig(srv.URL)
+	cfg.LoseRatio = 0.5
+	first, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := NewReport(cfg, second, nil); !r.OK || len(second.ListViolations) != 0 || len(second.IdempotencyViolations) != 0 {
+		t.Fatalf("the second storm with the same buyers: ok %v, violations %v, list violations %v",
+			r.OK, second.IdempotencyViolations, second.ListViolations)
+	}
+	if got := second.Outcomes[OpReserve]["200"]; got != 0 {
+		t.Fatalf("the second storm's first attempts were answered as replays %d times", got)
+	}
+	for _, id := range second.Acked {
+		if slices.Contains(first.Acked, id) {
+			t.Fatalf("reservation %s acknowledged to both storms", id)
+		}
+	}
+}
+
+func firstOf(lists ...[]string) string {
+	for _, l := range lists {
+		if len(l) > 0 {
+			return l[0]
+		}
+	}
+	return ""
+}

@@ -7,6 +7,8 @@ package storm
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -136,12 +138,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if own {
 		defer cfg.Client.CloseIdleConnections()
 	}
-	s := &stormer{cfg: cfg, acked: map[string]bool{}}
+	s := &stormer{cfg: cfg, acked: map[string]bool{}, keyTag: newKeyTag()}
 	return s.run(ctx)
+}
+
+// newKeyTag is 8 random hex digits, drawn apart from the seed: a storm
+// replayed by its seed makes the same choices with new requests.
+func newKeyTag() string {
+	var b [4]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 type stormer struct {
 	cfg Config
+	// keyTag is this storm's own part of every idempotency key: storms that
+	// share buyers (one UserPrefix) or a seed are still different requests,
+	// and none is answered as a replay of another's.
+	keyTag string
 
 	next      atomic.Int64 // next journey number
 	journeys  atomic.Int64
@@ -310,7 +324,7 @@ func (s *stormer) ack(id string) {
 func (s *stormer) journey(ctx context.Context, j int64, intended time.Time, rng *rand.Rand, st *workerStats) {
 	buyer := j % int64(s.cfg.Buyers)
 	user := fmt.Sprintf("%s-%d", s.cfg.UserPrefix, buyer)
-	key := fmt.Sprintf("%s-j%d", s.cfg.UserPrefix, j)
+	key := fmt.Sprintf("%s-%s-j%d", s.cfg.UserPrefix, s.keyTag, j)
 	home := int(buyer % int64(len(s.cfg.URLs)))
 	token, err := s.cfg.Mint(s.cfg.SKU, user, s.cfg.TokenTTL, s.cfg.Now())
 	if err != nil {
