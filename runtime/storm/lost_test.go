@@ -128,8 +128,8 @@ func TestStormsSharingBuyersDoNotReplayEachOther(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r := NewReport(cfg, second, nil); !r.OK || len(second.ListViolations) != 0 || len(second.IdempotencyViolations) != 0 {
-		t.Fatalf("the second storm with the same buyers: ok %v, violations %v, list violations %v",
-			r.OK, second.IdempotencyViolations, second.ListViolations)
+		t.Fatalf("the second storm with the same buyers: ok %v, %d idempotency and %d list violations, first %q",
+			r.OK, len(second.IdempotencyViolations), len(second.ListViolations), firstOf(second.IdempotencyViolations, second.ListViolations))
 	}
 	if got := second.Outcomes[OpReserve]["200"]; got != 0 {
 		t.Fatalf("the second storm's first attempts were answered as replays %d times", got)
