@@ -41,6 +41,13 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		}
 		s.allocation = &allocationVerdict{reason: ReasonAllocationRefused, message: msg}
 	}
+	// A decrease whose outcome was lost landed meanwhile: the next try
+	// starts from the ledger's allocation.
+	retried := func(err error) {
+		s.allocation = &allocationVerdict{reason: ReasonAllocationChanged,
+			message: fmt.Sprintf("allocation %d: retried, an earlier change landed meanwhile: %v", want, err)}
+		s.requeueAfter(retryUnhealthy)
+	}
 	if want < inEffect {
 		counts, err := eng.Counts(ctx)
 		if err != nil {
@@ -49,7 +56,10 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		}
 		if want < counts.Sold+counts.Reserved {
 			// Units withdrawn by an earlier attempt go back to the stock.
-			if _, err := eng.ApplyAllocation(ctx, inEffect); err != nil {
+			if _, err := eng.ApplyAllocation(ctx, inEffect); errors.Is(err, engine.ErrAllocationMoved) {
+				retried(err)
+				return false, nil
+			} else if err != nil {
 				r.unhealthy(s, classify(err))
 				return true, nil
 			}
@@ -80,6 +90,9 @@ func (r *FlashSaleReconciler) applyAllocation(ctx context.Context, s *scope) (bo
 		s.allocation = &allocationVerdict{reason: ReasonAllocationRetried,
 			message: fmt.Sprintf("allocation %d: retried after a rebuild of the shards: %v", want, err)}
 		s.requeueAfter(retryUnhealthy)
+		return false, nil
+	case errors.Is(err, engine.ErrAllocationMoved):
+		retried(err)
 		return false, nil
 	case err != nil:
 		r.unhealthy(s, classify(err))

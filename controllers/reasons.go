@@ -65,6 +65,7 @@ const (
 	ReasonAllocationPending = "AllocationDecreasePending"
 	ReasonAllocationLowered = "AllocationLowered"
 	ReasonAllocationRetried = "RebuiltMeanwhile"
+	ReasonAllocationChanged = "AllocationChangedMeanwhile"
 	ReasonGateChanged       = "GateChanged"
 	ReasonOpen              = "Open"
 	ReasonSoldOut           = "SoldOut"

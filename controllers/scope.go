@@ -98,8 +98,9 @@ type facts struct {
 }
 
 // allocationVerdict is what became of spec.allocation: applied, or not
-// (reason ReasonAllocationRefused, ReasonAllocationPending or
-// ReasonAllocationRetried) with a message saying why.
+// (reason ReasonAllocationRefused, ReasonAllocationPending,
+// ReasonAllocationRetried or ReasonAllocationChanged) with a message saying
+// why; Ready says the same until it is applied.
 type allocationVerdict struct {
 	applied         bool
 	reason, message string

@@ -240,13 +240,13 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 
 // notReady is what Ready says when a problem did not stop the phases (the
 // last phase's to find one): a child that cannot be written, an allocation
-// refused or still being lowered, a Redis that may evict, a Secret gone or
+// refused, still being lowered or to be tried again, a Redis that may evict, a Secret gone or
 // changed to values that do not connect while the old connections serve.
 func (f *facts) notReady() (reason, message string, ok bool) {
 	switch {
 	case f.childErr != "":
 		return ReasonChildrenFailed, f.childErr, true
-	case f.allocation != nil && (f.allocation.reason == ReasonAllocationRefused || f.allocation.reason == ReasonAllocationPending):
+	case f.allocation != nil && !f.allocation.applied:
 		return f.allocation.reason, f.allocation.message, true
 	case f.seeded && f.evicting != nil:
 		return ReasonRedisEvictionPolicy, f.evicting.Error(), true

@@ -270,10 +270,16 @@ func TestComputeStatus(t *testing.T) {
 			f.allocation = &allocationVerdict{reason: ReasonAllocationPending, message: "lowering"}
 		}), phase: flashsalev1alpha1.PhaseOpen,
 			conds: want{ConditionAllocationApplied: "False/" + ReasonAllocationPending, "Ready": "False/" + ReasonAllocationPending}},
+		// Not in effect yet: Ready must not tell a pipeline waiting on it
+		// (kubectl wait) that the new generation is.
 		{name: "allocation retried after a rebuild meanwhile", facts: with(healthy(), func(f *facts) {
 			f.allocation = &allocationVerdict{reason: ReasonAllocationRetried, message: "retried"}
 		}), phase: flashsalev1alpha1.PhaseOpen,
-			conds: want{ConditionAllocationApplied: "False/" + ReasonAllocationRetried, "Ready": "True/Ready"}},
+			conds: want{ConditionAllocationApplied: "False/" + ReasonAllocationRetried, "Ready": "False/" + ReasonAllocationRetried}},
+		{name: "allocation retried after an earlier change landed meanwhile", facts: with(healthy(), func(f *facts) {
+			f.allocation = &allocationVerdict{reason: ReasonAllocationChanged, message: "retried"}
+		}), phase: flashsalev1alpha1.PhaseOpen,
+			conds: want{ConditionAllocationApplied: "False/" + ReasonAllocationChanged, "Ready": "False/" + ReasonAllocationChanged}},
 		{name: "a child that cannot be written has the last word on Ready", facts: with(healthy(), func(f *facts) {
 			f.allocation = &allocationVerdict{reason: ReasonAllocationRefused, message: "allocation 10 refused"}
 			f.evicting = errors.New("evicts")

@@ -18,6 +18,11 @@ var ErrAllocationPending = errors.New("allocation decrease pending")
 // ErrBelowHeld refuses an allocation below the units sold and reserved.
 var ErrBelowHeld = ledger.ErrBelowHeld
 
+// ErrAllocationMoved: withdrawn units were not given back because the
+// ledger's allocation moved since it was read (a decrease whose outcome was
+// lost committed meanwhile); the next call starts from the ledger again.
+var ErrAllocationMoved = ledger.ErrAllocationMoved
+
 // ApplyAllocation brings the campaign's allocation to target, exactly once.
 //
 // An increase (restock) is recorded in the ledger with its per-shard deltas, then
@@ -47,7 +52,7 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 	}
 	switch {
 	case target > c.Allocation:
-		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
+		if err := e.giveBackWithdrawn(ctx, c.Allocation, -1); err != nil {
 			return false, err
 		}
 		_, planned, err := e.ledger.PlanAllocationIncrease(ctx, e.cfg.CampaignID, target)
@@ -62,7 +67,7 @@ func (e *Engine) ApplyAllocation(ctx context.Context, target int64) (bool, error
 		changed = true
 	default:
 		// Units withdrawn for a decrease that is no longer wanted go back.
-		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
+		if err := e.giveBackWithdrawn(ctx, c.Allocation, -1); err != nil {
 			return false, err
 		}
 	}
@@ -115,7 +120,7 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 		units += h.Committed + h.Pending
 	}
 	if units > target {
-		if err := e.giveBackWithdrawn(ctx, -1); err != nil {
+		if err := e.giveBackWithdrawn(ctx, c.Allocation, -1); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: %d units sold or reserved, allocation %d asked", ErrBelowHeld, units, target)
@@ -129,7 +134,7 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 		withdrawn += s.Withdrawn
 	}
 	if withdrawn > need {
-		if err := e.giveBackWithdrawn(ctx, withdrawn-need); err != nil {
+		if err := e.giveBackWithdrawn(ctx, c.Allocation, withdrawn-need); err != nil {
 			return err
 		}
 		if states, err = e.store.State(ctx); err != nil {
@@ -178,7 +183,7 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 	if _, err := e.ledger.RecordAllocationDecrease(ctx, e.cfg.CampaignID, c.Epoch, c.Allocation, target, deltas); err != nil {
 		if errors.Is(err, ledger.ErrBelowHeld) {
 			// Sold or reserved meanwhile: the decrease cannot happen; give the units back.
-			if gerr := e.giveBackWithdrawn(ctx, -1); gerr != nil {
+			if gerr := e.giveBackWithdrawn(ctx, c.Allocation, -1); gerr != nil {
 				return errors.Join(err, gerr)
 			}
 			return err
@@ -188,8 +193,27 @@ func (e *Engine) withdrawForDecrease(ctx context.Context, c ledger.Campaign, tar
 	return nil
 }
 
-// giveBackWithdrawn returns up to n withdrawn units (n < 0: all) to the stock.
-func (e *Engine) giveBackWithdrawn(ctx context.Context, n int64) error {
+// giveBackWithdrawn returns up to n withdrawn units (n < 0: all) to the
+// stock, while the ledger's allocation is still allocation, the one the
+// caller read, and every recorded change is applied. Withdrawn units may
+// belong to a decrease whose outcome was lost and that is still committing:
+// given back beside it, they would be sold on top of the lowered allocation
+// once it lands (ledger.WithAllocationSettled waits for it).
+func (e *Engine) giveBackWithdrawn(ctx context.Context, allocation, n int64) error {
+	var gave error
+	err := e.ledger.WithAllocationSettled(ctx, e.cfg.CampaignID, allocation, func() error {
+		gave = e.returnWithdrawn(ctx, n)
+		return gave
+	})
+	switch {
+	case gave != nil, err == nil, errors.Is(err, ErrAllocationMoved):
+		return err
+	}
+	return ledgerFailure("lock the allocation", err)
+}
+
+// returnWithdrawn puts up to n withdrawn units (n < 0: all) back into stock.
+func (e *Engine) returnWithdrawn(ctx context.Context, n int64) error {
 	states, err := e.store.State(ctx)
 	if err != nil {
 		return err

@@ -251,3 +251,46 @@ func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string
 	}
 	return ch, nil
 }
+
+// ErrAllocationMoved: the allocation is no longer the one read before, or a
+// recorded change is not applied yet; the caller starts over from the ledger.
+var ErrAllocationMoved = errors.New("the allocation changed meanwhile")
+
+const sqlShareCampaignAllocation = `SELECT allocation,
+  EXISTS (SELECT 1 FROM flashsale_allocation_changes WHERE campaign_id = $1 AND applied_at IS NULL)
+FROM flashsale_campaigns WHERE campaign_id = $1 FOR SHARE`
+
+// WithAllocationSettled calls fn with the campaign's row share-locked, and
+// only if the allocation is still allocation and every recorded change is
+// applied (ErrAllocationMoved otherwise, fn not called). fn's error is
+// returned as it is.
+//
+// Units withdrawn in Redis for a decrease are the decrease's once it
+// commits, and a decrease whose outcome was lost may still be committing (a
+// COMMIT waiting for a synchronous standby holds the row lock and is seen
+// by no one). Giving such units back to the stock is safe only under this
+// lock: it waits for that transaction to end, then sees its change if it
+// committed. The transaction is rolled back: it writes nothing, and a
+// rollback does not wait for a standby.
+func (l *Ledger) WithAllocationSettled(ctx context.Context, campaignID string, allocation int64, fn func() error) error {
+	tx, err := l.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return fmt.Errorf("ledger: lock allocation %s: %w", campaignID, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var current int64
+	var unapplied bool
+	if err := tx.QueryRow(ctx, sqlShareCampaignAllocation, campaignID).Scan(&current, &unapplied); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("ledger: lock allocation: %w: %s", ErrCampaignNotFound, campaignID)
+		}
+		return fmt.Errorf("ledger: lock allocation %s: %w", campaignID, err)
+	}
+	switch {
+	case current != allocation:
+		return fmt.Errorf("%w: allocation %d, read as %d before", ErrAllocationMoved, current, allocation)
+	case unapplied:
+		return fmt.Errorf("%w: a recorded change is not applied yet", ErrAllocationMoved)
+	}
+	return fn()
+}

@@ -6,6 +6,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
 func sum(xs []int64) (s int64) {
@@ -119,5 +122,72 @@ func TestPlanAllocationIncreaseConcurrent(t *testing.T) {
 	_, pending, _ := l.UnappliedChanges(testCtx(t), c.ID)
 	if len(pending) != 1 || sum(pending[0].ShardDeltas) != 234 {
 		t.Fatalf("changes %+v", pending)
+	}
+}
+
+// WithAllocationSettled calls its function only while the allocation is the
+// one read and every change is applied, and waits for a transaction that
+// holds the campaign's row (a decrease still committing) before it looks.
+func TestWithAllocationSettled(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := testCtx(t)
+	c := newCampaign(t, l, 10, 2)
+	calls := 0
+	call := func() error { calls++; return nil }
+
+	if err := l.WithAllocationSettled(ctx, c.ID, 10, call); err != nil || calls != 1 {
+		t.Fatalf("settled at 10: %v, %d calls", err, calls)
+	}
+	if err := l.WithAllocationSettled(ctx, c.ID, 12, call); !errors.Is(err, ErrAllocationMoved) || calls != 1 {
+		t.Fatalf("read as 12, the ledger's 10: %v, %d calls", err, calls)
+	}
+	if _, _, err := l.PlanAllocationIncrease(ctx, c.ID, 12); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WithAllocationSettled(ctx, c.ID, 12, call); !errors.Is(err, ErrAllocationMoved) || calls != 1 {
+		t.Fatalf("with the change to 12 not applied: %v, %d calls", err, calls)
+	}
+	if err := l.WithAllocationSettled(ctx, "no-such-campaign", 12, call); !errors.Is(err, ErrCampaignNotFound) || calls != 1 {
+		t.Fatalf("unknown campaign: %v, %d calls", err, calls)
+	}
+	fnErr := errors.New("redis said no")
+	_, changes, err := l.UnappliedChanges(ctx, c.ID)
+	if err != nil || len(changes) != 1 || l.MarkChangeApplied(ctx, changes[0].ID) != nil {
+		t.Fatalf("changes %+v %v", changes, err)
+	}
+	if err := l.WithAllocationSettled(ctx, c.ID, 12, func() error { return fnErr }); err != fnErr {
+		t.Fatalf("the function's own error: %v", err)
+	}
+
+	// A decrease to 8 holds the row, as one whose COMMIT waits does: the
+	// call waits, then sees 8, and does not call its function.
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM flashsale_campaigns WHERE campaign_id = $1 FOR UPDATE`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE flashsale_campaigns SET allocation = 8 WHERE campaign_id = $1`, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var called atomic.Bool
+	go func() {
+		done <- l.WithAllocationSettled(ctx, c.ID, 12, func() error { called.Store(true); return nil })
+	}()
+	testharness.WaitForLockWaiters(t, l.pool.Config().ConnString(), 1, 30*time.Second, "the call to wait for the held row")
+	select {
+	case err := <-done:
+		t.Fatalf("answered while the row was held: %v", err)
+	default:
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrAllocationMoved) || called.Load() {
+		t.Fatalf("after the decrease to 8 committed: %v, called %v", err, called.Load())
 	}
 }
