@@ -16,7 +16,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -199,8 +198,7 @@ func (r *FlashSaleReconciler) namespaceDeleting(ctx context.Context, namespace s
 // cleanupSkipped says that the sale goes without its cleanup, and why. The
 // API server refuses events in a namespace being deleted: the log keeps it.
 func (r *FlashSaleReconciler) cleanupSkipped(ctx context.Context, fs *flashsalev1alpha1.FlashSale, msg string) {
-	r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", "%s", truncate(msg, eventNoteLimit))
-	log.FromContext(ctx).Info(msg, "event", corev1.EventTypeWarning, "reason", ReasonCleanupSkipped)
+	r.recordEvent(ctx, fs, nil, corev1.EventTypeWarning, ReasonCleanupSkipped, "Cleanup", msg)
 }
 
 // setFinalizer adds or removes the finalizer with a patch of the finalizers

@@ -53,8 +53,8 @@ func (r *FlashSaleReconciler) claim(ctx context.Context, fs *flashsalev1alpha1.F
 			r.conns.drop(types.NamespacedName{Namespace: fs.Namespace, Name: fs.Name})
 			key := string(fs.UID) + "|" + owner
 			if _, told := r.conflictsTold.LoadOrStore(key, true); !told {
-				r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonOperatorConflict, "Skip",
-					"the operator install %s manages this sale (%s); install %s leaves it alone", owner, why, orUnnamed(r.Install))
+				r.recordEvent(ctx, fs, nil, corev1.EventTypeWarning, ReasonOperatorConflict, "Skip",
+					fmt.Sprintf("the operator install %s manages this sale (%s); install %s leaves it alone", owner, why, orUnnamed(r.Install)))
 			}
 			return false, ctrl.Result{RequeueAfter: min(ownerRecheck, r.ownerStale()/2)}, nil
 		}
@@ -71,8 +71,8 @@ func (r *FlashSaleReconciler) claim(ctx context.Context, fs *flashsalev1alpha1.F
 		return false, ctrl.Result{}, err // a conflict: another install claimed it first, looked at again
 	}
 	if owner != "" {
-		r.Recorder.Eventf(fs, nil, corev1.EventTypeNormal, ReasonOperatorChanged, "Claim",
-			"install %s manages this sale now: install %s is gone (its Lease was not renewed for %s, or is gone)", r.Install, owner, r.ownerStale())
+		r.recordEvent(ctx, fs, nil, corev1.EventTypeNormal, ReasonOperatorChanged, "Claim",
+			fmt.Sprintf("install %s manages this sale now: install %s is gone (its Lease was not renewed for %s, or is gone)", r.Install, owner, r.ownerStale()))
 	}
 	return true, ctrl.Result{}, nil
 }

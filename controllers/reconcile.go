@@ -127,8 +127,8 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		if err != nil && !errors.Is(err, context.Canceled) && !apierrors.IsConflict(err) {
 			// Otherwise the sale only sits in Terminating, and why is in the
 			// manager's log alone.
-			r.Recorder.Eventf(fs, nil, corev1.EventTypeWarning, ReasonCleanupFailed, "Cleanup",
-				"%s", truncate("the sale's cleanup failed and is retried: "+err.Error(), eventNoteLimit))
+			r.recordEvent(ctx, fs, nil, corev1.EventTypeWarning, ReasonCleanupFailed, "Cleanup",
+				"the sale's cleanup failed and is retried: "+err.Error())
 		}
 		return ctrl.Result{}, err
 	}

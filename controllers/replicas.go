@@ -349,9 +349,9 @@ func (r *FlashSaleReconciler) nameReplicasOverride(ctx context.Context, owner *f
 	}
 	// The Deployment is the related object: events of one reason and action
 	// are a series per (regarding, related), which keeps the first note.
-	r.Recorder.Eventf(owner, l, corev1.EventTypeWarning, ReasonReplicasOverridden, "Scale",
-		"%s set Deployment %s to %d replicas; the operator puts back %d: %s",
-		who, l.Name, *l.Spec.Replicas, *d.Spec.Replicas, advice)
+	r.recordEvent(ctx, owner, l, corev1.EventTypeWarning, ReasonReplicasOverridden, "Scale",
+		fmt.Sprintf("%s set Deployment %s to %d replicas; the operator puts back %d: %s",
+			who, l.Name, *l.Spec.Replicas, *d.Spec.Replicas, advice))
 }
 
 // replicasWriter is the manager that set d's spec.replicas when it is not

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -51,17 +52,22 @@ func (r *FlashSaleReconciler) writeStatus(ctx context.Context, before *flashsale
 	return nil
 }
 
+// recordEvent sends an event and logs it: events expire after an hour, and
+// the log is the timeline of an incident after that.
+func (r *FlashSaleReconciler) recordEvent(ctx context.Context, regarding, related runtime.Object, kind, reason, action, msg string) {
+	r.Recorder.Eventf(regarding, related, kind, reason, action, "%s", truncate(msg, eventNoteLimit))
+	log.FromContext(ctx).Info(msg, "event", kind, "reason", reason)
+}
+
 // emit sends the reconcile's events, those found against the status it
 // read only when withStatus. Logged too: events expire after an hour, and
 // the log is the timeline of an incident after that.
 func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus bool) {
-	logger := log.FromContext(ctx)
 	for _, e := range s.events {
 		if e.fromStatus && !withStatus {
 			continue
 		}
-		r.Recorder.Eventf(s.fs, nil, e.kind, e.reason, e.reason, "%s", truncate(e.message, eventNoteLimit))
-		logger.Info(e.message, "event", e.kind, "reason", e.reason)
+		r.recordEvent(ctx, s.fs, nil, e.kind, e.reason, e.reason, e.message)
 	}
 }
 
