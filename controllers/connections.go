@@ -35,6 +35,9 @@ type campaignConn struct {
 	// rebuild is the rebuild running on these connections, or the last one
 	// until a reconcile reported its outcome.
 	rebuild atomic.Pointer[rebuildRun]
+	// failed is the backoff of rebuilds that fail in a row (rebuildFailed).
+	// Only the reconcile touches it.
+	failed rebuildBackoff
 }
 
 // noteLedger keeps what a reconcile found of the ledger on the connections it

@@ -181,3 +181,39 @@ func (r *FlashSaleReconciler) stopRebuilds(ctx context.Context) error {
 	r.rebuilds.stopAll()
 	return nil
 }
+
+// rebuildRetryMax bounds the wait between rebuilds that fail in a row.
+const rebuildRetryMax = time.Minute
+
+// rebuildBackoff spaces the rebuilds of a sale that fail in a row: 3 s, then
+// twice as long each time, at most a minute. A failure a person must mend
+// (counters that drifted, a ledger that holds more than the allocation)
+// would otherwise be retried every few seconds, each try reading the whole
+// ledger and sending events. A new spec generation tries again at once.
+type rebuildBackoff struct {
+	n          int
+	err        error // the last failure's
+	generation int64 // the spec's when it failed
+	next       time.Time
+}
+
+// failedAgain records a failure at now and returns how long until the next
+// try.
+func (b *rebuildBackoff) failedAgain(err error, generation int64, now time.Time) time.Duration {
+	b.n++
+	d := rebuildRetryMax
+	if b.n <= 5 {
+		d = min(retryUnhealthy<<(b.n-1), rebuildRetryMax)
+	}
+	b.err, b.generation, b.next = err, generation, now.Add(d)
+	return d
+}
+
+// wait returns how long until the next try and the last failure while a
+// rebuild must not start yet, or nil.
+func (b *rebuildBackoff) wait(generation int64, now time.Time) (time.Duration, error) {
+	if b.err == nil || generation != b.generation || !now.Before(b.next) {
+		return 0, nil
+	}
+	return b.next.Sub(now), b.err
+}

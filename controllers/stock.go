@@ -121,6 +121,12 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		return true, nil
 	}
 	if needsRebuild {
+		if wait, err := s.conn.failed.wait(s.fs.Generation, s.now); err != nil {
+			// The last try's verdict stands until the next.
+			s.rebuildErr = err
+			s.requeueAfter(wait)
+			return true, nil
+		}
 		r.reportRebuilding(ctx, s, r.startRebuild(unbounded, s, rebuildStart{why: why, firstSeed: firstSeed, servers: ids, spec: s.fs.Spec}))
 		return true, nil
 	}
@@ -135,10 +141,13 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 	rep, why := run.rep, run.why
 	if run.err != nil {
 		s.rebuildErr = classify(run.err)
-		s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s (after %s)", rebuildFailedMessage(s.rebuildErr), rep.Duration.Round(time.Millisecond))
-		s.requeueAfter(retryUnhealthy)
+		next := s.conn.failed.failedAgain(s.rebuildErr, s.fs.Generation, s.now)
+		s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s (after %s; failure %d in a row, tried again in %s)",
+			rebuildFailedMessage(s.rebuildErr), rep.Duration.Round(time.Millisecond), s.conn.failed.n, next)
+		s.requeueAfter(next)
 		return true
 	}
+	s.conn.failed = rebuildBackoff{}
 	s.epoch = rep.Epoch
 	s.rebuilt = &rep
 	// The servers it wrote to hold the sale as the ledger does now: the

@@ -1,0 +1,37 @@
+package controllers
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// Rebuilds failing in a row wait 3 s, 6 s, ... at most a minute; a new
+// generation of the spec, or the wait's end, lets the next one start.
+func TestRebuildBackoff(t *testing.T) {
+	var b rebuildBackoff
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	if d, err := b.wait(1, now); err != nil || d != 0 {
+		t.Fatalf("before any failure: %s %v", d, err)
+	}
+	drift := errors.New("counters drifted")
+	var got []time.Duration
+	for range 8 {
+		got = append(got, b.failedAgain(drift, 1, now))
+	}
+	want := []time.Duration{3 * time.Second, 6 * time.Second, 12 * time.Second, 24 * time.Second, 48 * time.Second, time.Minute, time.Minute, time.Minute}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("waits %v, want %v", got, want)
+		}
+	}
+	if d, err := b.wait(1, now.Add(59*time.Second)); err != drift || d != time.Second {
+		t.Fatalf("a second before the next try: %s %v", d, err)
+	}
+	if d, err := b.wait(1, now.Add(time.Minute)); err != nil || d != 0 {
+		t.Fatalf("at the next try: %s %v", d, err)
+	}
+	if d, err := b.wait(2, now); err != nil || d != 0 {
+		t.Fatalf("with a new generation: %s %v", d, err)
+	}
+}
