@@ -74,15 +74,16 @@ func (r *FlashSaleReconciler) emit(ctx context.Context, s *scope, withStatus boo
 // healthEvents says when Redis or the ledger stops answering, or refuses the
 // operator, or their clocks part, or the ledger's commits stop waiting for
 // its standbys, and when it is healthy again: the conditions alone leave no
-// trace of an outage once it is over. Data loss, an eviction policy and a
-// ledger mismatch have events of their own.
+// trace of an outage once it is over. Data loss and a ledger mismatch have
+// events of their own.
 func (s *scope) healthEvents(before []metav1.Condition) {
 	for _, h := range []struct {
 		typ, recovered string
 		failures       map[string]string // condition reason → event reason
 	}{
 		{flashsalev1alpha1.ConditionRedisHealthy, ReasonRedisRecovered, map[string]string{
-			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported}},
+			ReasonUnreachable: ReasonRedisUnreachable, ReasonForbidden: ReasonRedisForbidden, ReasonUnsupported: ReasonRedisUnsupported,
+			ReasonEvictionPolicy: ReasonRedisEvictionPolicy}},
 		{flashsalev1alpha1.ConditionLedgerHealthy, ReasonLedgerRecovered, map[string]string{
 			ReasonUnreachable: ReasonLedgerUnreachable, ReasonMigrating: ReasonLedgerMigrating, ReasonForbidden: ReasonLedgerForbidden, ReasonInvalid: ReasonLedgerSecretInvalid,
 			ReasonReadOnly:    ReasonLedgerReadOnly,

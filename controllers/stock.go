@@ -219,12 +219,10 @@ func (r *FlashSaleReconciler) afterSeed(ctx context.Context, s *scope, known map
 		r.unhealthy(s, err)
 		return true, nil
 	}
-	// A server that may evict keys is reported, and the sale goes on being
-	// gated and observed: only seeding and rebuilding are refused on it.
+	// A server that may evict keys is reported (RedisHealthy's change sends
+	// the Warning), and the sale goes on being gated and observed: only
+	// seeding and rebuilding are refused on it.
 	if err := srv.Evicting; err != nil {
-		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Reason != ReasonEvictionPolicy {
-			s.statusEvent(corev1.EventTypeWarning, ReasonRedisEvictionPolicy, "%s", err.Error())
-		}
 		s.evicting = err
 	}
 	s.seeded = true
