@@ -247,7 +247,8 @@ func TestSecretRenamedToOneThatDoesNotConnectKeepsThePods(t *testing.T) {
 // A Secret is rotated to values that do not connect (a ledger DSN or Redis
 // address nothing answers at): as with a Secret gone, the sale goes on being
 // gated with the connections opened before (pausing it still closes it), its
-// pods are not rolled onto the new values, and Ready says what is wrong.
+// pods are not rolled onto the new values, and Ready and a Warning say what
+// is wrong.
 func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -291,6 +292,11 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 				if !conditionIs(fs, c, metav1.ConditionTrue) {
 					t.Errorf("%s: %+v", c, meta.FindStatusCondition(fs.Status.Conditions, c))
 				}
+			}
+			// A Warning says it too: the health conditions stay True, so
+			// their alerts stay silent.
+			if !hasEventSaying(t, e.ns, "rotated", tc.reason, "do not open") {
+				t.Fatalf("no %s Warning for the rotation", tc.reason)
 			}
 			noSecretIn(t, e.ns, fs, "Zz9secret")
 			updateSpec(t, e.ns, "rotated", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Paused = true })
