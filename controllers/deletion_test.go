@@ -243,6 +243,8 @@ func TestDeletionWaitsForTheLedger(t *testing.T) {
 	if !hasEvent(t, e.ns, "waiting", controllers.ReasonCleanupFailed) {
 		t.Fatal("no event while the deletion waits for the ledger")
 	}
+	// Ready says it too: the rest of the status is the live sale's.
+	e.waitFor("waiting", settle, "Ready False, Deleting", reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonDeleting))
 	time.Sleep(2 * time.Second) // retries
 	states, err := store.State(ctx)
 	if err != nil {

@@ -10,12 +10,15 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -104,6 +107,23 @@ func (r *FlashSaleReconciler) finalize(ctx context.Context, fs *flashsalev1alpha
 		types.NamespacedName{Namespace: fs.Namespace, Name: fs.Spec.Admission.SecretRef.Name},
 		types.NamespacedName{Namespace: fs.Namespace, Name: ChildName(fs, ComponentIDs)})
 	return nil
+}
+
+// reportDeleting says on Ready that the sale is being deleted and why its
+// cleanup waits: the rest of the status is the last reconcile's, and
+// without this Ready would say True for the whole wait.
+func (r *FlashSaleReconciler) reportDeleting(ctx context.Context, fs *flashsalev1alpha1.FlashSale, err error) {
+	before := fs.DeepCopy()
+	meta.SetStatusCondition(&fs.Status.Conditions, metav1.Condition{
+		Type: flashsalev1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonDeleting, ObservedGeneration: fs.Generation,
+		Message: truncate("the sale is being deleted; its cleanup failed and is retried: "+err.Error(), eventNoteLimit),
+	})
+	if equality.Semantic.DeepEqual(before.Status, fs.Status) {
+		return
+	}
+	if perr := r.Status().Patch(ctx, fs, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
+		log.FromContext(ctx).Info("cannot report the deletion's wait", "err", perr.Error())
+	}
 }
 
 // cleanupStores ends the sale and deletes its Redis keys and ledger

@@ -80,6 +80,8 @@ const (
 	ReasonPhaseChanged      = "PhaseChanged"
 	ReasonCleanupSkipped    = "CleanupSkipped"
 	ReasonCleanupFailed     = "CleanupFailed"
+	// ReasonDeleting: Ready while a deletion waits for its cleanup.
+	ReasonDeleting = "Deleting"
 
 	// A Warning when something else (an autoscaler pointed at a
 	// Deployment instead of the FlashSale) set a Deployment's replicas,

@@ -129,6 +129,7 @@ func (r *FlashSaleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			// manager's log alone.
 			r.recordEvent(ctx, fs, nil, corev1.EventTypeWarning, ReasonCleanupFailed, "Cleanup",
 				"the sale's cleanup failed and is retried: "+err.Error())
+			r.reportDeleting(ctx, fs, err)
 		}
 		return ctrl.Result{}, err
 	}
