@@ -28,8 +28,14 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 		// gate or not (reserve.lua): a manager whose clock runs ahead of it
 		// opened them early, one behind has not ended them yet.
 		if now, err := s.conn.engine.Gates().Now(ctx); err == nil {
-			if g := saleWindow(&s.fs.Spec, now).Gate; g == engine.StateNotStarted || g == engine.StateEnded {
-				s.gate = g
+			w := saleWindow(&s.fs.Spec, now)
+			if w.Gate == engine.StateNotStarted || w.Gate == engine.StateEnded {
+				s.gate = w.Gate
+			}
+			if w.Gate == engine.StateNotStarted {
+				// Nothing else wakes the reconcile at the start by the
+				// Redis clock: the manager's own has passed it.
+				s.requeueAfter(w.Next)
 			}
 		}
 	}

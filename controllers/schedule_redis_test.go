@@ -82,3 +82,28 @@ func TestAManagerClockAheadDoesNotOpenEarly(t *testing.T) {
 		return fs.Status.Phase == flashsalev1alpha1.PhaseScheduled && conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse)
 	})
 }
+
+// The same sale turns Open in its status at the start by the Redis clock,
+// not at the next refresh of a scheduled sale (10 s later): the manager's
+// clock has passed the start long before, and nothing else wakes it then.
+func TestAManagerClockAheadReportsTheOpeningOnTime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sharedRedis.Addr(), sharedPG)
+	e.clock = func() time.Time { return time.Now().Add(time.Hour) }
+	e.startController()
+	start := time.Now().Add(12 * time.Second).Truncate(time.Second)
+	e.apply(e.sale("opens", 50).schedule(start, start.Add(3*time.Hour)))
+	e.waitFor("opens", settle, "Scheduled by the Redis clock", phaseIs(flashsalev1alpha1.PhaseScheduled))
+	const late = 5 * time.Second // the refresh of a scheduled sale is 10 s
+	var opened time.Time
+	testharness.Eventually(t, time.Minute, "Open", func() bool {
+		if e.get("opens").Status.Phase == flashsalev1alpha1.PhaseOpen {
+			opened = time.Now()
+			return true
+		}
+		return false
+	})
+	if after := opened.Sub(start); after > late {
+		t.Fatalf("reported Open %s after the start, want within %s", after.Round(time.Millisecond), late)
+	}
+}
