@@ -2,19 +2,23 @@ package controllers
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
 )
 
-// Rebuilds failing in a row wait 3 s, 6 s, ... at most a minute; a new
-// generation of the spec, or the wait's end, lets the next one start.
+// Rebuilds failing in a row for a lasting reason wait 3 s, 6 s, ... at
+// most a minute; a new generation of the spec, or the wait's end, lets the
+// next one start.
 func TestRebuildBackoff(t *testing.T) {
 	var b rebuildBackoff
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	if d, err := b.wait(1, now); err != nil || d != 0 {
 		t.Fatalf("before any failure: %s %v", d, err)
 	}
-	drift := errors.New("counters drifted")
+	drift := fmt.Errorf("%w: shard 0", engine.ErrCountsDrift)
 	var got []time.Duration
 	for range 8 {
 		got = append(got, b.failedAgain(drift, 1, now))
@@ -33,5 +37,12 @@ func TestRebuildBackoff(t *testing.T) {
 	}
 	if d, err := b.wait(2, now); err != nil || d != 0 {
 		t.Fatalf("with a new generation: %s %v", d, err)
+	}
+	// An outage is tried again after 3 s, and starts the count over.
+	if d := b.failedAgain(errors.New("ledger unreachable"), 1, now); d != 3*time.Second || b.n != 0 {
+		t.Fatalf("an outage after lasting failures: wait %s, count %d", d, b.n)
+	}
+	if d := b.failedAgain(drift, 1, now); d != 3*time.Second {
+		t.Fatalf("drift after an outage: wait %s, want 3s", d)
 	}
 }

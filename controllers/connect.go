@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -80,11 +79,12 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		f.message = "new connections, for the current values of the " + secret + " or a changed spec, do not open: " + f.message +
 			" (the sale is still served and gated with the connections opened before)"
 		s.replaced = &f
-		// One Warning while it lasts: the health conditions stay True (the
+		// One Warning per set of values: the health conditions stay True (the
 		// connections in use are fine), so their events and alerts say
 		// nothing, and the pods read the new values when they restart.
-		if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionReady); c == nil || c.Reason != f.readyReason {
-			s.statusEvent(corev1.EventTypeWarning, f.readyReason, "%s", f.message)
+		if told := f.readyReason + "|" + refs.storeFingerprint(); prev.replacementTold != told {
+			prev.replacementTold = told
+			s.event(corev1.EventTypeWarning, f.readyReason, "%s", f.message)
 		}
 		s.refs = nil // the pods are not rolled onto values that do not connect
 		s.conn = prev

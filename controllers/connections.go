@@ -38,6 +38,9 @@ type campaignConn struct {
 	// failed is the backoff of rebuilds that fail in a row (rebuildFailed).
 	// Only the reconcile touches it.
 	failed rebuildBackoff
+	// replacementTold is the failure, and the Secrets' values, of
+	// replacements of these connections already warned about (connect).
+	replacementTold string
 }
 
 // noteLedger keeps what a reconcile found of the ledger on the connections it

@@ -121,7 +121,10 @@ func (r *FlashSaleReconciler) reportDeleting(ctx context.Context, fs *flashsalev
 	if equality.Semantic.DeepEqual(before.Status, fs.Status) {
 		return
 	}
-	if perr := r.Status().Patch(ctx, fs, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
+	// Its own time: the failure may be the reconcile's deadline.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusWriteTime)
+	defer cancel()
+	if perr := r.Status().Patch(wctx, fs, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
 		log.FromContext(ctx).Info("cannot report the deletion's wait", "err", perr.Error())
 	}
 }

@@ -124,6 +124,27 @@ func countEvents(t *testing.T, ns, name, reason string) int {
 	return n
 }
 
+// countSent counts the times events of reason about name were sent,
+// repeats the recorder folded into one series included.
+func countSent(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	var list corev1.EventList
+	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Name == name && ev.Reason == reason {
+			c := max(1, int(ev.Count))
+			if ev.Series != nil {
+				c = max(c, int(ev.Series.Count))
+			}
+			n += c
+		}
+	}
+	return n
+}
+
 // noSecretIn fails the test if secret shows in the FlashSale's conditions or
 // in an event about it.
 func noSecretIn(t *testing.T, ns string, fs *flashsalev1alpha1.FlashSale, secret string) {

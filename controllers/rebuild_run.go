@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,11 +186,12 @@ func (r *FlashSaleReconciler) stopRebuilds(ctx context.Context) error {
 // rebuildRetryMax bounds the wait between rebuilds that fail in a row.
 const rebuildRetryMax = time.Minute
 
-// rebuildBackoff spaces the rebuilds of a sale that fail in a row: 3 s, then
-// twice as long each time, at most a minute. A failure a person must mend
-// (counters that drifted, a ledger that holds more than the allocation)
-// would otherwise be retried every few seconds, each try reading the whole
-// ledger and sending events. A new spec generation tries again at once.
+// rebuildBackoff spaces the rebuilds of a sale that fail in a row for a
+// reason a person must mend (counters that drifted, a server that may evict
+// keys): 3 s, then twice as long each time, at most a minute. Each try reads
+// the whole ledger and sends events. Other failures (an outage, a server
+// that failed over during the rebuild) are tried again after 3 s. A new spec
+// generation tries at once; a healthy pass starts the count over.
 type rebuildBackoff struct {
 	n          int
 	err        error // the last failure's
@@ -197,13 +199,23 @@ type rebuildBackoff struct {
 	next       time.Time
 }
 
+// lastingFailure: a rebuild failure that trying again does not mend.
+func lastingFailure(err error) bool {
+	return errors.Is(err, engine.ErrCountsDrift) || errors.Is(err, engine.ErrEvictionPolicy)
+}
+
 // failedAgain records a failure at now and returns how long until the next
 // try.
 func (b *rebuildBackoff) failedAgain(err error, generation int64, now time.Time) time.Duration {
-	b.n++
-	d := rebuildRetryMax
-	if b.n <= 5 {
-		d = min(retryUnhealthy<<(b.n-1), rebuildRetryMax)
+	d := retryUnhealthy
+	if lastingFailure(err) {
+		b.n++
+		d = rebuildRetryMax
+		if b.n <= 5 {
+			d = min(retryUnhealthy<<(b.n-1), rebuildRetryMax)
+		}
+	} else {
+		b.n = 0
 	}
 	b.err, b.generation, b.next = err, generation, now.Add(d)
 	return d

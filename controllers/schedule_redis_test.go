@@ -91,10 +91,10 @@ func TestAManagerClockAheadReportsTheOpeningOnTime(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.clock = func() time.Time { return time.Now().Add(time.Hour) }
 	e.startController()
-	start := time.Now().Add(12 * time.Second).Truncate(time.Second)
+	start := time.Now().Add(25 * time.Second).Truncate(time.Second)
 	e.apply(e.sale("opens", 50).schedule(start, start.Add(3*time.Hour)))
 	e.waitFor("opens", settle, "Scheduled by the Redis clock", phaseIs(flashsalev1alpha1.PhaseScheduled))
-	const late = 5 * time.Second // the refresh of a scheduled sale is 10 s
+	const late = 3 * time.Second // the refresh of a scheduled sale is 10 s
 	var opened time.Time
 	testharness.Eventually(t, time.Minute, "Open", func() bool {
 		if e.get("opens").Status.Phase == flashsalev1alpha1.PhaseOpen {

@@ -304,6 +304,10 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 			if r, err := eng.Reserve(context.Background(), "late-buyer", "r", 1); err != nil || r.Reason != stock.StatePaused {
 				t.Fatalf("reserve while paused: %+v %v", r, err)
 			}
+			// Once, though the connections were retried all along.
+			if n := countSent(t, e.ns, "rotated", tc.reason); n != 1 {
+				t.Fatalf("%d %s Warnings for one rotation, want 1", n, tc.reason)
+			}
 			// The pods are not rolled onto values the operator could not connect with.
 			if got := fingerprint(); got != before {
 				t.Fatalf("the reserve pods were rolled onto the dead server: fingerprint %q → %q", before, got)

@@ -130,6 +130,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		r.reportRebuilding(ctx, s, r.startRebuild(unbounded, s, rebuildStart{why: why, firstSeed: firstSeed, servers: ids, spec: s.fs.Spec}))
 		return true, nil
 	}
+	s.conn.failed = rebuildBackoff{} // healthy: a later failure starts over
 	return r.afterSeed(ctx, s, rec.Servers, srv)
 }
 

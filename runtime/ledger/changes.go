@@ -222,7 +222,7 @@ func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string
 		case now != epoch:
 			return fmt.Errorf("%w: epoch %d, the units were withdrawn under %d", ErrEpochChanged, now, epoch)
 		case current != from:
-			return fmt.Errorf("allocation is %d, not %d: changed meanwhile", current, from)
+			return fmt.Errorf("%w: allocation %d, not %d", ErrAllocationMoved, current, from)
 		case to >= from || to < 0:
 			return fmt.Errorf("%d → %d is not a decrease", from, to)
 		case len(shardDeltas) != shards:
@@ -256,6 +256,9 @@ func (l *Ledger) RecordAllocationDecrease(ctx context.Context, campaignID string
 // recorded change is not applied yet; the caller starts over from the ledger.
 var ErrAllocationMoved = errors.New("the allocation changed meanwhile")
 
+// rollbackTimeout bounds WithAllocationSettled's rollback.
+const rollbackTimeout = 5 * time.Second
+
 const sqlShareCampaignAllocation = `SELECT allocation,
   EXISTS (SELECT 1 FROM flashsale_allocation_changes WHERE campaign_id = $1 AND applied_at IS NULL)
 FROM flashsale_campaigns WHERE campaign_id = $1 FOR SHARE`
@@ -269,15 +272,21 @@ FROM flashsale_campaigns WHERE campaign_id = $1 FOR SHARE`
 // commits, and a decrease whose outcome was lost may still be committing (a
 // COMMIT waiting for a synchronous standby holds the row lock and is seen
 // by no one). Giving such units back to the stock is safe only under this
-// lock: it waits for that transaction to end, then sees its change if it
-// committed. The transaction is rolled back: it writes nothing, and a
+// lock: it waits for that transaction to end, then re-reads the row, whose
+// allocation every recorded change moves (the EXISTS below keeps the
+// snapshot taken before the wait, so it is the allocation that tells). The transaction is rolled back: it writes nothing, and a
 // rollback does not wait for a standby.
 func (l *Ledger) WithAllocationSettled(ctx context.Context, campaignID string, allocation int64, fn func() error) error {
 	tx, err := l.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return fmt.Errorf("ledger: lock allocation %s: %w", campaignID, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		// Bounded: on a link gone silent the rollback would wait for TCP.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 	var current int64
 	var unapplied bool
 	if err := tx.QueryRow(ctx, sqlShareCampaignAllocation, campaignID).Scan(&current, &unapplied); err != nil {
