@@ -111,38 +111,38 @@ func updateSpec(t *testing.T, ns, name string, mutate func(*flashsalev1alpha1.Fl
 // countEvents counts the Events of one reason about one object.
 func countEvents(t *testing.T, ns, name, reason string) int {
 	t.Helper()
-	var list corev1.EventList
-	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, ev := range list.Items {
-		if ev.InvolvedObject.Name == name && ev.Reason == reason {
-			n++
-		}
-	}
-	return n
+	return len(eventsAbout(t, ns, name, reason))
 }
 
 // countSent counts the times events of reason about name were sent,
 // repeats the recorder folded into one series included.
 func countSent(t *testing.T, ns, name, reason string) int {
 	t.Helper()
+	n := 0
+	for _, ev := range eventsAbout(t, ns, name, reason) {
+		c := max(1, int(ev.Count))
+		if ev.Series != nil {
+			c = max(c, int(ev.Series.Count))
+		}
+		n += c
+	}
+	return n
+}
+
+// eventsAbout lists the events of reason about the object name in ns.
+func eventsAbout(t *testing.T, ns, name, reason string) []corev1.Event {
+	t.Helper()
 	var list corev1.EventList
 	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var out []corev1.Event
 	for _, ev := range list.Items {
 		if ev.InvolvedObject.Name == name && ev.Reason == reason {
-			c := max(1, int(ev.Count))
-			if ev.Series != nil {
-				c = max(c, int(ev.Series.Count))
-			}
-			n += c
+			out = append(out, ev)
 		}
 	}
-	return n
+	return out
 }
 
 // noSecretIn fails the test if secret shows in the FlashSale's conditions or
