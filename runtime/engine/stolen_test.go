@@ -181,34 +181,65 @@ func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, reb
 }
 
 // A stolen reservation whose ledger row was never written and whose unit went
-// back, while giving its quota back failed, leaves nothing that says whose
-// quota it was: the reaper lets go of its claims entry instead of asking the
-// ledger about it on every pass (and holding up the claims behind it).
-func TestStolenQuotaOfAnUnwrittenReservationLeavesTheIndex(t *testing.T) {
+// back, while giving its quota back failed: the pointer on the home shard names
+// the buyer and quantity, so the reaper gives the quota back and the buyer can
+// buy again. A pointer written before it named them (an older operator's) only
+// leaves the claims index, instead of being asked about on every pass.
+func TestStolenQuotaOfAnUnwrittenReservationGoesBack(t *testing.T) {
 	const slack = 300 * time.Millisecond
 	rdb := standaloneClient(t, sharedRedis.Addr())
 	f := newFixture(t, rdb, withAllocation(8), withShards(4), withTTL(shortTTL, 0), withClaimSlack(slack))
 	ctx := context.Background()
 	f.sellOutShard(0)
-	dan := userHomedOn("dan", 0, 4)
-	r := f.reserve(dan, "r", 1)
-	if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
-		t.Fatalf("dan: %s on shard %d, want a stolen reservation", r.Outcome, r.Reservation.Shard)
+	users := f.e.Store().Keys(0).Users()
+	unwritten := func(user string) engine.Reservation {
+		r := f.reserve(user, "r", 1)
+		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
+			t.Fatalf("%s: %s on shard %d, want a stolen reservation", user, r.Outcome, r.Reservation.Shard)
+		}
+		// As if the row had never been written: the API gave the unit back,
+		// and giving the quota back failed.
+		if _, err := f.l.Pool().Exec(ctx, `DELETE FROM flashsale_orders WHERE reservation_id = $1`, r.Reservation.ID); err != nil {
+			t.Fatal(err)
+		}
+		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+		if rr, err := f.e.Store().Release(ctx, r.Reservation.Shard, key); err != nil || rr.Code != stock.Released {
+			t.Fatalf("release: %+v %v", rr, err)
+		}
+		want := stock.PlacedPointer(r.Reservation.Shard, r.Reservation.ExpiresAt.UnixMilli(), 1, user)
+		if got, err := rdb.HGet(ctx, users, stock.PointerFieldPrefix+key).Result(); err != nil || got != want {
+			t.Fatalf("%s's pointer %q (%v), want %q", user, got, err, want)
+		}
+		return r.Reservation
 	}
-	// As if the row had never been written: the API gave the unit back, and
-	// giving the quota back failed.
-	if _, err := f.l.Pool().Exec(ctx, `DELETE FROM flashsale_orders WHERE reservation_id = $1`, r.Reservation.ID); err != nil {
+	dan, eve := userHomedOn("dan", 0, 4), userHomedOn("eve", 0, 4)
+	unwritten(dan)
+	eveRes := unwritten(eve)
+	eveKey := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, eve, "r")
+	bare := stock.Pointer(eveRes.Shard, eveRes.ExpiresAt.UnixMilli())
+	if err := rdb.HSet(ctx, users, stock.PointerFieldPrefix+eveKey, bare).Err(); err != nil {
 		t.Fatal(err)
 	}
-	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, dan, "r")
-	if rr, err := f.e.Store().Release(ctx, r.Reservation.Shard, key); err != nil || rr.Code != stock.Released {
-		t.Fatalf("release: %+v %v", rr, err)
+	for _, u := range []string{dan, eve} {
+		if r := f.reserve(u, "again", 1); r.Outcome != engine.OutcomeLimit {
+			t.Fatalf("%s before the reaper: %s, want LIMIT_EXCEEDED", u, r.Outcome)
+		}
 	}
+
 	time.Sleep(shortTTL + slack + 200*time.Millisecond)
-	f.sweepUntilQuiet()
+	if st := f.sweepUntilQuiet(); st.ReapedClaims != 1 {
+		t.Fatalf("sweep %+v: want dan's quota given back, and only his", st)
+	}
 	if n, err := rdb.ZCard(ctx, f.e.Store().Keys(0).Claims()).Result(); err != nil || n != 0 {
 		t.Fatalf("%d entries left in the claims index (%v)", n, err)
 	}
+	if r := f.reserve(dan, "after", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("dan after the reaper: %s, want RESERVED", r.Outcome)
+	}
+	if r := f.reserve(eve, "after", 1); r.Outcome != engine.OutcomeLimit {
+		t.Fatalf("eve, whose pointer names no one, after the reaper: %s, want LIMIT_EXCEEDED", r.Outcome)
+	}
+	f.assertConserved()
 }
 
 // The quota script's claim bookkeeping, directly: a young claim is not reaped,
@@ -285,8 +316,10 @@ func TestClaimReapEdges(t *testing.T) {
 		t.Fatalf("confirm: %v %v", ok, err)
 	}
 	for range 2 {
-		if ok, on, err := s.ReapClaim(ctx, 0, b, later); err != nil || ok || on != 1 || held() != "1" {
-			t.Fatalf("reap of a confirmed pointer: %v %d %v, held %s", ok, on, err, held())
+		ok, p, err := s.ReapClaimAt(ctx, 0, b, later)
+		want := stock.Placement{Shard: 1, ExpiryMs: later.UnixMilli(), Quantity: 1, User: user}
+		if err != nil || ok || p != want || held() != "1" {
+			t.Fatalf("reap of a confirmed pointer: %v %+v %v, held %s; want %+v", ok, p, err, held(), want)
 		}
 	}
 	if ok, err := s.Quota(ctx, 0, stock.QuotaForget, user, b, 1, 1, later.UnixMilli()+1); err != nil || ok {

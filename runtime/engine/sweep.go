@@ -159,10 +159,10 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 		}
 		progress := 0
 		for _, k := range keys {
-			ok, placedOn, expiryMs, err := e.store.ReapClaimAt(ctx, shard, k, cutoff)
+			ok, placed, err := e.store.ReapClaimAt(ctx, shard, k, cutoff)
 			settled := ok
-			if err == nil && placedOn >= 0 {
-				ok, settled, err = e.settlePlacedQuota(ctx, shard, placedOn, expiryMs, k)
+			if err == nil && placed.Shard >= 0 {
+				ok, settled, err = e.settlePlacedQuota(ctx, shard, placed, k)
 			}
 			if err != nil {
 				return reaped, err
@@ -182,9 +182,10 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 }
 
 // settlePlacedQuota decides the home-shard quota of a stolen reservation placed
-// on shard target with expiryMs (its pointer), past its expiry. It reports
-// whether it gave quota back and whether the claims index let go of the entry.
-func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, expiryMs int64, key string) (gaveBack, settled bool, err error) {
+// as p says, past its expiry. It reports whether it gave quota back and
+// whether the claims index let go of the entry.
+func (e *Engine) settlePlacedQuota(ctx context.Context, home int, p stock.Placement, key string) (gaveBack, settled bool, err error) {
+	target, expiryMs := p.Shard, p.ExpiryMs
 	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(target, key))
 	missing := errors.Is(err, ledger.ErrNotFound)
 	if err != nil && !missing {
@@ -204,11 +205,17 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home, target int, expiry
 		return false, false, err
 	}
 	if missing {
-		// Gone from Redis and never in the ledger (its write failed and the
-		// unit was given back, and so was the quota unless that call failed
-		// too): nothing says whose quota it was, so the index lets go of it.
-		_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, target, expiryMs)
-		return false, err == nil, err
+		// Gone from Redis and never in the ledger: its write failed and the
+		// unit was given back, and giving the quota back failed (a Redis
+		// error, or the process died between the two). The pointer names the
+		// buyer; one written before it did names no one, and the index only
+		// lets go of it.
+		op := stock.QuotaRelease
+		if p.User == "" {
+			op = stock.QuotaForget
+		}
+		gaveBack, err = e.store.Quota(ctx, home, op, p.User, key, p.Quantity, target, expiryMs)
+		return gaveBack && op == stock.QuotaRelease, err == nil, err
 	}
 	// Cancelled or abandoned, and the unit back in stock: so is the quota.
 	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, target, expiryMs)

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"hash"
 	"hash/fnv"
 	"strconv"
@@ -140,9 +141,52 @@ func ParseID(id string, shards int) (int, string, error) {
 // no buyer id may begin with it.
 const PointerFieldPrefix = "p:"
 
-// Pointer is the users-hash value on the home shard that names a reservation
-// placed on another shard: "<shard>|<expiry ms>". The expiry tells one
-// placement of a request from another, so a give-back acts only on its own.
+// Pointer names a reservation placed on another shard than its buyer's home:
+// "<shard>|<expiry ms>". The expiry tells one placement of a request from
+// another, so a give-back acts only on its own. The users-hash value on the
+// home shard begins with it (PlacedPointer).
 func Pointer(shard int, expiryMs int64) string {
 	return strconv.Itoa(shard) + "|" + strconv.FormatInt(expiryMs, 10)
+}
+
+// PlacedPointer is the users-hash value on the home shard for a reservation
+// placed on another shard: its Pointer, then "|<quantity>|<buyer>", so that
+// the quota can still be given back when nothing else names the buyer (the
+// reservation is gone and its ledger row was never written).
+func PlacedPointer(shard int, expiryMs int64, qty int, user string) string {
+	return Pointer(shard, expiryMs) + "|" + strconv.Itoa(qty) + "|" + user
+}
+
+// Placement is a placed pointer read back. User is empty and Quantity 0 in a
+// pointer written before they were kept (a bare Pointer).
+type Placement struct {
+	Shard    int
+	ExpiryMs int64
+	Quantity int
+	User     string
+}
+
+// parsePlacement reads a placed pointer of a store of shards shards.
+func parsePlacement(v string, shards int) (Placement, error) {
+	parts := strings.SplitN(v, "|", 4)
+	bad := fmt.Errorf("malformed pointer %q", v)
+	if len(parts) != 2 && len(parts) != 4 {
+		return Placement{}, bad
+	}
+	shard, err := strconv.Atoi(parts[0])
+	if err != nil || shard < 0 || shard >= shards {
+		return Placement{}, bad
+	}
+	expiry, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return Placement{}, bad
+	}
+	p := Placement{Shard: shard, ExpiryMs: expiry}
+	if len(parts) == 4 {
+		if p.Quantity, err = strconv.Atoi(parts[2]); err != nil || p.Quantity <= 0 || parts[3] == "" {
+			return Placement{}, bad
+		}
+		p.User = parts[3]
+	}
+	return p, nil
 }

@@ -145,3 +145,23 @@ func TestCheckVersion(t *testing.T) {
 		}
 	}
 }
+
+// A placed pointer reads back as written, a bare one (written before the buyer
+// was kept) with no buyer, and anything else is an error, not a placement.
+func TestPlacementReadsBack(t *testing.T) {
+	full := PlacedPointer(2, 1700000000123, 3, "ann|with|bars")
+	if p, err := parsePlacement(full, 4); err != nil || p != (Placement{Shard: 2, ExpiryMs: 1700000000123, Quantity: 3, User: "ann|with|bars"}) {
+		t.Fatalf("%q: %+v %v", full, p, err)
+	}
+	if !strings.HasPrefix(full, Pointer(2, 1700000000123)+"|") {
+		t.Fatalf("%q does not begin with its placement", full)
+	}
+	if p, err := parsePlacement(Pointer(1, 5), 4); err != nil || p != (Placement{Shard: 1, ExpiryMs: 5}) {
+		t.Fatalf("bare pointer: %+v %v", p, err)
+	}
+	for _, bad := range []string{"", "c|123|1|ann", "4|5|1|ann", "-1|5", "1|x", "1|5|0|ann", "1|5|1|", "1|5|1", "1"} {
+		if p, err := parsePlacement(bad, 4); err == nil {
+			t.Errorf("%q read as %+v, want an error", bad, p)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -130,28 +129,29 @@ func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, li
 // changes nothing and returns the reservation's shard: the caller asks the
 // ledger whether to give the quota back (QuotaRelease) or keep it (QuotaForget).
 func (s *Store) ReapClaim(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, err error) {
-	reaped, placedOn, _, err = s.ReapClaimAt(ctx, shard, key, cutoff)
-	return reaped, placedOn, err
+	reaped, placed, err := s.ReapClaimAt(ctx, shard, key, cutoff)
+	return reaped, placed.Shard, err
 }
 
-// ReapClaimAt is ReapClaim that also returns the expiry of a placed
-// reservation: with placedOn, it names the pointer for Quota.
-func (s *Store) ReapClaimAt(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placedOn int, expiryMs int64, err error) {
+// ReapClaimAt is ReapClaim that returns the whole pointer of a placed
+// reservation (Shard -1 when there is none): its shard and expiry name it for
+// Quota, and its buyer and quantity say whose quota it holds.
+func (s *Store) ReapClaimAt(ctx context.Context, shard int, key string, cutoff time.Time) (reaped bool, placed Placement, err error) {
+	none := Placement{Shard: -1}
 	k := s.shards[shard]
 	v, err := quotaScript.Run(ctx, s.rdb, []string{k.Users(), k.Claims()}, quotaReap, "", key, 0, cutoff.UnixMilli(), "").Slice()
 	if err != nil {
-		return false, -1, 0, fmt.Errorf("reap claim on shard %d: %w", shard, err)
+		return false, none, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
 	if len(v) != 2 {
-		return false, -1, 0, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
+		return false, none, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
 	}
 	if toInt(v[0]) != 2 {
-		return toInt(v[0]) == 1, -1, 0, nil
+		return toInt(v[0]) == 1, none, nil
 	}
-	target, expiry, _ := strings.Cut(toString(v[1]), "|")
-	t, err := strconv.Atoi(target)
-	if err != nil || t < 0 || t >= len(s.shards) {
-		return false, -1, 0, fmt.Errorf("reap claim on shard %d: malformed pointer %q", shard, v[1])
+	placed, err = parsePlacement(toString(v[1]), len(s.shards))
+	if err != nil {
+		return false, none, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
-	return false, t, atoi64(expiry), nil
+	return false, placed, nil
 }

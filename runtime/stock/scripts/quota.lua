@@ -5,7 +5,8 @@
 -- attempt of the same request never touches a later attempt's quota.
 --
 -- KEYS[1] users   hash: <user> -> units held (the field is deleted when it reaches 0);
---                 p:<key> -> pointer: "<shard>|<expiry>" once placed,
+--                 p:<key> -> pointer: "<shard>|<expiry>|<qty>|<user>" once placed
+--                 ("<shard>|<expiry>" alone if written before the buyer was kept),
 --                 "c|<stamp>|<qty>|<user>" while claimed, the stamp being the
 --                 claim's time in ms, then '.' and the claiming attempt's tag if any
 -- KEYS[2] claims  zset: reservation key -> claimed at (ms), from the claim until the
@@ -25,7 +26,8 @@
 -- ARGV[2] user id (release only; confirm, unclaim, reap take it from the claim)
 -- ARGV[3] reservation key
 -- ARGV[4] quantity (release only)
--- ARGV[5] pointer "<shard>|<expiry>" (confirm, release, forget) or the cutoff in ms (reap)
+-- ARGV[5] placement "<shard>|<expiry>" (confirm, release, forget): release and forget
+--         act only on a pointer that begins with it; or the cutoff in ms (reap)
 -- ARGV[6] the claim's stamp, from the reserve script's CLAIMED answer (confirm, unclaim)
 --
 -- Returns 1 when it changed something, 0 when the pointer was not the one named
@@ -60,10 +62,13 @@ local function ours()
 end
 
 if op == 'confirm' then
-  if not ours() then
+  local c = ours()
+  if not c then
     return 0
   end
-  redis.call('HSET', KEYS[1], field, ARGV[5])
+  -- The buyer and quantity stay, so the reaper can give the quota back even
+  -- when the reservation and its ledger row are both gone.
+  redis.call('HSET', KEYS[1], field, ARGV[5] .. '|' .. c[1] .. '|' .. c[2])
   return 1
 end
 if op == 'unclaim' then
@@ -97,7 +102,7 @@ if op == 'reap' then
   redis.call('ZREM', KEYS[2], key)
   return {1, ''}
 end
-if ptr ~= ARGV[5] then
+if not ptr or (ptr ~= ARGV[5] and string.sub(ptr, 1, #ARGV[5] + 1) ~= ARGV[5] .. '|') then
   return 0
 end
 if op == 'forget' then

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] meta  KEYS[2] users  KEYS[3] claims
 -- ARGV[1] the rebuild's epoch
--- ARGV[2..] pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>")
+-- ARGV[2..] pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>|<qty>|<user>")
 --
 -- A pointer also goes into the claims index, scored by its expiry (later than
 -- the claim time it replaces), so the sweeper still settles its quota if giving
@@ -27,7 +27,7 @@ local claims = {}
 for i = 2, #ARGV, 2 do
   local field = ARGV[i]
   if string.byte(field, 1) == 112 and string.byte(field, 2) == 58 then -- "p:"
-    local expiry = string.match(ARGV[i + 1], '^%d+|(%d+)$')
+    local expiry = string.match(ARGV[i + 1], '^%d+|(%d+)')
     if expiry then
       claims[#claims + 1] = expiry
       claims[#claims + 1] = string.sub(field, 3)
