@@ -42,6 +42,13 @@ const AnnotationSecrets = "flashsale.dev/secrets-fingerprint"
 // else adds (a policy engine's toleration) is left alone.
 const AnnotationPodFields = "flashsale.dev/pod-fields"
 
+// AnnotationTemplateGeneration on a child Deployment is the generation in
+// which the operator last changed its pod template, then "/" and a digest of
+// that template. Until the Deployment controller has observed that
+// generation the pods run the old template, even when the same write scaled
+// the Deployment (a scale alone is no rollout).
+const AnnotationTemplateGeneration = "flashsale.dev/template-generation"
+
 // Labels on every child. The local pod runner and kubectl selectors use them.
 const (
 	LabelName      = "app.kubernetes.io/name"

@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -41,7 +43,7 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 	}
 	r.readClocks(ctx, s)
 	r.readReplication(ctx, s)
-	ready, reason, msg, err := r.childrenReady(ctx, s.fs)
+	ready, reason, msg, err := r.childrenReady(ctx, s.fs, s.written)
 	if err != nil {
 		return true, err
 	}
@@ -60,8 +62,10 @@ func (r *FlashSaleReconciler) observe(ctx context.Context, s *scope) (bool, erro
 
 // childrenReady: a reserve replica is ready (and one is asked for), and so is
 // a sweeper: without one, expired reservations are not given back and the
-// sale ends up sold out with units nobody holds.
-func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale) (ready bool, reason, msg string, err error) {
+// sale ends up sold out with units nobody holds. written are the Deployments
+// this reconcile wrote, as the API server stored them: the cache may not have
+// seen the write yet, and would report the old template's pods as current.
+func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1alpha1.FlashSale, written []*appsv1.Deployment) (ready bool, reason, msg string, err error) {
 	if resolve(fs).replicas == 0 {
 		return false, ReasonChildrenNotReady, "spec.reservation.replicas is 0: no reserve pod serves buyers", nil
 	}
@@ -76,6 +80,11 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 			return false, c.reason, fmt.Sprintf("Deployment %s does not exist yet", name), nil
 		case err != nil:
 			return false, "", "", err
+		}
+		for _, w := range written {
+			if w.Name == name && w.Generation > d.Generation {
+				d = *w
+			}
 		}
 		refused, why := deploymentTrouble(&d)
 		switch {
@@ -92,8 +101,11 @@ func (r *FlashSaleReconciler) childrenReady(ctx context.Context, fs *flashsalev1
 		case rollingOut(&d):
 			// Pods of the old template still serve the old settings: a
 			// pipeline waiting on Ready after a change waits for the pods too.
-			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %d of %d replicas run the current spec%s",
-				name, d.Status.UpdatedReplicas, d.Status.Replicas, why), nil
+			progress := fmt.Sprintf("%d of %d replicas run the current spec", d.Status.UpdatedReplicas, d.Status.Replicas)
+			if d.Status.ObservedGeneration < d.Generation {
+				progress = fmt.Sprintf("the Deployment controller has not seen generation %d yet", d.Generation)
+			}
+			return false, ReasonRollingOut, fmt.Sprintf("Deployment %s is rolling out: %s%s", name, progress, why), nil
 		}
 	}
 	return true, ReasonReady, "", nil
@@ -122,14 +134,25 @@ func deploymentTrouble(d *appsv1.Deployment) (refused bool, why string) {
 }
 
 // rollingOut reports pods of an older template still running. A change the
-// Deployment controller has not seen yet counts as one, unless it changes
-// the replicas: a scale (an autoscaler's, every few seconds during a sale)
-// changes the generation too, and is no rollout.
+// Deployment controller has not seen yet counts as one when the operator
+// changed the template in it (AnnotationTemplateGeneration; a write that
+// stored no change left the generation below the annotation), or when it
+// leaves the replicas as they are (someone else's template change, kubectl
+// rollout restart). A scale alone (an autoscaler's, every few seconds during
+// a sale) changes the generation too, and is no rollout.
 func rollingOut(d *appsv1.Deployment) bool {
 	if d.Status.UpdatedReplicas < d.Status.Replicas {
 		return true // a rollout under way, whatever changed since
 	}
-	return d.Status.ObservedGeneration < d.Generation && ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
+	seen := d.Status.ObservedGeneration
+	if seen >= d.Generation {
+		return false
+	}
+	gen, _, _ := strings.Cut(d.Annotations[AnnotationTemplateGeneration], "/")
+	if g, err := strconv.ParseInt(gen, 10, 64); err == nil && seen < min(g, d.Generation) {
+		return true
+	}
+	return ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas
 }
 
 // reservePods reads the reserve Deployment's replicas for the scale

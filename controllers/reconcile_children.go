@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -81,8 +82,12 @@ func (r *FlashSaleReconciler) reconcileChildren(ctx context.Context, s *scope) (
 	children = append(children, ReserveService(s.fs),
 		DisruptionBudget(s.fs, ComponentReserve), DisruptionBudget(s.fs, ComponentSweeper))
 	for _, desired := range children {
-		if err := r.apply(ctx, s.fs, desired); err != nil {
+		written, err := r.apply(ctx, s.fs, desired)
+		if err != nil {
 			failed(kindOf(desired), desired.GetName(), err)
+		}
+		if d, ok := desired.(*appsv1.Deployment); ok && written {
+			s.written = append(s.written, d)
 		}
 	}
 	return false, nil
@@ -99,11 +104,21 @@ func (r *FlashSaleReconciler) readLive(ctx context.Context, obj client.Object) e
 	return err
 }
 
+// templateStamp is AnnotationTemplateGeneration's value for d's pod template
+// written in generation gen: "<generation>/<digest of the template>".
+func templateStamp(gen int64, d *appsv1.Deployment) string {
+	return strconv.FormatInt(gen, 10) + "/" + jsonDigest(d.Spec.Template)
+}
+
 func setPodAnnotation(d *appsv1.Deployment, key, value string) {
-	if d.Spec.Template.Annotations == nil {
-		d.Spec.Template.Annotations = map[string]string{}
+	setAnnotation(&d.Spec.Template.ObjectMeta, key, value)
+}
+
+func setAnnotation(m *metav1.ObjectMeta, key, value string) {
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
 	}
-	d.Spec.Template.Annotations[key] = value
+	m.Annotations[key] = value
 }
 
 func kindOf(o client.Object) string {
@@ -120,25 +135,30 @@ func kindOf(o client.Object) string {
 
 // apply creates the child, or updates it when the desired spec is not already
 // contained in the live one (fields the API server defaults are left alone, so an
-// unchanged child is never rewritten).
-func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha1.FlashSale, desired client.Object) error {
+// unchanged child is never rewritten). It reports whether it wrote the child:
+// desired then holds what the API server stored.
+func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha1.FlashSale, desired client.Object) (bool, error) {
 	if err := ctrl.SetControllerReference(owner, desired, r.Scheme()); err != nil {
-		return err
+		return false, err
 	}
 	hash := jsonDigest(desired)
 	live := desired.DeepCopyObject().(client.Object)
 	err := r.readLive(ctx, live)
 	if apierrors.IsNotFound(err) {
-		return r.Create(ctx, desired)
+		if d, ok := desired.(*appsv1.Deployment); ok {
+			setAnnotation(&d.ObjectMeta, AnnotationTemplateGeneration, templateStamp(1, d))
+		}
+		err := r.Create(ctx, desired)
+		return err == nil, err
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !metav1.IsControlledBy(live, owner) {
-		return fmt.Errorf("it exists and is not owned by FlashSale %s", owner.Name)
+		return false, fmt.Errorf("it exists and is not owned by FlashSale %s", owner.Name)
 	}
 	if r.noops.holds(owner, live, hash) {
-		return nil
+		return false, nil
 	}
 	var same bool
 	// Labels and annotations others keep on the object (the Deployment
@@ -148,9 +168,19 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	switch d := desired.(type) {
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
-		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels) &&
+		stamp := templateStamp(l.Generation+1, d)
+		sameTemplate := equality.Semantic.DeepDerivative(d.Spec.Template, l.Spec.Template) &&
 			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields] &&
 			sameContractEnv(d.Spec.Template.Spec.Containers, l.Spec.Template.Spec.Containers)
+		same = sameTemplate && equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
+		if _, was, _ := strings.Cut(l.Annotations[AnnotationTemplateGeneration], "/"); !sameTemplate && !strings.HasSuffix(stamp, "/"+was) {
+			// The update is refused unless it applies to l, and it moves the
+			// generation by one. A template stamped already keeps its stamp:
+			// admission that rewrites a field of it (an image mirror) would
+			// otherwise have every reconcile stamp it anew, and an annotation
+			// change moves a Deployment's generation too.
+			setAnnotation(&d.ObjectMeta, AnnotationTemplateGeneration, stamp)
+		}
 		// Keep the pod labels and annotations others set (a mesh's
 		// injection label, a NetworkPolicy's selector label, kubectl
 		// rollout restart's annotation): a rewrite without them would roll
@@ -167,15 +197,15 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 		same = equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
 	}
 	if same {
-		return nil
+		return false, nil
 	}
 	r.nameReplicasOverride(ctx, owner, desired, live)
 	desired.SetResourceVersion(live.GetResourceVersion())
 	if err := r.Update(ctx, desired); err != nil {
-		return err
+		return false, err
 	}
 	r.noops.note(owner, live, desired.GetResourceVersion(), hash)
-	return nil
+	return true, nil
 }
 
 // noopWrites remembers, per sale, the children whose last Update stored

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
@@ -76,6 +77,8 @@ type facts struct {
 	gate     string
 	// children is the readiness of the reserve and sweeper Deployments.
 	children *readiness
+	// written are the Deployments this reconcile wrote, as stored.
+	written []*appsv1.Deployment
 	// closed is the closing gate every shard is known to hold, when this
 	// reconcile wrote it or found it (closeFirst, applyGates).
 	closed string

@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,6 +91,9 @@ type env struct {
 	reconciler *controllers.FlashSaleReconciler
 	// stale, when set, is what the controller's client reads for that sale.
 	stale atomic.Pointer[flashsalev1alpha1.FlashSale]
+	// lag, when on, has the controller's client read each Deployment once
+	// as it was before the controller's last Update of it.
+	lag deploymentLag
 	// reconcileTimeout, when set, bounds each reconcile (--reconcile-timeout).
 	reconcileTimeout time.Duration
 	// phaseTimeout, when set, bounds each phase of a reconcile.
@@ -116,12 +120,56 @@ type testClient struct {
 	client.Client
 	deploymentUpdates *atomic.Int64
 	stale             *atomic.Pointer[flashsalev1alpha1.FlashSale]
+	lag               *deploymentLag
+}
+
+// deploymentLag is a cache that has not yet seen the controller's own writes
+// of Deployments: the first read of one after an Update returns it as it
+// was before.
+type deploymentLag struct {
+	mu     sync.Mutex
+	on     bool
+	before map[client.ObjectKey]*appsv1.Deployment
+}
+
+func (l *deploymentLag) set(on bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.on, l.before = on, nil
+}
+
+// remember keeps d as it is before an Update, if the lag is on.
+func (l *deploymentLag) remember(d *appsv1.Deployment) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.on {
+		return
+	}
+	if l.before == nil {
+		l.before = map[client.ObjectKey]*appsv1.Deployment{}
+	}
+	l.before[client.ObjectKeyFromObject(d)] = d
+}
+
+// take returns, once, the copy kept for key.
+func (l *deploymentLag) take(key client.ObjectKey) *appsv1.Deployment {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d := l.before[key]
+	delete(l.before, key)
+	return d
 }
 
 func (c testClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if fs, ok := obj.(*flashsalev1alpha1.FlashSale); ok {
+	switch o := obj.(type) {
+	case *flashsalev1alpha1.FlashSale:
 		if old := c.stale.Load(); old != nil && client.ObjectKeyFromObject(old) == key {
-			old.DeepCopyInto(fs)
+			old.DeepCopyInto(o)
+			return nil
+		}
+	case *appsv1.Deployment:
+		if old := c.lag.take(key); old != nil {
+			old.DeepCopyInto(o)
 			return nil
 		}
 	}
@@ -131,9 +179,20 @@ func (c testClient) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 // Update counts only the updates that were written: one sent from a stale
 // copy is refused (a conflict) and changes nothing.
 func (c testClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	d, isDeployment := obj.(*appsv1.Deployment)
+	var before *appsv1.Deployment
+	if isDeployment {
+		before = &appsv1.Deployment{}
+		if c.Client.Get(ctx, client.ObjectKeyFromObject(d), before) != nil {
+			before = nil
+		}
+	}
 	err := c.Client.Update(ctx, obj, opts...)
-	if _, ok := obj.(*appsv1.Deployment); ok && err == nil {
+	if isDeployment && err == nil {
 		c.deploymentUpdates.Add(1)
+		if before != nil {
+			c.lag.remember(before)
+		}
 	}
 	return err
 }
@@ -206,7 +265,7 @@ func (e *env) startController() (stop func()) {
 		e.t.Fatal(err)
 	}
 	r := &controllers.FlashSaleReconciler{
-		Client:        testClient{mgr.GetClient(), &e.deploymentUpdates, &e.stale},
+		Client:        testClient{mgr.GetClient(), &e.deploymentUpdates, &e.stale, &e.lag},
 		Recorder:      mgr.GetEventRecorder("flashsale-controller"),
 		Image:         cmp.Or(e.image, "flashsale-operator:test"),
 		Install:       e.install,
