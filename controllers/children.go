@@ -42,6 +42,13 @@ const AnnotationSecrets = "flashsale.dev/secrets-fingerprint"
 // else adds (a policy engine's toleration) is left alone.
 const AnnotationPodFields = "flashsale.dev/pod-fields"
 
+// The reserve pods' requests when spec.reservation.resources is not set:
+// 1,024 buyers at once fit in 128Mi (docs/operations.md, sizing).
+const (
+	DefaultReserveCPURequest    = "100m"
+	DefaultReserveMemoryRequest = "128Mi"
+)
+
 // AnnotationTemplateGeneration on a child Deployment is the generation in
 // which the operator last changed its pod template, then "/" and a digest of
 // that template. Until the Deployment controller has observed that
@@ -250,7 +257,11 @@ func ReserveDeployment(fs *flashsalev1alpha1.FlashSale, image string) *appsv1.De
 		// killing the replica at it (no limit: the node's allocatable memory).
 		corev1.EnvVar{Name: config.EnvMemoryLimit, ValueFrom: &corev1.EnvVarSource{
 			ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: resource.MustParse("1")}}})
-	c := corev1.Container{Args: []string{"reserve"}, Env: env}
+	// Requested by default: a pod without requests is the first the kubelet
+	// evicts under memory pressure, in the middle of a sale.
+	c := corev1.Container{Args: []string{"reserve"}, Env: env, Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+		corev1.ResourceCPU: mustQuantity(DefaultReserveCPURequest), corev1.ResourceMemory: mustQuantity(DefaultReserveMemoryRequest),
+	}}}
 	if r := fs.Spec.Reservation.Resources; r != nil {
 		c.Resources = *r.DeepCopy()
 		// As the API server stores them (to the millis, rounded up), so the

@@ -231,8 +231,14 @@ func TestPodsPlacement(t *testing.T) {
 }
 
 // Quantities are rounded up to the millis as the API server stores them, and
-// the pod fields the spec may drop are hashed into an annotation.
+// the pod fields the spec may drop are hashed into an annotation. Without
+// resources in the spec the reserve pods still request some: a pod without
+// requests is the first one evicted under memory pressure.
 func TestReserveResourcesAndPodFieldsHash(t *testing.T) {
+	if r := ReserveDeployment(testSale(), "img").Spec.Template.Spec.Containers[0].Resources; r.Requests.Cpu().String() != "100m" ||
+		r.Requests.Memory().String() != "128Mi" || len(r.Limits) != 0 {
+		t.Fatalf("default reserve resources %+v", r)
+	}
 	fs := testSale(func(fs *flashsalev1alpha1.FlashSale) {
 		fs.Spec.Reservation.Resources = &corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100u"), corev1.ResourceMemory: resource.MustParse("64Mi")},

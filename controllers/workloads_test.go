@@ -270,7 +270,8 @@ func TestPodPlacementFollowsTheSpec(t *testing.T) {
 	testharness.Eventually(t, settle, "placement and resources removed", func() bool {
 		r, w := get("placed-reserve").Spec.Template.Spec, get("placed-sweeper").Spec.Template.Spec
 		return r.NodeSelector == nil && r.Tolerations == nil && r.ImagePullSecrets == nil && r.PriorityClassName == "" &&
-			r.Containers[0].Resources.Requests == nil && w.NodeSelector == nil && w.PriorityClassName == ""
+			r.Containers[0].Resources.Requests.Cpu().String() == controllers.DefaultReserveCPURequest &&
+			w.NodeSelector == nil && w.PriorityClassName == ""
 	})
 	untouched("removed")
 
