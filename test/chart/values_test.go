@@ -123,6 +123,8 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{[]string{"metrics.readerSubjects[0].kind=ServiceAccount", "metrics.readerSubjects[0].name=prometheus"}, "/metrics/readerSubjects/0"},
 		{[]string{"monitoring.serviceMonitor.tokenSecret.name=Scraper_Token"}, "/monitoring/serviceMonitor/tokenSecret/name"},
 		{[]string{"monitoring.serviceMonitor.tokenSecret.key="}, "/monitoring/serviceMonitor/tokenSecret/key"},
+		// Alerts on metrics nothing exports: every one silent, one for ever.
+		{[]string{"monitoring.prometheusRule.enabled=true", "metrics.enabled=false"}, "needs metrics.enabled"},
 	} {
 		out, err := template(t, c.set...)
 		if err == nil {
