@@ -41,6 +41,10 @@ type SweepStats struct {
 	// Backlog counts the shards left with expired reservations when the pass
 	// reached their budget (sweepShardBatches): the next pass goes on.
 	Backlog int
+	// QuotaDeferred counts released stolen reservations whose quota give-back
+	// on their home shard failed: that shard's claim reaper gives it back
+	// once it answers (reapClaims), and their own shard's sweep goes on.
+	QuotaDeferred int
 }
 
 func (s *SweepStats) add(o SweepStats) {
@@ -50,6 +54,7 @@ func (s *SweepStats) add(o SweepStats) {
 	s.Skipped += o.Skipped
 	s.ReapedClaims += o.ReapedClaims
 	s.Backlog += o.Backlog
+	s.QuotaDeferred += o.QuotaDeferred
 }
 
 // Sweep makes one pass over every shard: expired reservations (expiry + grace, by the
@@ -303,7 +308,10 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 // quota of the stolen ones among them together on each home shard
 // (Store.QuotaEach, as afterRelease gives one back); one whose hash is gone
 // is released from its ledger row, on its own. A release is counted by what
-// Redis did, even when its give-back failed; reapClaims settles that one.
+// Redis did, even when its give-back failed; reapClaims settles that one. A
+// give-back's failure is another shard's (the home shard's server stalls, on
+// a Redis Cluster another master): it is counted, not returned, so that this
+// shard's remaining batches, paying marks and claims are not held back.
 func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (SweepStats, error) {
 	var (
 		st    SweepStats
@@ -333,7 +341,9 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 	for home, g := range gives {
 		_, errs := e.store.QuotaEach(ctx, home, g)
 		for _, err := range errs {
-			first = cmp.Or(first, err)
+			if err != nil {
+				st.QuotaDeferred++
+			}
 		}
 	}
 	return st, first

@@ -13,6 +13,7 @@ type Metrics struct {
 	passes       *prometheus.CounterVec
 	reservations *prometheus.CounterVec
 	reapedClaims prometheus.Counter
+	deferred     prometheus.Counter
 	duration     prometheus.Histogram
 	leader       prometheus.Gauge
 }
@@ -32,6 +33,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "flashsale_sweeper_reaped_claims_total",
 			Help: "Quota given back on home shards: steal claims whose placing process died before confirming them, and released stolen reservations whose give-back had failed.",
 		}),
+		deferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_sweeper_quota_deferred_total",
+			Help: "Released stolen reservations whose quota give-back on their home shard failed (that shard did not answer): its claim reaper gives it back once it does.",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "flashsale_sweeper_pass_duration_seconds",
 			Help:    "Duration of one sweep pass over every shard.",
@@ -42,13 +47,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while this replica holds the sweeper leadership, else 0.",
 		}),
 	}
-	for _, r := range []string{"ok", "error"} {
+	for _, r := range []string{"ok", "cut", "error"} {
 		m.passes.WithLabelValues(r)
 	}
 	for _, o := range []string{"released", "committed", "abandoned", "skipped"} {
 		m.reservations.WithLabelValues(o)
 	}
-	reg.MustRegister(m.passes, m.reservations, m.reapedClaims, m.duration, m.leader)
+	reg.MustRegister(m.passes, m.reservations, m.reapedClaims, m.deferred, m.duration, m.leader)
 	return m
 }
 
@@ -81,4 +86,5 @@ func (m *Metrics) observePass(st engine.SweepStats, d time.Duration, err error, 
 	m.reservations.WithLabelValues("abandoned").Add(float64(st.Abandoned))
 	m.reservations.WithLabelValues("skipped").Add(float64(st.Skipped))
 	m.reapedClaims.Add(float64(st.ReapedClaims))
+	m.deferred.Add(float64(st.QuotaDeferred))
 }

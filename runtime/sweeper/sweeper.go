@@ -143,17 +143,19 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) (more bool) {
 	cut := err != nil && errors.Is(err, context.DeadlineExceeded) && pctx.Err() != nil &&
 		st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0
 	r.Metrics.observePass(st, d, err, cut)
+	fields := []any{"duration", d, "released", st.Released, "committed", st.Committed, "abandoned", st.Abandoned,
+		"skipped", st.Skipped, "reaped_claims", st.ReapedClaims, "quota_deferred", st.QuotaDeferred}
 	switch {
 	case cut:
-		log.Info("sweep pass reached its time limit; the next goes on at once", "duration", d, "released", st.Released,
-			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
+		log.Info("sweep pass reached its time limit; the next goes on at once", fields...)
 	case err != nil:
-		log.Error("sweep pass failed", "err", err, "duration", d, "released", st.Released,
-			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims)
+		log.Error("sweep pass failed", append([]any{"err", err}, fields...)...)
+	case st.QuotaDeferred > 0:
+		// The home shards' claim reapers give it back once they answer.
+		log.Warn("sweep pass could not give back the quota of some stolen reservations on their home shards",
+			append(fields, "backlog_shards", st.Backlog)...)
 	case st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0:
-		log.Info("sweep pass", "duration", d, "released", st.Released,
-			"committed", st.Committed, "abandoned", st.Abandoned, "skipped", st.Skipped, "reaped_claims", st.ReapedClaims,
-			"backlog_shards", st.Backlog)
+		log.Info("sweep pass", append(fields, "backlog_shards", st.Backlog)...)
 	default:
 		log.Debug("sweep pass", "duration", d, "skipped", st.Skipped)
 	}
