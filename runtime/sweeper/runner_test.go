@@ -23,6 +23,8 @@ type fakeElector struct {
 	acquires atomic.Int64
 	released chan struct{}
 	once     sync.Once
+	// asked, when set, is told of each Acquire, which then waits for hold.
+	asked, hold chan struct{}
 }
 
 func newFakeElector(lead bool) *fakeElector {
@@ -34,6 +36,10 @@ func newFakeElector(lead bool) *fakeElector {
 func (e *fakeElector) Kind() string { return "fake" }
 func (e *fakeElector) Acquire(context.Context) (bool, error) {
 	e.acquires.Add(1)
+	if e.asked != nil {
+		e.asked <- struct{}{}
+		<-e.hold
+	}
 	return e.lead.Load(), e.err
 }
 func (e *fakeElector) Release(context.Context) error {
@@ -156,6 +162,36 @@ func TestRunnerFinishesPassBeforeRelease(t *testing.T) {
 	}
 	if err := passErr.Load(); err != nil {
 		t.Fatalf("the pass saw its context cancelled: %v", err)
+	}
+	select {
+	case <-el.released:
+	default:
+		t.Fatal("leadership not released on shutdown")
+	}
+}
+
+// A SIGTERM that arrives while the election is asked (a lock's ping, up to
+// its own bound) starts no pass: the election, the pass and the release
+// together would outlast the pod's termination grace.
+func TestRunnerStoppedDuringTheElectionStartsNoPass(t *testing.T) {
+	el := newFakeElector(true)
+	el.asked, el.hold = make(chan struct{}, 1), make(chan struct{})
+	var passes atomic.Int64
+	r := &Runner{
+		Pass:    func(context.Context) (engine.SweepStats, error) { passes.Add(1); return engine.SweepStats{}, nil },
+		Elector: el, Interval: time.Hour,
+	}
+	cancel, done, runErr := run(t, r)
+	<-el.asked
+	cancel()
+	close(el.hold)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if *runErr != nil || passes.Load() != 0 {
+		t.Fatalf("Run: %v, %d passes; want none after the SIGTERM", *runErr, passes.Load())
 	}
 	select {
 	case <-el.released:

@@ -118,6 +118,12 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 		}
 		r.Metrics.setLeader(leading)
+		if ctx.Err() != nil {
+			// Stopped while asking: no pass, which with the election and the
+			// release would outlast the termination grace.
+			r.busySince.Store(0)
+			return r.release(log, leading)
+		}
 		next := r.Interval
 		if leading && r.pass(ctx, log) {
 			next = 0 // a backlog: go on at once
