@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,9 +13,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 )
 
 // CacheOptions is what the manager keeps in memory, cluster-wide or in the
@@ -158,4 +163,44 @@ func (r *secretReader) held() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.seen)
+}
+
+// watchedKinds are the kinds CacheOptions keeps, as lists for a reading of
+// their metadata.
+var watchedKinds = []schema.GroupVersionKind{
+	flashsalev1alpha1.GroupVersion.WithKind("FlashSaleList"),
+	appsv1.SchemeGroupVersion.WithKind("DeploymentList"),
+	corev1.SchemeGroupVersion.WithKind("ServiceList"),
+	policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudgetList"),
+	corev1.SchemeGroupVersion.WithKind("PodList"),
+	corev1.SchemeGroupVersion.WithKind("SecretList"),
+}
+
+// ReadableNamespaces is the namespaces of namespaces in which the manager may
+// list every kind its cache watches, and for each other one the kind it may
+// not. An install scoped to namespaces (the chart's watchNamespaces) reads
+// them through a Role in each, which a namespace's deletion removes: the
+// cache of a namespace it may not read never syncs, and the manager would
+// stop at its start, leaving the sales of every other namespace unmanaged.
+// Any other error than a refusal is returned.
+func ReadableNamespaces(ctx context.Context, c client.Reader, namespaces []string) (readable []string, refused map[string]string, err error) {
+	refused = map[string]string{}
+	for _, ns := range namespaces {
+		for _, gvk := range watchedKinds {
+			list := &metav1.PartialObjectMetadataList{}
+			list.SetGroupVersionKind(gvk)
+			err := c.List(ctx, list, client.InNamespace(ns), client.Limit(1))
+			if apierrors.IsForbidden(err) {
+				refused[ns] = strings.TrimSuffix(gvk.Kind, "List")
+				break
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("listing %s in namespace %s: %w", strings.TrimSuffix(gvk.Kind, "List"), ns, err)
+			}
+		}
+		if _, ok := refused[ns]; !ok {
+			readable = append(readable, ns)
+		}
+	}
+	return readable, refused, nil
 }

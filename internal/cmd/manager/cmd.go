@@ -33,6 +33,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -192,6 +193,10 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("--status-refresh must be between 100ms and 1m, got %s", opts.StatusRefresh)
 	}
 
+	namespaces, err := readableNamespaces(ctx, cfg, watchedNamespaces(opts.Namespaces))
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),
 		Metrics:                       metricsOptions(opts),
@@ -200,7 +205,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         controllers.CacheOptions(watchedNamespaces(opts.Namespaces)),
+		Cache:                         controllers.CacheOptions(namespaces),
 		Controller: ctrlconfig.Controller{
 			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 			ReconciliationTimeout:   opts.ReconcileTimeout,
@@ -232,12 +237,40 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 
 	log.Info("starting", "version", version.Version, "commit", version.GitCommit,
-		"namespaces", watchedNamespaces(opts.Namespaces), "leaderElect", opts.LeaderElect)
+		"namespaces", namespaces, "leaderElect", opts.LeaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// readableNamespaces is namespaces (all of them when empty) without those
+// the manager may not read, each named in an error log: a namespace deleted
+// with its Role (the chart's watchNamespaces) would keep the manager from
+// starting, and every other namespace unmanaged. None readable is an error.
+func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []string) ([]string, error) {
+	if len(namespaces) == 0 {
+		return nil, nil
+	}
+	c, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+	if err != nil {
+		return nil, err
+	}
+	readable, refused, err := controllers.ReadableNamespaces(ctx, c, namespaces)
+	if err != nil {
+		return nil, err
+	}
+	for _, ns := range namespaces {
+		if kind, ok := refused[ns]; ok {
+			ctrl.Log.WithName("manager").Error(nil, "not watching a namespace the manager may not read: its sales are not reconciled until it can and the manager restarts "+
+				"(a namespace deleted with its Role: remove it from --namespaces, the chart's watchNamespaces)", "namespace", ns, "refused", kind)
+		}
+	}
+	if len(readable) == 0 {
+		return nil, fmt.Errorf("the manager may read none of the namespaces it is to watch %v (refused: %v)", namespaces, refused)
+	}
+	return readable, nil
 }
 
 // serviceAccountNamespace is where a pod's namespace is mounted; leader
