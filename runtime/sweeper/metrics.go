@@ -16,6 +16,8 @@ type Metrics struct {
 	deferred     prometheus.Counter
 	duration     prometheus.Histogram
 	leader       prometheus.Gauge
+	interval     prometheus.Gauge
+	lastPass     prometheus.Gauge
 }
 
 // NewMetrics registers the sweeper metrics on reg.
@@ -46,6 +48,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "flashsale_sweeper_leader",
 			Help: "1 while this replica holds the sweeper leadership, else 0.",
 		}),
+		interval: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "flashsale_sweeper_interval_seconds",
+			Help: "The time between two passes when no backlog is left (spec.sweeper.interval).",
+		}),
+		lastPass: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "flashsale_sweeper_last_pass_timestamp_seconds",
+			Help: "When this replica last finished a pass (ok or cut), in seconds since the epoch; 0 before its first.",
+		}),
 	}
 	for _, r := range []string{"ok", "cut", "error"} {
 		m.passes.WithLabelValues(r)
@@ -53,8 +63,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"released", "committed", "abandoned", "skipped"} {
 		m.reservations.WithLabelValues(o)
 	}
-	reg.MustRegister(m.passes, m.reservations, m.reapedClaims, m.deferred, m.duration, m.leader)
+	reg.MustRegister(m.passes, m.reservations, m.reapedClaims, m.deferred, m.duration, m.leader, m.interval, m.lastPass)
 	return m
+}
+
+func (m *Metrics) setInterval(d time.Duration) {
+	if m != nil {
+		m.interval.Set(d.Seconds())
+	}
 }
 
 func (m *Metrics) setLeader(leading bool) {
@@ -78,6 +94,9 @@ func (m *Metrics) observePass(st engine.SweepStats, d time.Duration, err error, 
 		result = "cut"
 	case err != nil:
 		result = "error"
+	}
+	if result != "error" {
+		m.lastPass.SetToCurrentTime()
 	}
 	m.passes.WithLabelValues(result).Inc()
 	m.duration.Observe(d.Seconds())

@@ -254,6 +254,39 @@ func TestMetricsExposition(t *testing.T) {
 	}
 }
 
+// The stall alert's inputs: the interval, and when a pass last finished (not
+// a failed one; 0 before the first).
+func TestMetricsTellTheLastPass(t *testing.T) {
+	for _, failing := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		m := NewMetrics(reg)
+		passed := make(chan struct{}, 1)
+		r := &Runner{
+			Pass: func(context.Context) (engine.SweepStats, error) {
+				defer func() { passed <- struct{}{} }()
+				if failing {
+					return engine.SweepStats{}, errors.New("ledger down")
+				}
+				return engine.SweepStats{}, nil
+			},
+			Elector: newFakeElector(true), Interval: time.Hour, Metrics: m,
+		}
+		before := float64(time.Now().Unix())
+		run(t, r)
+		<-passed
+		waitFor(t, "the pass counted", func() bool {
+			return testutil.ToFloat64(m.passes.WithLabelValues("ok"))+testutil.ToFloat64(m.passes.WithLabelValues("error")) == 1
+		})
+		if got := testutil.ToFloat64(m.interval); got != 3600 {
+			t.Errorf("interval gauge %v, want 3600", got)
+		}
+		last := testutil.ToFloat64(m.lastPass)
+		if failing && last != 0 || !failing && (last < before || last > float64(time.Now().Unix()+1)) {
+			t.Errorf("failing=%v: last pass %v (the run began at %v)", failing, last, before)
+		}
+	}
+}
+
 // A pass that reaches its time limit after doing work left a backlog: it is
 // counted as cut, not as an error, and the next pass starts at once instead of
 // an interval later.

@@ -90,6 +90,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	r.Metrics.setInterval(r.Interval)
 	leading := false
 	timer := time.NewTimer(0) // the first pass runs at once
 	defer timer.Stop()
