@@ -24,6 +24,7 @@ import (
 	goflag "flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,6 +88,9 @@ type Options struct {
 	ReconcileTimeout time.Duration
 	// PhaseTimeout bounds each step of a reconcile but a rebuild.
 	PhaseTimeout time.Duration
+	// MemoryLimit is the container's memory limit in bytes (0: none): the
+	// Go runtime keeps to nine tenths of it.
+	MemoryLimit uint64
 
 	// skipNameValidation lets a test start the manager more than once in
 	// one process: controller-runtime refuses a controller name the process
@@ -123,12 +127,21 @@ func NewScheme() *runtime.Scheme {
 func NewCmd() *cobra.Command {
 	opts := DefaultOptions()
 	zapOpts := zap.Options{}
+	var envErr error
+	if v := os.Getenv(runtimeconfig.EnvMemoryLimit); v != "" {
+		if opts.MemoryLimit, envErr = strconv.ParseUint(v, 10, 64); envErr != nil {
+			envErr = fmt.Errorf("%s=%q: not a count of bytes", runtimeconfig.EnvMemoryLimit, v)
+		}
+	}
 
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the operator: reconcile FlashSale objects",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if envErr != nil && !cmd.Flags().Changed("memory-limit") {
+				return envErr
+			}
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 			redisLog := ctrl.Log.WithName("redis-client")
 			runtimeconfig.RouteRedisLogs(func(line string, dropped int) { redisLog.Info(line, "dropped", dropped) })
@@ -165,6 +178,8 @@ func NewCmd() *cobra.Command {
 		"longest one reconcile of one sale may take before it is abandoned and retried; a deletion scans the Redis keyspace, so raise it for a Redis of ~10^8 keys (a rebuild runs off the reconcile and is not bounded by it)")
 	f.DurationVar(&opts.PhaseTimeout, "phase-timeout", opts.PhaseTimeout,
 		"longest each step of a reconcile but a rebuild may take (opening connections, counting the orders, writing the Deployments): a Redis or PostgreSQL that hangs shows as unreachable within it; raise it for sales whose counts take longer")
+	f.Uint64Var(&opts.MemoryLimit, "memory-limit", opts.MemoryLimit,
+		"the container's memory limit in bytes: the Go runtime collects harder as it nears 9/10 of it instead of being killed at it; 0: none; GOMEMLIMIT, when set, wins (env "+runtimeconfig.EnvMemoryLimit+", which the manifests set from limits.memory)")
 
 	// --kubeconfig and the zap logging flags are Go flags.
 	goflags := goflag.NewFlagSet("manager", goflag.ContinueOnError)
@@ -193,6 +208,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("--status-refresh must be between 100ms and 1m, got %s", opts.StatusRefresh)
 	}
 
+	if lim := runtimeconfig.SetMemoryLimit(opts.MemoryLimit); lim > 0 {
+		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
+	}
 	namespaces, err := readableNamespaces(ctx, cfg, watchedNamespaces(opts.Namespaces))
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

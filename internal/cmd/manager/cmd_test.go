@@ -43,6 +43,7 @@ import (
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	runtimeconfig "github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
 func freeAddr(t *testing.T) string {
@@ -336,6 +337,28 @@ func TestNamespacesFlag(t *testing.T) {
 		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", name, got, want)
 		}
+	}
+}
+
+// The container's memory limit comes from the variable the manifests set
+// from limits.memory, and a value that is not a count of bytes stops the
+// start, naming the variable.
+func TestMemoryLimitFlag(t *testing.T) {
+	t.Setenv(runtimeconfig.EnvMemoryLimit, "268435456")
+	cmd := NewCmd()
+	if err := cmd.ParseFlags([]string{"--kubeconfig=/dev/null"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cmd.Flags().Lookup("memory-limit").Value.String(); got != "268435456" {
+		t.Errorf("--memory-limit = %s, want the variable's 268435456", got)
+	}
+	t.Setenv(runtimeconfig.EnvMemoryLimit, "256Mi")
+	cmd = NewCmd()
+	cmd.SetArgs([]string{"--kubeconfig=/dev/null"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), runtimeconfig.EnvMemoryLimit) {
+		t.Errorf("start with %s=256Mi: %v, want an error naming it", runtimeconfig.EnvMemoryLimit, err)
 	}
 }
 

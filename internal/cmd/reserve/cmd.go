@@ -69,7 +69,7 @@ type Options struct {
 	// GCPercent is the Go GC target (debug.SetGCPercent) unless GOGC is set.
 	GCPercent int
 	// MemoryLimit is the container's memory limit in bytes (0: none); the
-	// Go runtime's is set to memoryLimitShare of it unless GOMEMLIMIT is set.
+	// Go runtime's is set to config.MemoryLimitShare of it unless GOMEMLIMIT is set.
 	MemoryLimit uint64
 	// DebugListen, when set, serves net/http/pprof there (keep it on loopback).
 	DebugListen string
@@ -275,8 +275,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(opts.GCPercent)
 	}
-	if lim := goMemoryLimit(opts.MemoryLimit); lim > 0 && os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(lim)
+	if lim := config.SetMemoryLimit(opts.MemoryLimit); lim > 0 {
 		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
 	}
 	mc := opts.Ledger

@@ -19,31 +19,11 @@ package reserve
 import (
 	"fmt"
 	"log/slog"
-	"math"
 	"syscall"
 
 	"github.com/flashsale-dev/flashsale-operator/runtime/api"
 	"github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
-
-// memoryLimitShare is the share of the container's memory limit the Go
-// runtime keeps to: the rest is for what the runtime does not count and the
-// cgroup does (the kernel's socket buffers, the binary's pages it cannot
-// reclaim at once).
-const memoryLimitShare = 0.9
-
-// goMemoryLimit is the Go runtime's memory limit for a container limit of
-// bytes; 0: none. With the GC target of 400 the heap grows to five times what
-// is live before a collection: a storm of 4,096 buyers took a reserve
-// process to 480–500 MiB resident, and to 255–258 MiB (file pages included)
-// with the runtime's limit set from 256 MiB, with no measurable loss of
-// throughput (docs/operations.md, "The reserve pods' memory").
-func goMemoryLimit(container uint64) int64 {
-	if container == 0 || container > math.MaxInt64 {
-		return 0
-	}
-	return int64(float64(container) * memoryLimitShare)
-}
 
 // ownFiles are the files a reserve process may keep open besides its
 // buyers' connections: go-redis's pool to each Redis server (a standalone
