@@ -123,6 +123,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{[]string{"metrics.readerSubjects[0].kind=ServiceAccount", "metrics.readerSubjects[0].name=prometheus"}, "/metrics/readerSubjects/0"},
 		{[]string{"monitoring.serviceMonitor.tokenSecret.name=Scraper_Token"}, "/monitoring/serviceMonitor/tokenSecret/name"},
 		{[]string{"monitoring.serviceMonitor.tokenSecret.key="}, "/monitoring/serviceMonitor/tokenSecret/key"},
+		{[]string{"leaderElection.id=Outlet_Operator"}, "/leaderElection/id"},
 		// Alerts on metrics nothing exports: every one silent, one for ever.
 		{[]string{"monitoring.prometheusRule.enabled=true", "metrics.enabled=false"}, "needs metrics.enabled"},
 	} {
@@ -385,6 +386,31 @@ func TestUpdateStrategyFollowsLeaderElection(t *testing.T) {
 		d, _ := manager(t, render(t, c.set...))
 		if d.Spec.Strategy.Type != c.want {
 			t.Errorf("%v: strategy %q, want %q", c.set, d.Spec.Strategy.Type, c.want)
+		}
+	}
+}
+
+// TestLeaderElectionID: a second release in a namespace names its own Lease
+// (else one of the two never leads); without a name the manager's default
+// stands, and the Lease is only named while leader election is on.
+func TestLeaderElectionID(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"leaderElection.id=outlet-operator"}, "--leader-election-id=outlet-operator"},
+		{[]string{"leaderElection.id=outlet-operator", "leaderElection.enabled=false"}, ""},
+	} {
+		d, _ := manager(t, render(t, c.set...))
+		var got string
+		for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--leader-election-id") {
+				got = a
+			}
+		}
+		if got != c.want {
+			t.Errorf("%v: %q, want %q", c.set, got, c.want)
 		}
 	}
 }

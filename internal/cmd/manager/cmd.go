@@ -31,6 +31,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -49,7 +50,8 @@ import (
 	runtimeconfig "github.com/flashsale-dev/flashsale-operator/runtime/config"
 )
 
-// LeaderElectionID names the Lease that elects the active manager.
+// LeaderElectionID names the Lease that elects the active manager, unless
+// --leader-election-id names another (two installs in one namespace).
 const LeaderElectionID = "flashsale-manager.flashsale.dev"
 
 // Options are the manager's settings, one per flag.
@@ -72,6 +74,8 @@ type Options struct {
 	// LeaderElectionNamespace holds the Lease; empty means the pod's own
 	// namespace (required when running outside a cluster with LeaderElect).
 	LeaderElectionNamespace string
+	// LeaderElectionID names the Lease, and with its namespace the install.
+	LeaderElectionID string
 	// Namespaces limits the watched namespaces; empty means all.
 	Namespaces []string
 	// Image is what the reserve and sweeper pods run: the operator's own image
@@ -112,6 +116,7 @@ func DefaultOptions() Options {
 		MaxConcurrentReconciles: 8,
 		ReconcileTimeout:        10 * time.Minute,
 		PhaseTimeout:            controllers.DefaultPhaseTimeout,
+		LeaderElectionID:        LeaderElectionID,
 	}
 }
 
@@ -166,6 +171,8 @@ func NewCmd() *cobra.Command {
 		"elect one active manager through a Lease")
 	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace,
 		"namespace of the leader-election Lease (default: the pod's namespace)")
+	f.StringVar(&opts.LeaderElectionID, "leader-election-id", opts.LeaderElectionID,
+		"name of the leader-election Lease, which names this install in the sales it manages: two installs in one namespace need two names")
 	f.StringSliceVar(&opts.Namespaces, "namespaces", opts.Namespaces,
 		"comma-separated namespaces to watch (default: all)")
 	f.StringVar(&opts.Image, "image", opts.Image,
@@ -199,6 +206,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1 (got %d) and --reconcile-timeout at least 1s (got %s)",
 			opts.MaxConcurrentReconciles, opts.ReconcileTimeout)
 	}
+	if errs := validation.IsDNS1123Subdomain(opts.LeaderElectionID); opts.LeaderElect && len(errs) > 0 {
+		return fmt.Errorf("--leader-election-id %q is not a Lease name: %s", opts.LeaderElectionID, strings.Join(errs, "; "))
+	}
 	if opts.PhaseTimeout < time.Second {
 		return fmt.Errorf("--phase-timeout must be at least 1s, got %s", opts.PhaseTimeout)
 	}
@@ -220,7 +230,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Metrics:                       metricsOptions(opts),
 		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
 		LeaderElection:                opts.LeaderElect,
-		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionID:              opts.LeaderElectionID,
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         controllers.CacheOptions(namespaces),
@@ -240,7 +250,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Image:         opts.Image,
 		StatusRefresh: opts.StatusRefresh,
 		PhaseTimeout:  opts.PhaseTimeout,
-		Install:       installName(opts.LeaderElect, opts.LeaderElectionNamespace),
+		Install:       installName(opts.LeaderElect, opts.LeaderElectionNamespace, opts.LeaderElectionID),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the FlashSale controller: %w", err)
 	}
@@ -299,7 +309,7 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 // (controllers.AnnotationOperator): its leader election Lease, in ns, else
 // in the pod's namespace. Without leader election there is no Lease to tell
 // whether it is there: no name (it claims no sale).
-func installName(leaderElect bool, ns string) string {
+func installName(leaderElect bool, ns, id string) string {
 	if !leaderElect {
 		return ""
 	}
@@ -308,7 +318,7 @@ func installName(leaderElect bool, ns string) string {
 			ns = strings.TrimSpace(string(b))
 		}
 	}
-	return ns + "/" + LeaderElectionID
+	return ns + "/" + id
 }
 
 func envOr(name, def string) string {

@@ -328,7 +328,11 @@ func TestNamespacesFlag(t *testing.T) {
 	if len(got) != 2 || got[0] != "shop" || got[1] != "outlet" {
 		t.Errorf("namespaces %q, want [shop outlet]", got)
 	}
+	if got := installName(true, "flashsale-system", LeaderElectionID); got != "flashsale-system/flashsale-manager.flashsale.dev" {
+		t.Errorf("install name %q", got)
+	}
 	for name, want := range map[string]string{
+		"leader-election-id":        LeaderElectionID,
 		"metrics-bind-address":      ":8443",
 		"metrics-secure":            "true",
 		"health-probe-bind-address": ":8081",
@@ -395,6 +399,13 @@ func TestRunRefusesBadConcurrencySettings(t *testing.T) {
 		opts.PhaseTimeout = phase
 		if err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts); err == nil || !strings.Contains(err.Error(), "--phase-timeout") {
 			t.Fatalf("Run with --phase-timeout %s = %v", phase, err)
+		}
+	}
+	for _, id := range []string{"", "Outlet_Operator"} {
+		opts := DefaultOptions()
+		opts.LeaderElect, opts.LeaderElectionID = true, id
+		if err := Run(context.Background(), &rest.Config{Host: "http://" + freeAddr(t)}, opts); err == nil || !strings.Contains(err.Error(), "--leader-election-id") {
+			t.Fatalf("Run with --leader-election-id %q = %v", id, err)
 		}
 	}
 	for _, refresh := range []time.Duration{0, -time.Second, time.Millisecond, 2 * time.Minute} {
