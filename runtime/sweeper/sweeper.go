@@ -166,7 +166,10 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) (more bool) {
 	default:
 		log.Debug("sweep pass", "duration", d, "skipped", st.Skipped)
 	}
-	return cut || err == nil && st.Backlog > 0
+	// A backlog goes on at once even after an error: the error may be one
+	// shard's (a Redis Cluster master that does not answer), the backlog
+	// the others'.
+	return cut || st.Backlog > 0
 }
 
 func (r *Runner) release(log *slog.Logger, leading bool) error {
