@@ -222,7 +222,7 @@ func (f *fixture) assertQuotaCovers() {
 				continue
 			}
 			ptr, err := f.rdb.HGet(ctx, s.Keys(r.Home).Users(), "p:"+key).Result()
-			if want := stock.PlacedPointer(i, r.ExpiryMs, r.Quantity, r.User); err != nil || ptr != want {
+			if want := stock.Pointer(i, r.ExpiryMs); err != nil || ptr != want {
 				f.t.Fatalf("reservation %s of %s on shard %d: home shard %d points at %q (%v), want %q",
 					key, r.User, i, r.Home, ptr, err, want)
 			}

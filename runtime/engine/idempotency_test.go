@@ -134,7 +134,7 @@ func TestQuotaGiveBackActsOnItsOwnReservation(t *testing.T) {
 		if st := f.sweepUntilQuiet(); st.Abandoned != 1 {
 			t.Fatalf("sweep %+v, want the orphan abandoned and released", st)
 		}
-		if ptr, err := rdb.HGet(ctx, s.Keys(0).Users(), "p:"+key).Result(); err != nil || ptr != stock.PlacedPointer(2, live.ExpiryMs, 1, buyer) {
+		if ptr, err := rdb.HGet(ctx, s.Keys(0).Users(), "p:"+key).Result(); err != nil || ptr != stock.Pointer(2, live.ExpiryMs) {
 			t.Fatalf("the live reservation's pointer after the orphan's release: %q %v", ptr, err)
 		}
 		if q, err := rdb.HGet(ctx, s.Keys(0).Users(), buyer).Result(); err != nil || q != "1" {

@@ -335,8 +335,8 @@ func (w *rebuildWriter) pending(_ context.Context, orders []ledger.Order) error 
 			ExpiryMs: o.ExpiresAt.UnixMilli(), Epoch: o.Epoch, Home: home, CreatedMs: o.CreatedAt.UnixMilli(),
 		})
 		if o.Shard != home {
-			pointers[home] = append(pointers[home], stock.PointerFieldPrefix+key,
-				stock.PlacedPointer(o.Shard, o.ExpiresAt.UnixMilli(), o.Quantity, o.UserID))
+			pointers[home] = append(pointers[home], stock.PointerFieldPrefix+key, stock.Pointer(o.Shard, o.ExpiresAt.UnixMilli()),
+				stock.BuyerField(key), stock.Buyer(o.Quantity, o.UserID))
 		}
 	}
 	for shard, rs := range byShard {

@@ -181,9 +181,9 @@ func testStolenQuotaGiveBackRetried(t *testing.T, rdb redis.UniversalClient, reb
 }
 
 // A stolen reservation whose ledger row was never written and whose unit went
-// back, while giving its quota back failed: the pointer on the home shard names
-// the buyer and quantity, so the reaper gives the quota back and the buyer can
-// buy again. A pointer written before it named them (an older operator's) only
+// back, while giving its quota back failed: the field beside the pointer on the
+// home shard names the buyer and quantity, so the reaper gives the quota back
+// and the buyer can buy again. A pointer without it (an older version's) only
 // leaves the claims index, instead of being asked about on every pass.
 func TestStolenQuotaOfAnUnwrittenReservationGoesBack(t *testing.T) {
 	const slack = 300 * time.Millisecond
@@ -206,18 +206,21 @@ func TestStolenQuotaOfAnUnwrittenReservationGoesBack(t *testing.T) {
 		if rr, err := f.e.Store().Release(ctx, r.Reservation.Shard, key); err != nil || rr.Code != stock.Released {
 			t.Fatalf("release: %+v %v", rr, err)
 		}
-		want := stock.PlacedPointer(r.Reservation.Shard, r.Reservation.ExpiresAt.UnixMilli(), 1, user)
+		want := stock.Pointer(r.Reservation.Shard, r.Reservation.ExpiresAt.UnixMilli())
 		if got, err := rdb.HGet(ctx, users, stock.PointerFieldPrefix+key).Result(); err != nil || got != want {
 			t.Fatalf("%s's pointer %q (%v), want %q", user, got, err, want)
+		}
+		if got, err := rdb.HGet(ctx, users, stock.BuyerField(key)).Result(); err != nil || got != stock.Buyer(1, user) {
+			t.Fatalf("%s's pointer's buyer %q (%v), want %q", user, got, err, stock.Buyer(1, user))
 		}
 		return r.Reservation
 	}
 	dan, eve := userHomedOn("dan", 0, 4), userHomedOn("eve", 0, 4)
 	unwritten(dan)
-	eveRes := unwritten(eve)
+	unwritten(eve)
+	// As an older version confirmed it: the pointer alone.
 	eveKey := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, eve, "r")
-	bare := stock.Pointer(eveRes.Shard, eveRes.ExpiresAt.UnixMilli())
-	if err := rdb.HSet(ctx, users, stock.PointerFieldPrefix+eveKey, bare).Err(); err != nil {
+	if err := rdb.HDel(ctx, users, stock.BuyerField(eveKey)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for _, u := range []string{dan, eve} {

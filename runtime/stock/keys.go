@@ -141,24 +141,25 @@ func ParseID(id string, shards int) (int, string, error) {
 // no buyer id may begin with it.
 const PointerFieldPrefix = "p:"
 
-// Pointer names a reservation placed on another shard than its buyer's home:
-// "<shard>|<expiry ms>". The expiry tells one placement of a request from
-// another, so a give-back acts only on its own. The users-hash value on the
-// home shard begins with it (PlacedPointer).
+// Pointer is the users-hash value on the home shard that names a reservation
+// placed on another shard: "<shard>|<expiry ms>". The expiry tells one
+// placement of a request from another, so a give-back acts only on its own.
 func Pointer(shard int, expiryMs int64) string {
 	return strconv.Itoa(shard) + "|" + strconv.FormatInt(expiryMs, 10)
 }
 
-// PlacedPointer is the users-hash value on the home shard for a reservation
-// placed on another shard: its Pointer, then "|<quantity>|<buyer>", so that
-// the quota can still be given back when nothing else names the buyer (the
-// reservation is gone and its ledger row was never written).
-func PlacedPointer(shard int, expiryMs int64, qty int, user string) string {
-	return Pointer(shard, expiryMs) + "|" + strconv.Itoa(qty) + "|" + user
-}
+// BuyerField is the users-hash field beside a pointer (PointerFieldPrefix and
+// the key) that names its buyer, "<quantity>|<buyer>" (Buyer): the quota can
+// then be given back when nothing else names the buyer (the reservation is
+// gone and its ledger row was never written). A field of its own, so that a
+// version reading only the pointer still reads it.
+func BuyerField(key string) string { return PointerFieldPrefix + key + "|b" }
 
-// Placement is a placed pointer read back. User is empty and Quantity 0 in a
-// pointer written before they were kept (a bare Pointer).
+// Buyer is BuyerField's value.
+func Buyer(qty int, user string) string { return strconv.Itoa(qty) + "|" + user }
+
+// Placement is a placed pointer read back with its buyer. User is empty and
+// Quantity 0 for a pointer without one (written by an older version).
 type Placement struct {
 	Shard    int
 	ExpiryMs int64
@@ -166,27 +167,25 @@ type Placement struct {
 	User     string
 }
 
-// parsePlacement reads a placed pointer of a store of shards shards.
-func parsePlacement(v string, shards int) (Placement, error) {
-	parts := strings.SplitN(v, "|", 4)
-	bad := fmt.Errorf("malformed pointer %q", v)
-	if len(parts) != 2 && len(parts) != 4 {
-		return Placement{}, bad
+// parsePlacement reads a placed pointer and its buyer ("" for none) in a
+// store of shards shards.
+func parsePlacement(ptr, buyer string, shards int) (Placement, error) {
+	target, expiry, ok := strings.Cut(ptr, "|")
+	shard, err := strconv.Atoi(target)
+	if !ok || err != nil || shard < 0 || shard >= shards {
+		return Placement{}, fmt.Errorf("malformed pointer %q", ptr)
 	}
-	shard, err := strconv.Atoi(parts[0])
-	if err != nil || shard < 0 || shard >= shards {
-		return Placement{}, bad
+	p := Placement{Shard: shard}
+	if p.ExpiryMs, err = strconv.ParseInt(expiry, 10, 64); err != nil {
+		return Placement{}, fmt.Errorf("malformed pointer %q", ptr)
 	}
-	expiry, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil {
-		return Placement{}, bad
+	if buyer == "" {
+		return p, nil
 	}
-	p := Placement{Shard: shard, ExpiryMs: expiry}
-	if len(parts) == 4 {
-		if p.Quantity, err = strconv.Atoi(parts[2]); err != nil || p.Quantity <= 0 || parts[3] == "" {
-			return Placement{}, bad
-		}
-		p.User = parts[3]
+	qty, user, ok := strings.Cut(buyer, "|")
+	if p.Quantity, err = strconv.Atoi(qty); !ok || err != nil || p.Quantity <= 0 || user == "" {
+		return Placement{}, fmt.Errorf("malformed buyer %q of pointer %q", buyer, ptr)
 	}
+	p.User = user
 	return p, nil
 }

@@ -146,22 +146,23 @@ func TestCheckVersion(t *testing.T) {
 	}
 }
 
-// A placed pointer reads back as written, a bare one (written before the buyer
-// was kept) with no buyer, and anything else is an error, not a placement.
+// A placed pointer reads back as written, with its buyer or (written by an
+// older version) without one, and anything else is an error, not a placement.
 func TestPlacementReadsBack(t *testing.T) {
-	full := PlacedPointer(2, 1700000000123, 3, "ann|with|bars")
-	if p, err := parsePlacement(full, 4); err != nil || p != (Placement{Shard: 2, ExpiryMs: 1700000000123, Quantity: 3, User: "ann|with|bars"}) {
-		t.Fatalf("%q: %+v %v", full, p, err)
+	ptr := Pointer(2, 1700000000123)
+	if p, err := parsePlacement(ptr, Buyer(3, "ann|with|bars"), 4); err != nil || p != (Placement{Shard: 2, ExpiryMs: 1700000000123, Quantity: 3, User: "ann|with|bars"}) {
+		t.Fatalf("%q: %+v %v", ptr, p, err)
 	}
-	if !strings.HasPrefix(full, Pointer(2, 1700000000123)+"|") {
-		t.Fatalf("%q does not begin with its placement", full)
+	if p, err := parsePlacement(ptr, "", 4); err != nil || p != (Placement{Shard: 2, ExpiryMs: 1700000000123}) {
+		t.Fatalf("pointer without a buyer: %+v %v", p, err)
 	}
-	if p, err := parsePlacement(Pointer(1, 5), 4); err != nil || p != (Placement{Shard: 1, ExpiryMs: 5}) {
-		t.Fatalf("bare pointer: %+v %v", p, err)
+	if f := BuyerField("k"); !strings.HasPrefix(f, PointerFieldPrefix) {
+		t.Fatalf("buyer field %q is not under the prefix buyer ids may not take", f)
 	}
-	for _, bad := range []string{"", "c|123|1|ann", "4|5|1|ann", "-1|5", "1|x", "1|5|0|ann", "1|5|1|", "1|5|1", "1"} {
-		if p, err := parsePlacement(bad, 4); err == nil {
-			t.Errorf("%q read as %+v, want an error", bad, p)
+	for _, bad := range [][2]string{{"", ""}, {"c|123|1|ann", ""}, {"4|5", ""}, {"-1|5", ""}, {"1|x", ""}, {"1", ""},
+		{"1|5", "0|ann"}, {"1|5", "1|"}, {"1|5", "1"}, {"1|5", "x|ann"}} {
+		if p, err := parsePlacement(bad[0], bad[1], 4); err == nil {
+			t.Errorf("%q, %q read as %+v, want an error", bad[0], bad[1], p)
 		}
 	}
 }

@@ -143,13 +143,16 @@ func (s *Store) ReapClaimAt(ctx context.Context, shard int, key string, cutoff t
 	if err != nil {
 		return false, none, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}
-	if len(v) != 2 {
+	if len(v) < 2 {
 		return false, none, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
 	}
 	if toInt(v[0]) != 2 {
 		return toInt(v[0]) == 1, none, nil
 	}
-	placed, err = parsePlacement(toString(v[1]), len(s.shards))
+	if len(v) != 3 {
+		return false, none, fmt.Errorf("reap claim on shard %d: unexpected reply %v", shard, v)
+	}
+	placed, err = parsePlacement(toString(v[1]), toString(v[2]), len(s.shards))
 	if err != nil {
 		return false, none, fmt.Errorf("reap claim on shard %d: %w", shard, err)
 	}

@@ -5,10 +5,12 @@
 -- attempt of the same request never touches a later attempt's quota.
 --
 -- KEYS[1] users   hash: <user> -> units held (the field is deleted when it reaches 0);
---                 p:<key> -> pointer: "<shard>|<expiry>|<qty>|<user>" once placed
---                 ("<shard>|<expiry>" alone if written before the buyer was kept),
+--                 p:<key> -> pointer: "<shard>|<expiry>" once placed,
 --                 "c|<stamp>|<qty>|<user>" while claimed, the stamp being the
---                 claim's time in ms, then '.' and the claiming attempt's tag if any
+--                 claim's time in ms, then '.' and the claiming attempt's tag if any;
+--                 p:<key>|b -> "<qty>|<user>" beside a placed pointer, so that its
+--                 quota can be given back when nothing else names the buyer (a
+--                 field of its own: a version that reads only the pointer still does)
 -- KEYS[2] claims  zset: reservation key -> claimed at (ms), from the claim until the
 --                 quota is given back or the sweeper forgets a sold reservation, so
 --                 the sweeper also finds quota whose give-back failed
@@ -26,19 +28,19 @@
 -- ARGV[2] user id (release only; confirm, unclaim, reap take it from the claim)
 -- ARGV[3] reservation key
 -- ARGV[4] quantity (release only)
--- ARGV[5] placement "<shard>|<expiry>" (confirm, release, forget): release and forget
---         act only on a pointer that begins with it; or the cutoff in ms (reap)
+-- ARGV[5] pointer "<shard>|<expiry>" (confirm, release, forget) or the cutoff in ms (reap)
 -- ARGV[6] the claim's stamp, from the reserve script's CLAIMED answer (confirm, unclaim)
 --
 -- Returns 1 when it changed something, 0 when the pointer was not the one named
 -- (already done, another attempt's, or lost with the data), so a retried call never
 -- counts twice. reap returns {1, ''} (given back), {0, ''} (nothing to do) or
--- {2, pointer} (placed).
+-- {2, pointer, buyer} (placed; buyer '' when the pointer has none).
 --
 -- Run twice: safe for the state (above). Still never re-sent by a client library
 -- (stock.script: NoRetry), so that a 0 means what it says: done before this call.
 local key, op = ARGV[3], ARGV[1]
 local field = 'p:' .. key
+local buyer = field .. '|b'
 local ptr = redis.call('HGET', KEYS[1], field)
 local claimed = ptr and string.sub(ptr, 1, 1) == 'c'
 
@@ -66,9 +68,7 @@ if op == 'confirm' then
   if not c then
     return 0
   end
-  -- The buyer and quantity stay, so the reaper can give the quota back even
-  -- when the reservation and its ledger row are both gone.
-  redis.call('HSET', KEYS[1], field, ARGV[5] .. '|' .. c[1] .. '|' .. c[2])
+  redis.call('HSET', KEYS[1], field, ARGV[5], buyer, c[1] .. '|' .. c[2])
   return 1
 end
 if op == 'unclaim' then
@@ -87,7 +87,7 @@ if op == 'reap' then
     return {0, ''}
   end
   if not claimed then
-    return {2, ptr}
+    return {2, ptr, redis.call('HGET', KEYS[1], buyer) or ''}
   end
   local _, _, at, _, qty, user = string.find(ptr, '^c|(%d+)([^|]*)|(%d+)|(.*)$')
   if not at then
@@ -102,17 +102,17 @@ if op == 'reap' then
   redis.call('ZREM', KEYS[2], key)
   return {1, ''}
 end
-if not ptr or (ptr ~= ARGV[5] and string.sub(ptr, 1, #ARGV[5] + 1) ~= ARGV[5] .. '|') then
+if ptr ~= ARGV[5] then
   return 0
 end
 if op == 'forget' then
-  redis.call('HDEL', KEYS[1], field)
+  redis.call('HDEL', KEYS[1], field, buyer)
   return redis.call('ZREM', KEYS[2], key)
 end
 if op ~= 'release' then
   return redis.error_reply('quota.lua: unknown op ' .. tostring(op))
 end
-redis.call('HDEL', KEYS[1], field)
+redis.call('HDEL', KEYS[1], field, buyer)
 giveBack(ARGV[2], tonumber(ARGV[4]))
 redis.call('ZREM', KEYS[2], key)
 return 1

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] meta  KEYS[2] users  KEYS[3] claims
 -- ARGV[1] the rebuild's epoch
--- ARGV[2..] pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>|<qty>|<user>")
+-- ARGV[2..] pairs: field, value (user -> units held; p:<key> -> "<shard>|<expiry>";
+--           p:<key>|b -> "<qty>|<user>", the pointer's buyer, see quota.lua)
 --
 -- A pointer also goes into the claims index, scored by its expiry (later than
 -- the claim time it replaces), so the sweeper still settles its quota if giving
@@ -26,8 +27,9 @@ redis.call('HSET', KEYS[2], unpack(ARGV, 2))
 local claims = {}
 for i = 2, #ARGV, 2 do
   local field = ARGV[i]
-  if string.byte(field, 1) == 112 and string.byte(field, 2) == 58 then -- "p:"
-    local expiry = string.match(ARGV[i + 1], '^%d+|(%d+)')
+  -- "p:", and not a pointer's buyer ("|b": a buyer's digits read as a pointer)
+  if string.byte(field, 1) == 112 and string.byte(field, 2) == 58 and string.sub(field, -2) ~= '|b' then
+    local expiry = string.match(ARGV[i + 1], '^%d+|(%d+)$')
     if expiry then
       claims[#claims + 1] = expiry
       claims[#claims + 1] = string.sub(field, 3)

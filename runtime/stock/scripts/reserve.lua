@@ -9,9 +9,9 @@
 -- KEYS[4] res    hash of this reservation: u user, q qty, s status (R reserved | C committed),
 --                e expiry ms, p epoch, h home shard of the user
 -- KEYS[5] users  hash (home shard only): <user> -> units the user holds (reserved or
---                committed); p:<key> -> "<shard>|<expiry>|<qty>|<user>" for a reservation
---                placed on another shard, or "c|<stamp>|<qty>|<user>" while it is being
---                placed there (a claim); see quota.lua
+--                committed); p:<key> -> "<shard>|<expiry>" for a reservation placed on
+--                another shard, or "c|<stamp>|<qty>|<user>" while it is being
+--                placed there (a claim); p:<key>|b -> its buyer (quota.lua)
 -- KEYS[6] claims zset (home shard only): reservation key -> claimed at (ms), so that the
 --                sweeper finds claims whose placing process died
 -- ARGV[1] user id
@@ -159,8 +159,8 @@ if mode ~= 'steal' then
     if string.sub(ptr, 1, 1) == 'c' then
       return {7, 0, epoch, 0, ''}
     end
-    local on, expiry = string.match(ptr, '^(%d+)|(%d+)')
-    return {2, tonumber(expiry), epoch, tonumber(on), 'R'}
+    local sep = string.find(ptr, '|', 1, true)
+    return {2, tonumber(string.sub(ptr, sep + 1)), epoch, tonumber(string.sub(ptr, 1, sep - 1)), 'R'}
   end
   held = tonumber(mine[2] or '0')
 end
