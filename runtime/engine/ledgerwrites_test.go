@@ -112,19 +112,51 @@ func readOnlyServer(t *testing.T, pg *testharness.Postgres, on bool) {
 // still commit once the lock goes (PostgreSQL does not notice the writer
 // gone while it waits). Its buyer was answered 503 and its unit stayed held,
 // so the late row and Redis agree: the buyer's retry with the same key is
-// answered from that row, and at expiry the unit goes back once.
+// answered from that row, and at expiry the unit goes back once. The
+// driver's cancel request on its way out would stop the statement if it
+// landed before the lock went: the buyer's process reaches the ledger
+// through a fault proxy that swallows it, so that the late commit comes
+// every run.
 func TestALateCommitAfterAnUnknownOutcomeSellsTheUnitOnce(t *testing.T) {
 	const ttl = 3 * time.Second
-	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10), withShards(1),
-		withTTL(ttl, 0), withMaterializer(ledger.MaterializerConfig{Timeout: time.Second}))
+	rdb := standaloneClient(t, sharedRedis.Addr())
+	f := newFixture(t, rdb, withAllocation(10), withShards(1), withTTL(ttl, 0))
 	ctx := context.Background()
-	if r := f.reserve("first", "r", 1); r.Outcome != engine.OutcomeReserved {
-		t.Fatal(r.Outcome)
+	cc := f.l.Pool().Config().ConnConfig
+	proxy := testharness.FaultProxyT(t, fmt.Sprintf("%s:%d", cc.Host, cc.Port))
+	bl, err := ledger.Open(ctx, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cc.User, proxy.Addr(), cc.Database))
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(bl.Close)
+	buyers, err := engine.New(withTestPipeline(f.cfg), rdb, bl, ledger.MaterializerConfig{Timeout: time.Second, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(buyers.Close)
+	// The writer's connection is open and its statement prepared: the
+	// late one is sent, not stopped while it is prepared behind the lock.
+	if r, err := buyers.Reserve(ctx, "first", "r", 1); err != nil || r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("first: %+v %v", r, err)
+	}
+
 	tx := lockOrders(t, f)
-	r, err := f.e.Reserve(ctx, "late", "r", 1)
-	if !errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), "outcome unknown") {
-		t.Fatalf("the reserve whose batch timed out: %+v %v, want unavailable, outcome unknown", r, err)
+	type answer struct {
+		r   engine.ReserveResult
+		err error
+	}
+	late := make(chan answer, 1)
+	go func() {
+		r, err := buyers.Reserve(ctx, "late", "r", 1)
+		late <- answer{r, err}
+	}()
+	testharness.Eventually(t, 10*time.Second, "the batch waiting on the lock", func() bool { return lockWaiters(t, f) >= 1 })
+	if _, err := proxy.Timeout(testharness.Upstream, 0); err != nil {
+		t.Fatal(err)
+	}
+	a := <-late
+	if !errors.Is(a.err, engine.ErrUnavailable) || !strings.Contains(a.err.Error(), "outcome unknown") {
+		t.Fatalf("the reserve whose batch timed out: %+v %v, want unavailable, outcome unknown", a.r, a.err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
