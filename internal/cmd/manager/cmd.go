@@ -286,6 +286,16 @@ func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []stri
 		return nil, err
 	}
 	readable, refused, err := controllers.ReadableNamespaces(ctx, c, namespaces)
+	if err == nil && len(refused) > 0 {
+		// A Role bound just before the manager started (an install) may
+		// not be in the API server's authorizer yet: once more, shortly.
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(namespaceRecheck):
+		}
+		readable, refused, err = controllers.ReadableNamespaces(ctx, c, namespaces)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -300,6 +310,10 @@ func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []stri
 	}
 	return readable, nil
 }
+
+// namespaceRecheck is how long the start waits before it reads a refused
+// namespace again.
+const namespaceRecheck = 3 * time.Second
 
 // serviceAccountNamespace is where a pod's namespace is mounted; leader
 // election puts its Lease there unless --leader-election-namespace says.
