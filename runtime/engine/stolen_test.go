@@ -192,7 +192,7 @@ func TestStolenQuotaOfAnUnwrittenReservationGoesBack(t *testing.T) {
 	ctx := context.Background()
 	f.sellOutShard(0)
 	users := f.e.Store().Keys(0).Users()
-	unwritten := func(user string) engine.Reservation {
+	unwritten := func(user string) {
 		r := f.reserve(user, "r", 1)
 		if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard == 0 {
 			t.Fatalf("%s: %s on shard %d, want a stolen reservation", user, r.Outcome, r.Reservation.Shard)
@@ -213,7 +213,6 @@ func TestStolenQuotaOfAnUnwrittenReservationGoesBack(t *testing.T) {
 		if got, err := rdb.HGet(ctx, users, stock.BuyerField(key)).Result(); err != nil || got != stock.Buyer(1, user) {
 			t.Fatalf("%s's pointer's buyer %q (%v), want %q", user, got, err, stock.Buyer(1, user))
 		}
-		return r.Reservation
 	}
 	dan, eve := userHomedOn("dan", 0, 4), userHomedOn("eve", 0, 4)
 	unwritten(dan)
