@@ -42,9 +42,12 @@ type SweepStats struct {
 	// reached their budget (sweepShardBatches): the next pass goes on.
 	Backlog int
 	// QuotaDeferred counts released stolen reservations whose quota give-back
-	// on their home shard failed: that shard's claim reaper gives it back
-	// once it answers (reapClaims), and their own shard's sweep goes on.
-	QuotaDeferred int
+	// on their home shard failed, or was not sent after one to that shard
+	// failed in the pass: that shard's claim reaper gives it back once it
+	// answers (reapClaims), and their own shard's sweep goes on.
+	// DeferredBecause is the first of those failures.
+	QuotaDeferred   int
+	DeferredBecause error
 }
 
 func (s *SweepStats) add(o SweepStats) {
@@ -55,6 +58,7 @@ func (s *SweepStats) add(o SweepStats) {
 	s.ReapedClaims += o.ReapedClaims
 	s.Backlog += o.Backlog
 	s.QuotaDeferred += o.QuotaDeferred
+	s.DeferredBecause = cmp.Or(s.DeferredBecause, o.DeferredBecause)
 }
 
 // Sweep makes one pass over every shard: expired reservations (expiry + grace, by the
@@ -124,13 +128,14 @@ func (e *Engine) sweepOne(ctx context.Context, shard int, now time.Time) (SweepS
 
 func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (SweepStats, error) {
 	var total SweepStats
+	failing := map[int]error{} // home shards whose give-backs failed in this pass
 	budget := cmp.Or(e.sweepBudget, sweepShardBatches)
 	for batch := 1; ; batch++ {
 		keys, err := e.store.Expired(ctx, shard, cutoff, SweepBatch)
 		if err != nil || len(keys) == 0 {
 			return total, err
 		}
-		st, err := e.sweepBatch(ctx, shard, keys)
+		st, err := e.sweepBatch(ctx, shard, keys, failing)
 		total.add(st)
 		if e.sweptBatch != nil {
 			e.sweptBatch()
@@ -227,7 +232,7 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home int, p stock.Placem
 	return gaveBack, err == nil, err
 }
 
-func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (SweepStats, error) {
+func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string, failing map[int]error) (SweepStats, error) {
 	var st SweepStats
 	ids := make([]string, len(keys))
 	for i, k := range keys {
@@ -298,7 +303,7 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 			st.Skipped++
 		}
 	}
-	released, err := e.releaseExpired(ctx, shard, release)
+	released, err := e.releaseExpired(ctx, shard, release, failing)
 	st.add(released)
 	return st, cmp.Or(first, err)
 }
@@ -311,8 +316,10 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string) (Swee
 // Redis did, even when its give-back failed; reapClaims settles that one. A
 // give-back's failure is another shard's (the home shard's server stalls, on
 // a Redis Cluster another master): it is counted, not returned, so that this
-// shard's remaining batches, paying marks and claims are not held back.
-func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (SweepStats, error) {
+// shard's remaining batches, paying marks and claims are not held back, and
+// the later give-backs to that shard in the pass (failing) are not sent:
+// each would wait for a server that does not answer.
+func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string, failing map[int]error) (SweepStats, error) {
 	var (
 		st    SweepStats
 		first error
@@ -339,10 +346,16 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string) (
 		first = cmp.Or(first, err)
 	}
 	for home, g := range gives {
+		if err := failing[home]; err != nil {
+			st.QuotaDeferred += len(g)
+			continue
+		}
 		_, errs := e.store.QuotaEach(ctx, home, g)
 		for _, err := range errs {
 			if err != nil {
 				st.QuotaDeferred++
+				st.DeferredBecause = cmp.Or(st.DeferredBecause, err)
+				failing[home] = cmp.Or(failing[home], err)
 			}
 		}
 	}

@@ -160,7 +160,7 @@ func (r *Runner) pass(ctx context.Context, log *slog.Logger) (more bool) {
 	case st.QuotaDeferred > 0:
 		// The home shards' claim reapers give it back once they answer.
 		log.Warn("sweep pass could not give back the quota of some stolen reservations on their home shards",
-			append(fields, "backlog_shards", st.Backlog)...)
+			append(fields, "backlog_shards", st.Backlog, "err", st.DeferredBecause)...)
 	case st.Released+st.Committed+st.Abandoned+st.ReapedClaims > 0:
 		log.Info("sweep pass", append(fields, "backlog_shards", st.Backlog)...)
 	default:
