@@ -19,11 +19,13 @@ limitations under the License.
 package manager
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	goflag "flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +37,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -100,6 +101,8 @@ type Options struct {
 	// one process: controller-runtime refuses a controller name the process
 	// has registered before.
 	skipNameValidation bool
+	// namespaceRecheckEvery, when set, replaces namespaceRecheckEvery.
+	namespaceRecheckEvery time.Duration
 }
 
 // EnvImage names the operator's own image; config/manager sets it.
@@ -225,6 +228,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
+	refused := slices.DeleteFunc(watchedNamespaces(opts.Namespaces), func(ns string) bool { return slices.Contains(namespaces, ns) })
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),
 		Metrics:                       metricsOptions(opts),
@@ -257,6 +261,12 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := controllers.RegisterSaleMetrics(ctrlmetrics.Registry, mgr.GetCache()); err != nil {
 		return fmt.Errorf("registering the sales' metrics: %w", err)
 	}
+	if len(refused) > 0 {
+		every := cmp.Or(opts.namespaceRecheckEvery, namespaceRecheckEvery)
+		if err := mgr.Add(refusedNamespaces{cfg: cfg, namespaces: refused, every: every}); err != nil {
+			return fmt.Errorf("adding the refused namespaces' check: %w", err)
+		}
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the health check: %w", err)
 	}
@@ -272,48 +282,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	log.Info("stopped")
 	return nil
 }
-
-// readableNamespaces is namespaces (all of them when empty) without those
-// the manager may not read, each named in an error log: a namespace deleted
-// with its Role (the chart's watchNamespaces) would keep the manager from
-// starting, and every other namespace unmanaged. None readable is an error.
-func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []string) ([]string, error) {
-	if len(namespaces) == 0 {
-		return nil, nil
-	}
-	c, err := client.New(cfg, client.Options{Scheme: NewScheme()})
-	if err != nil {
-		return nil, err
-	}
-	readable, refused, err := controllers.ReadableNamespaces(ctx, c, namespaces)
-	if err == nil && len(refused) > 0 {
-		// A Role bound just before the manager started (an install) may
-		// not be in the API server's authorizer yet: once more, shortly.
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(namespaceRecheck):
-		}
-		readable, refused, err = controllers.ReadableNamespaces(ctx, c, namespaces)
-	}
-	if err != nil {
-		return nil, err
-	}
-	for _, ns := range namespaces {
-		if kind, ok := refused[ns]; ok {
-			ctrl.Log.WithName("manager").Error(nil, "not watching a namespace the manager may not read: its sales are not reconciled until it can and the manager restarts "+
-				"(a namespace deleted with its Role: remove it from --namespaces, the chart's watchNamespaces)", "namespace", ns, "refused", kind)
-		}
-	}
-	if len(readable) == 0 {
-		return nil, fmt.Errorf("the manager may read none of the namespaces it is to watch %v (refused: %v)", namespaces, refused)
-	}
-	return readable, nil
-}
-
-// namespaceRecheck is how long the start waits before it reads a refused
-// namespace again.
-const namespaceRecheck = 3 * time.Second
 
 // serviceAccountNamespace is where a pod's namespace is mounted; leader
 // election puts its Lease there unless --leader-election-namespace says.

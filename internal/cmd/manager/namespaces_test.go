@@ -38,7 +38,8 @@ import (
 // in a Role of each watched namespace; cluster-wide only the FlashSales and
 // the watched Namespaces by name) starts after one of them went with its Role
 // (a namespace deleted): it reconciles the sales of the others instead of
-// waiting for a cache that never syncs and stopping. With none left to read,
+// waiting for a cache that never syncs and stopping, and stops (to be
+// restarted) once that namespace is readable again. With none left to read,
 // it says so at once.
 func TestRunStartsWithoutANamespaceItMayNotRead(t *testing.T) {
 	kube := testharness.KubeT(t)
@@ -105,6 +106,7 @@ func TestRunStartsWithoutANamespaceItMayNotRead(t *testing.T) {
 	}
 
 	opts.Namespaces = []string{"gone", "shop"}
+	opts.namespaceRecheckEvery = 200 * time.Millisecond
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, au.Config(), opts) }()
 	deadline := time.Now().Add(30 * time.Second)
@@ -125,13 +127,20 @@ func TestRunStartsWithoutANamespaceItMayNotRead(t *testing.T) {
 			t.Fatalf("the sale of the namespace it may read was not reconciled in 30s: %+v", fs.Status)
 		}
 	}
-	cancel()
+
+	// The namespace comes back with its Role (a helm upgrade of the same
+	// values, which does not restart the manager): the manager stops, for
+	// its pod to restart and watch it.
+	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gone"}})
+	create(&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "flashsale-manager", Namespace: "gone"}, Rules: inNamespace})
+	create(&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "flashsale-manager", Namespace: "gone"},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "flashsale-manager"}, Subjects: subjects})
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run returned %v after cancel, want nil", err)
+		if err == nil || !strings.Contains(err.Error(), "[gone]") || !strings.Contains(err.Error(), "readable now") {
+			t.Fatalf("Run returned %v once the namespace left out was readable, want an error naming it", err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s of cancel")
+		t.Fatal("Run went on for 30s after the namespace left out became readable")
 	}
 }
