@@ -2,9 +2,6 @@ package controllers_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -14,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
@@ -66,30 +62,7 @@ func (e *env) saleSecrets() []client.Object {
 func TestNamespaceDeletionFinishesAfterTheManagersRoleWent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
-	b, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), "config", "rbac", "role.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var generated rbacv1.ClusterRole
-	if err := yaml.Unmarshal(b, &generated); err != nil {
-		t.Fatal(err)
-	}
-	// As charts/flashsale-operator/templates/_helpers.tpl splits them.
-	var inNamespace, clusterWide []rbacv1.PolicyRule
-	for _, r := range generated.Rules {
-		switch {
-		case slices.Equal(r.Resources, []string{"namespaces"}):
-			r.ResourceNames = []string{e.ns}
-			clusterWide = append(clusterWide, r)
-		case slices.Equal(r.APIGroups, []string{"flashsale.dev"}) && slices.Equal(r.Resources, []string{"flashsales"}):
-			clusterWide = append(clusterWide, r)
-			inNamespace = append(inNamespace, r)
-		case slices.Contains(r.APIGroups, "authentication.k8s.io") || slices.Contains(r.APIGroups, "authorization.k8s.io"):
-			// cluster-scoped: the chart grants them apart (metrics)
-		default:
-			inNamespace = append(inNamespace, r)
-		}
-	}
+	inNamespace, clusterWide := testharness.ScopedManagerRules(t, e.ns)
 	user := "operator-" + e.ns
 	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "flashsale-manager", Namespace: e.ns}, Rules: inNamespace}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
-	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 )
 
 // A decrease whose COMMIT waits for a synchronous standby is committed for
@@ -28,13 +27,7 @@ func TestUnitsOfADecreaseStillCommittingAreNotGivenBack(t *testing.T) {
 	rdb := standaloneClient(t, sharedRedis.Addr())
 	f := newFixtureOn(t, rdb, pg, withAllocation(100), withShards(4))
 	ctx := context.Background()
-	cc := f.l.Pool().Config().ConnConfig
-	proxy := testharness.FaultProxyT(t, fmt.Sprintf("%s:%d", cc.Host, cc.Port))
-	ml, err := ledger.Open(ctx, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&synchronous_commit=on", cc.User, proxy.Addr(), cc.Database))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ml.Close)
+	ml, proxy := f.ledgerThroughProxy("&synchronous_commit=on")
 	lost := openEngine(t, f.cfg, rdb, ml)
 
 	holdCommits(t, pg, true)

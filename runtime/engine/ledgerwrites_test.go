@@ -122,13 +122,7 @@ func TestALateCommitAfterAnUnknownOutcomeSellsTheUnitOnce(t *testing.T) {
 	rdb := standaloneClient(t, sharedRedis.Addr())
 	f := newFixture(t, rdb, withAllocation(10), withShards(1), withTTL(ttl, 0))
 	ctx := context.Background()
-	cc := f.l.Pool().Config().ConnConfig
-	proxy := testharness.FaultProxyT(t, fmt.Sprintf("%s:%d", cc.Host, cc.Port))
-	bl, err := ledger.Open(ctx, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cc.User, proxy.Addr(), cc.Database))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bl.Close)
+	bl, proxy := f.ledgerThroughProxy("")
 	buyers, err := engine.New(withTestPipeline(f.cfg), rdb, bl, ledger.MaterializerConfig{Timeout: time.Second, Concurrency: 1})
 	if err != nil {
 		t.Fatal(err)

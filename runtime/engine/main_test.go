@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -160,6 +162,21 @@ func newLedger(t testing.TB, pg *testharness.Postgres) *ledger.Ledger {
 	}
 	t.Cleanup(l.Close)
 	return l
+}
+
+// ledgerThroughProxy opens the fixture's ledger database again through a
+// fault proxy of its own (another process's connections, which the test can
+// cut or stall), with params added to the DSN; closed at the end.
+func (f *fixture) ledgerThroughProxy(params string) (*ledger.Ledger, *testharness.FaultProxy) {
+	f.t.Helper()
+	cc := f.l.Pool().Config().ConnConfig
+	proxy := testharness.FaultProxyT(f.t, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	l, err := ledger.Open(context.Background(), fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable%s", cc.User, proxy.Addr(), cc.Database, params))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(l.Close)
+	return l, proxy
 }
 
 // openEngine is another engine on a campaign's Redis and ledger (another

@@ -18,7 +18,6 @@ package manager
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,23 +54,7 @@ func TestRunStartsWithoutANamespaceItMayNotRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var generated rbacv1.ClusterRole
-	readManifest(t, "config/rbac/role.yaml", &generated)
-	// As charts/flashsale-operator/templates/_helpers.tpl splits them.
-	var inNamespace, clusterWide []rbacv1.PolicyRule
-	for _, r := range generated.Rules {
-		switch {
-		case slices.Equal(r.Resources, []string{"namespaces"}):
-			r.ResourceNames = []string{"shop", "gone"}
-			clusterWide = append(clusterWide, r)
-		case slices.Equal(r.APIGroups, []string{"flashsale.dev"}) && slices.Equal(r.Resources, []string{"flashsales"}):
-			clusterWide = append(clusterWide, r)
-			inNamespace = append(inNamespace, r)
-		case slices.Contains(r.APIGroups, "authentication.k8s.io") || slices.Contains(r.APIGroups, "authorization.k8s.io"):
-		default:
-			inNamespace = append(inNamespace, r)
-		}
-	}
+	inNamespace, clusterWide := testharness.ScopedManagerRules(t, "shop", "gone")
 	const user = "flashsale-scoped"
 	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
 	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
