@@ -3,8 +3,6 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -148,8 +146,7 @@ func rollingOut(d *appsv1.Deployment) bool {
 	if seen >= d.Generation {
 		return false
 	}
-	gen, _, _ := strings.Cut(d.Annotations[AnnotationTemplateGeneration], "/")
-	if g, err := strconv.ParseInt(gen, 10, 64); err == nil && seen < min(g, d.Generation) {
+	if g, _, ok := readTemplateStamp(d); ok && seen < min(g, d.Generation) {
 		return true
 	}
 	return ptr.Deref(d.Spec.Replicas, 1) == d.Status.Replicas

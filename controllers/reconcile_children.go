@@ -104,10 +104,17 @@ func (r *FlashSaleReconciler) readLive(ctx context.Context, obj client.Object) e
 	return err
 }
 
-// templateStamp is AnnotationTemplateGeneration's value for d's pod template
-// written in generation gen: "<generation>/<digest of the template>".
-func templateStamp(gen int64, d *appsv1.Deployment) string {
-	return strconv.FormatInt(gen, 10) + "/" + jsonDigest(d.Spec.Template)
+// templateStamp is AnnotationTemplateGeneration's value for a pod template
+// of that digest written in generation gen: "<generation>/<digest>".
+func templateStamp(gen int64, digest string) string {
+	return strconv.FormatInt(gen, 10) + "/" + digest
+}
+
+// readTemplateStamp is d's AnnotationTemplateGeneration (ok false: none).
+func readTemplateStamp(d *appsv1.Deployment) (gen int64, digest string, ok bool) {
+	g, digest, _ := strings.Cut(d.Annotations[AnnotationTemplateGeneration], "/")
+	gen, err := strconv.ParseInt(g, 10, 64)
+	return gen, digest, err == nil
 }
 
 func setPodAnnotation(d *appsv1.Deployment, key, value string) {
@@ -146,7 +153,7 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	err := r.readLive(ctx, live)
 	if apierrors.IsNotFound(err) {
 		if d, ok := desired.(*appsv1.Deployment); ok {
-			setAnnotation(&d.ObjectMeta, AnnotationTemplateGeneration, templateStamp(1, d))
+			setAnnotation(&d.ObjectMeta, AnnotationTemplateGeneration, templateStamp(1, jsonDigest(d.Spec.Template)))
 		}
 		err := r.Create(ctx, desired)
 		return err == nil, err
@@ -168,18 +175,18 @@ func (r *FlashSaleReconciler) apply(ctx context.Context, owner *flashsalev1alpha
 	switch d := desired.(type) {
 	case *appsv1.Deployment:
 		l := live.(*appsv1.Deployment)
-		stamp := templateStamp(l.Generation+1, d)
+		digest := jsonDigest(d.Spec.Template)
 		sameTemplate := equality.Semantic.DeepDerivative(d.Spec.Template, l.Spec.Template) &&
 			l.Annotations[AnnotationPodFields] == d.Annotations[AnnotationPodFields] &&
 			sameContractEnv(d.Spec.Template.Spec.Containers, l.Spec.Template.Spec.Containers)
 		same = sameTemplate && equality.Semantic.DeepDerivative(d.Spec, l.Spec) && equality.Semantic.DeepDerivative(d.Labels, l.Labels)
-		if _, was, _ := strings.Cut(l.Annotations[AnnotationTemplateGeneration], "/"); !sameTemplate && !strings.HasSuffix(stamp, "/"+was) {
+		if _, was, _ := readTemplateStamp(l); !sameTemplate && was != digest {
 			// The update is refused unless it applies to l, and it moves the
 			// generation by one. A template stamped already keeps its stamp:
 			// admission that rewrites a field of it (an image mirror) would
 			// otherwise have every reconcile stamp it anew, and an annotation
 			// change moves a Deployment's generation too.
-			setAnnotation(&d.ObjectMeta, AnnotationTemplateGeneration, stamp)
+			setAnnotation(&d.ObjectMeta, AnnotationTemplateGeneration, templateStamp(l.Generation+1, digest))
 		}
 		// Keep the pod labels and annotations others set (a mesh's
 		// injection label, a NetworkPolicy's selector label, kubectl

@@ -214,21 +214,21 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home int, p stock.Placem
 		// abandoned) first.
 		return false, false, err
 	}
+	// Cancelled or abandoned, and the unit back in stock: so is the quota.
+	user, qty := o.UserID, o.Quantity
 	if missing {
 		// Gone from Redis and never in the ledger: its write failed and the
 		// unit was given back, and giving the quota back failed (a Redis
-		// error, or the process died between the two). The pointer names the
-		// buyer; one written before it did names no one, and the index only
-		// lets go of it.
-		op := stock.QuotaRelease
+		// error, or the process died between the two). The field beside the
+		// pointer names the buyer; a pointer without it (an older version's)
+		// names no one, and the index only lets go of it.
 		if p.User == "" {
-			op = stock.QuotaForget
+			_, err := e.store.Quota(ctx, home, stock.QuotaForget, "", key, 0, target, expiryMs)
+			return false, err == nil, err
 		}
-		gaveBack, err = e.store.Quota(ctx, home, op, p.User, key, p.Quantity, target, expiryMs)
-		return gaveBack && op == stock.QuotaRelease, err == nil, err
+		user, qty = p.User, p.Quantity
 	}
-	// Cancelled or abandoned, and the unit back in stock: so is the quota.
-	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, o.UserID, key, o.Quantity, target, expiryMs)
+	gaveBack, err = e.store.Quota(ctx, home, stock.QuotaRelease, user, key, qty, target, expiryMs)
 	return gaveBack, err == nil, err
 }
 

@@ -37,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_sweeper_quota_deferred_total",
-			Help: "Released stolen reservations whose quota give-back on their home shard failed (that shard did not answer): its claim reaper gives it back once it does.",
+			Help: "Released stolen reservations whose quota give-back on their home shard failed, or was not sent after one to that shard failed in the pass: its claim reaper gives it back once that shard answers.",
 		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "flashsale_sweeper_pass_duration_seconds",

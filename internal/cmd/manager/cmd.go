@@ -25,7 +25,6 @@ import (
 	goflag "flag"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -224,11 +223,10 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if lim := runtimeconfig.SetMemoryLimit(opts.MemoryLimit); lim > 0 {
 		log.Info("Go memory limit set", "bytes", lim, "containerLimit", opts.MemoryLimit)
 	}
-	namespaces, err := readableNamespaces(ctx, cfg, watchedNamespaces(opts.Namespaces))
+	namespaces, refused, err := readableNamespaces(ctx, cfg, watchedNamespaces(opts.Namespaces))
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	refused := slices.DeleteFunc(watchedNamespaces(opts.Namespaces), func(ns string) bool { return slices.Contains(namespaces, ns) })
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        NewScheme(),
 		Metrics:                       metricsOptions(opts),

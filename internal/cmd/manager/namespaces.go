@@ -29,16 +29,17 @@ import (
 )
 
 // readableNamespaces is namespaces (all of them when empty) without those
-// the manager may not read, each named in an error log: a namespace deleted
-// with its Role (the chart's watchNamespaces) would keep the manager from
-// starting, and every other namespace unmanaged. None readable is an error.
-func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []string) ([]string, error) {
+// the manager may not read (left, each named in an error log): a namespace
+// deleted with its Role (the chart's watchNamespaces) would keep the manager
+// from starting, and every other namespace unmanaged. None readable is an
+// error.
+func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []string) (readable, left []string, err error) {
 	if len(namespaces) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	c, err := client.New(cfg, client.Options{Scheme: NewScheme()})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	readable, refused, err := controllers.ReadableNamespaces(ctx, c, namespaces)
 	if err == nil && len(refused) > 0 {
@@ -46,24 +47,25 @@ func readableNamespaces(ctx context.Context, cfg *rest.Config, namespaces []stri
 		// not be in the API server's authorizer yet: once more, shortly.
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-time.After(namespaceRecheck):
 		}
 		readable, refused, err = controllers.ReadableNamespaces(ctx, c, namespaces)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, ns := range namespaces {
 		if kind, ok := refused[ns]; ok {
+			left = append(left, ns)
 			ctrl.Log.WithName("manager").Error(nil, "not watching a namespace the manager may not read: its sales are not reconciled until it can, and the manager then restarts "+
 				"(a namespace deleted with its Role: remove it from --namespaces, the chart's watchNamespaces)", "namespace", ns, "refused", kind)
 		}
 	}
 	if len(readable) == 0 {
-		return nil, fmt.Errorf("the manager may read none of the namespaces it is to watch %v (refused: %v)", namespaces, refused)
+		return nil, nil, fmt.Errorf("the manager may read none of the namespaces it is to watch %v (refused: %v)", namespaces, refused)
 	}
-	return readable, nil
+	return readable, left, nil
 }
 
 // namespaceRecheck is how long the start waits before it reads a refused
