@@ -15,9 +15,9 @@ import (
 // pass releases (its server stalls; on a Redis Cluster, another master) holds
 // back those give-backs only: the shard the units were stolen from is swept
 // to its end in the same pass (more than one batch), its own claims are
-// reaped, and once a give-back to the home shard failed the later ones are
-// not sent. The quota goes back by the home shard's claim reaper once it
-// answers.
+// reaped, and once a pipeline of give-backs to the home shard failed the
+// later ones are not sent. The quota goes back by the home shard's claim
+// reaper once it answers.
 func TestFailedQuotaGiveBacksDoNotHoldBackTheirShard(t *testing.T) {
 	ctx := context.Background()
 	rdb, lost := withLostReplies(t, backends()[0])
@@ -44,11 +44,12 @@ func TestFailedQuotaGiveBacksDoNotHoldBackTheirShard(t *testing.T) {
 	if st.QuotaDeferred != n || st.DeferredBecause == nil {
 		t.Fatalf("pass %+v: want the %d give-backs that failed counted, and why", st, n)
 	}
-	// Those of the first batch were sent; the later ones would each have
-	// waited for a server that does not answer. (Shard 1's claim reaper
-	// sends one of its own, and stops at its failure.)
-	if sent := lost.count(); sent > engine.SweepBatch+1 {
-		t.Fatalf("%d give-backs sent to the failing home shard, want the first batch's %d (and the reaper's)", sent, engine.SweepBatch)
+	// Those of the first pipeline were sent; the later ones, in its batch
+	// and in the pass, would each have waited for a server that does not
+	// answer. (Shard 1's claim reaper sends one of its own, and stops at its
+	// failure.)
+	if sent := lost.count(); sent > stock.ReleaseBatch+1 {
+		t.Fatalf("%d give-backs sent to the failing home shard, want the first pipeline's %d (and the reaper's)", sent, stock.ReleaseBatch)
 	}
 	if _, err := rdb.HGet(ctx, s.Keys(0).Users(), stock.PointerFieldPrefix+key).Result(); err != redis.Nil {
 		t.Fatalf("pass %+v left the dead claim on shard 0 (%v)", st, err)

@@ -51,9 +51,10 @@ func (c PipelineConfig) Validate() error {
 // timeouts, which bound each of its reads and writes.
 const pipelineTimeout = 5 * time.Second
 
-// ErrNotSent: the caller's context ended while its call still waited for a
-// pipeline; nothing was sent for it.
-var ErrNotSent = errors.New("reserve call not sent")
+// ErrNotSent: nothing was sent for a call, so it did not run: its caller's
+// context ended while it waited for a pipeline, or an earlier pipeline of
+// its batch went unanswered (eachOn).
+var ErrNotSent = errors.New("call not sent")
 
 // batcher queues the reserve script calls to one server.
 type batcher struct {

@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -108,7 +109,10 @@ func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (resu
 // is the i-th call's reply (a []any), or alone's answer, and errs[i] its
 // error: after a lost reply, the call and those behind it in its pipeline,
 // whose replies were never read, may have run, and the caller looks again
-// later.
+// later. Once a pipeline goes unanswered (a read timeout: the server stalls)
+// the later ones are not sent, each of which would wait as long: their
+// calls fail with ErrNotSent and did not run; calls answered NOSCRIPT are
+// not sent again either.
 func (s *Store) eachOn(ctx context.Context, shard int, sc script, n int,
 	call func(i int) ([]string, []any), alone func(i int) (any, error)) (replies []any, errs []error) {
 	replies, errs = make([]any, n), make([]error, n)
@@ -123,15 +127,30 @@ func (s *Store) eachOn(ctx context.Context, shard int, sc script, n int,
 		return replies, errs
 	}
 	cmds := make([]*redis.Cmd, n)
+	var unanswered error
 	send := func(which []int) {
 		for start := 0; start < len(which); start += ReleaseBatch {
 			pipe := node.Pipeline()
-			for _, i := range which[start:min(start+ReleaseBatch, len(which))] {
+			chunk := which[start:min(start+ReleaseBatch, len(which))]
+			for _, i := range chunk {
 				keys, args := call(i)
 				cmds[i] = evalCmd(ctx, "evalsha", sc.sha1, keys, args)
+				if unanswered != nil {
+					cmds[i].SetErr(fmt.Errorf("%w: an earlier pipeline to the server went unanswered: %w", ErrNotSent, unanswered))
+					continue
+				}
 				_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
 			}
+			if unanswered != nil {
+				continue
+			}
 			_, _ = pipe.Exec(ctx) // the calls' errors are read one by one below
+			for _, i := range chunk {
+				if err := cmds[i].Err(); !serverAnswered(err) {
+					unanswered = err
+					break
+				}
+			}
 		}
 	}
 	all := make([]int, n)
@@ -145,7 +164,7 @@ func (s *Store) eachOn(ctx context.Context, shard int, sc script, n int,
 			unloaded = append(unloaded, i)
 		}
 	}
-	if len(unloaded) > 0 && node.ScriptLoad(ctx, sc.src).Err() == nil {
+	if len(unloaded) > 0 && unanswered == nil && node.ScriptLoad(ctx, sc.src).Err() == nil {
 		send(unloaded)
 	}
 	for i, cmd := range cmds {
@@ -177,4 +196,12 @@ func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit in
 	return s.rdb.ZRangeByScore(ctx, s.shards[shard].Index(), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(beforeMs, 10), Count: int64(limit),
 	}).Result()
+}
+
+// serverAnswered reports whether err is the server's own answer (a script
+// or command error), or none: not a timeout, a closed connection or an
+// ended context.
+func serverAnswered(err error) bool {
+	var reply redis.Error
+	return err == nil || errors.As(err, &reply)
 }

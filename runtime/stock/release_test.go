@@ -3,8 +3,11 @@ package stock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -80,5 +83,75 @@ func TestQuotaEachRefusesAnUnknownOperation(t *testing.T) {
 	}
 	if n := held(); n != "" {
 		t.Fatalf("the buyer's quota after the give-back: %q; want none", n)
+	}
+}
+
+// A batch of calls to a server that stops answering waits for it once: once
+// a pipeline goes unanswered the later ones are not sent (each would wait a
+// read timeout too), and their calls fail as not sent. CLIENT PAUSE WRITE
+// holds the server's scripts before the batch; a hook counts the pipelines
+// the client sends. The batch sent again once the server answers releases
+// every reservation.
+func TestReleaseEachStopsAtAnUnansweredPipeline(t *testing.T) {
+	r := testharness.RedisT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close(); _ = admin.Close() })
+	ctx := context.Background()
+	const n = 3*stock.ReleaseBatch + 4
+	if err := loadScripts([]string{r.Addr()}); err != nil { // no NOSCRIPT round first
+		t.Fatal(err)
+	}
+	s := openSale(t, rdb, "stall-"+randomID(), 1, 2*n)
+	var keys []string
+	for i := range n {
+		user := fmt.Sprintf("buyer-%d", i)
+		if res, err := reserveHome(ctx, s, user); err != nil || res.Code != stock.Reserved {
+			t.Fatalf("reserve %s: %+v %v", user, res, err)
+		}
+		keys = append(keys, "k-"+user)
+	}
+	pipes := &pipelineCount{}
+	stock.AddHook(rdb, pipes)
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, errs := s.ReleaseEach(ctx, 0, keys)
+	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := pipes.n.Load(); got != 1 {
+		t.Fatalf("%d pipelines sent to a server that did not answer the first, want 1", got)
+	}
+	for i, err := range errs {
+		if sent := i < stock.ReleaseBatch; err == nil || sent == errors.Is(err, stock.ErrNotSent) {
+			t.Fatalf("call %d: %v; want the first pipeline's %d timed out and the rest not sent", i, err, stock.ReleaseBatch)
+		}
+	}
+	if _, reserved := totals(t, s); reserved < n-stock.ReleaseBatch {
+		t.Fatalf("%d units reserved after the stalled batch, want at least the %d never sent", reserved, n-stock.ReleaseBatch)
+	}
+	results, errs := s.ReleaseEach(ctx, 0, keys)
+	for i := range keys {
+		if errs[i] != nil || results[i].Code != stock.Released && results[i].Code != stock.NotFound {
+			t.Fatalf("call %d sent again: %+v %v", i, results[i], errs[i])
+		}
+	}
+	if avail, reserved := totals(t, s); avail != 2*n || reserved != 0 {
+		t.Fatalf("after the batch sent again: %d available, %d reserved; want %d and 0", avail, reserved, 2*n)
+	}
+}
+
+// pipelineCount counts the pipelines of script calls a client sends.
+type pipelineCount struct{ n atomic.Int64 }
+
+func (*pipelineCount) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*pipelineCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pipelineCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "evalsha" {
+			p.n.Add(1)
+		}
+		return next(ctx, cmds)
 	}
 }
