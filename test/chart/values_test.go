@@ -161,6 +161,23 @@ func TestClusterWideRBAC(t *testing.T) {
 	if n := kinds(objs)["Role"]; n != 1 { // leader election only
 		t.Errorf("%d Roles rendered without watchNamespaces, want 1 (leader election)", n)
 	}
+	// Token and access reviews only serve secure metrics: without them the
+	// manager holds every other rule and no cluster-wide create on reviews.
+	var rest []rbacv1.PolicyRule
+	for _, r := range managerRules(t) {
+		if !slices.Contains(r.APIGroups, "authentication.k8s.io") && !slices.Contains(r.APIGroups, "authorization.k8s.io") {
+			rest = append(rest, r)
+		}
+	}
+	if len(rest) != len(managerRules(t))-2 {
+		t.Fatalf("config/rbac/role.yaml has %d review rules, want 2", len(managerRules(t))-len(rest))
+	}
+	for _, set := range [][]string{{"metrics.secure=false"}, {"metrics.enabled=false"}} {
+		role := as[rbacv1.ClusterRole](t, find(t, render(t, set...), "ClusterRole", "-manager"))
+		if !reflect.DeepEqual(role.Rules, rest) {
+			t.Errorf("%v: the manager ClusterRole's rules are not role.yaml's less the reviews:\n%v", set, role.Rules)
+		}
+	}
 	d, _ := manager(t, objs)
 	args := d.Spec.Template.Spec.Containers[0].Args
 	for _, want := range []string{"--leader-elect", "--metrics-secure=true", "--enable-http2=false"} {

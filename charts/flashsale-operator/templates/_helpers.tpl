@@ -52,9 +52,21 @@ sale pods' image). A digest wins over the tag; the tag defaults to appVersion.
 {{- end }}
 {{- end }}
 
-{{/* The manager's rules, as `make manifests` generates them into config/rbac/role.yaml. */}}
+{{/*
+The manager's rules, as `make manifests` generates them into
+config/rbac/role.yaml, less the token and access reviews unless secure
+metrics need them: creating a TokenReview is a cluster-wide grant no other
+part of the manager uses.
+*/}}
 {{- define "flashsale.managerRules" -}}
-{{- (.Files.Get "files/manager-role.yaml" | fromYaml).rules | toYaml }}
+{{- $out := list }}
+{{- $reviews := and .Values.metrics.enabled .Values.metrics.secure }}
+{{- range (.Files.Get "files/manager-role.yaml" | fromYaml).rules }}
+{{- if or $reviews (not (or (has "authentication.k8s.io" .apiGroups) (has "authorization.k8s.io" .apiGroups))) }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- $out | toYaml }}
 {{- end }}
 
 {{/* The manager's rules on namespaced resources only (for per-namespace Roles). */}}
