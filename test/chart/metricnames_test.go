@@ -17,7 +17,7 @@ import (
 )
 
 // metricSources are the packages that define the project's metrics.
-var metricSources = []string{"controllers", "runtime/api", "runtime/sweeper"}
+var metricSources = []string{"controllers", "internal/cmd/manager", "runtime/api", "runtime/sweeper"}
 
 var metricName = regexp.MustCompile(`flashsale_[a-z0-9_]+`)
 

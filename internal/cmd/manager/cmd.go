@@ -259,6 +259,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := controllers.RegisterSaleMetrics(ctrlmetrics.Registry, mgr.GetCache()); err != nil {
 		return fmt.Errorf("registering the sales' metrics: %w", err)
 	}
+	if err := registerUnwatched(ctrlmetrics.Registry, refused); err != nil {
+		return fmt.Errorf("registering the unwatched namespaces' metric: %w", err)
+	}
 	if len(refused) > 0 {
 		every := cmp.Or(opts.namespaceRecheckEvery, namespaceRecheckEvery)
 		if err := mgr.Add(refusedNamespaces{cfg: cfg, namespaces: refused, every: every}); err != nil {

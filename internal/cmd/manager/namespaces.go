@@ -18,9 +18,11 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -113,4 +115,33 @@ func (r refusedNamespaces) Start(ctx context.Context) error {
 			return fmt.Errorf("namespaces %v, left out at the start, are readable now: restarting to watch them", readable)
 		}
 	}
+}
+
+var descUnwatched = prometheus.NewDesc("flashsale_operator_namespace_unwatched",
+	"1 for each namespace the manager is to watch (--namespaces) but left out at its start because it may not read it: its sales are not reconciled.",
+	[]string{"namespace"}, nil)
+
+// unwatchedNamespaces reports the namespaces left out at the start, so an
+// alert names them: until the manager restarts they are not watched, and
+// only its start's error log said so.
+type unwatchedNamespaces []string
+
+func (unwatchedNamespaces) Describe(ch chan<- *prometheus.Desc) { ch <- descUnwatched }
+
+func (u unwatchedNamespaces) Collect(ch chan<- prometheus.Metric) {
+	for _, ns := range u {
+		ch <- prometheus.MustNewConstMetric(descUnwatched, prometheus.GaugeValue, 1, ns)
+	}
+}
+
+// registerUnwatched adds the namespaces left out to registry (the
+// manager's), replacing those of an earlier Run in the same process.
+func registerUnwatched(registry prometheus.Registerer, left []string) error {
+	err := registry.Register(unwatchedNamespaces(left))
+	var already prometheus.AlreadyRegisteredError
+	if errors.As(err, &already) {
+		registry.Unregister(already.ExistingCollector)
+		err = registry.Register(unwatchedNamespaces(left))
+	}
+	return err
 }

@@ -18,6 +18,7 @@ package manager
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,7 @@ func TestRunStartsWithoutANamespaceItMayNotRead(t *testing.T) {
 
 	opts.Namespaces = []string{"gone", "shop"}
 	opts.namespaceRecheckEvery = 200 * time.Millisecond
+	opts.MetricsBindAddress, opts.MetricsSecure = freeAddr(t), false
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, au.Config(), opts) }()
 	deadline := time.Now().Add(30 * time.Second)
@@ -109,6 +111,15 @@ func TestRunStartsWithoutANamespaceItMayNotRead(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the sale of the namespace it may read was not reconciled in 30s: %+v", fs.Status)
 		}
+	}
+
+	// The metrics name the namespace left out, and only it.
+	metrics := "http://" + opts.MetricsBindAddress + "/metrics"
+	if err := waitAnswer(metrics, "", done, "the unwatched namespace", func(code int, body string) bool {
+		return code == http.StatusOK && strings.Contains(body, `flashsale_operator_namespace_unwatched{namespace="gone"} 1`) &&
+			!strings.Contains(body, `flashsale_operator_namespace_unwatched{namespace="shop"}`)
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	// The namespace comes back with its Role (a helm upgrade of the same
