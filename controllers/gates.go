@@ -94,10 +94,27 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		return ""
 	}
 	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
+	if err == nil && open {
+		warnStartMovedLater(s, gate)
+	}
 	if !others {
 		return ""
 	}
 	return gate
+}
+
+// warnStartMovedLater says so when the gate that closed open shards is the
+// not-started one: a schedule.start moved past now (a pipeline that applied
+// the next drop's manifest to a running sale) stops the selling, which a
+// Normal GateChanged alone would not make anyone look at.
+func warnStartMovedLater(s *scope, gate string) {
+	if gate != engine.StateNotStarted {
+		return
+	}
+	start, _ := scheduleOf(&s.fs.Spec)
+	s.event(corev1.EventTypeWarning, ReasonStartMovedLater,
+		"the sale was open and spec.schedule.start is now %s, later than now: every shard refuses reservations until then; units sold and reservations held are kept",
+		start.UTC().Format(time.RFC3339))
 }
 
 // closedPhase is the phase of shards closed by gate when observe could not
@@ -169,6 +186,9 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 			s.closed, s.held = s.window.Gate, heldUnits(states)
 		}
 		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)
+		if slices.ContainsFunc(states, func(st engine.ShardState) bool { return st.State == engine.StateOpen }) {
+			warnStartMovedLater(s, s.window.Gate)
+		}
 		break
 	}
 	if s.window.Next > 0 {

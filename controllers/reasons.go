@@ -67,6 +67,8 @@ const (
 	ReasonAllocationRetried = "RebuiltMeanwhile"
 	ReasonAllocationChanged = "AllocationChangedMeanwhile"
 	ReasonGateChanged       = "GateChanged"
+	// A Warning when a schedule.start moved past now closed an open sale.
+	ReasonStartMovedLater = "StartMovedLater"
 	ReasonOpen              = "Open"
 	ReasonSoldOut           = "SoldOut"
 	ReasonNotStarted        = "NotStarted"
