@@ -388,6 +388,16 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"spec.postgres.secretRef.name: Required value"},
 		{"secret name with a percent sign", nil, with("redis%2f", "redis", "secretRef", "name"),
 			"spec.redis.secretRef.name in body should match"},
+		// Keys the pattern takes and no Secret can hold.
+		{"ledger key '.'", nil, with(".", "postgres", "secretRef", "key"),
+			"postgres.secretRef.key must not be '.' or start with '..'"},
+		{"ledger key '..'", nil, with("..", "postgres", "secretRef", "key"),
+			"postgres.secretRef.key must not be '.' or start with '..'"},
+		{"admission key starting with '..'", nil, with("..hmac", "admission", "secretRef", "key"),
+			"admission.secretRef.key must not be '.' or start with '..'"},
+		// "<key>.previous" must fit a Secret key's 253 characters.
+		{"admission key of 245 characters", nil, with(strings.Repeat("k", 245), "admission", "secretRef", "key"),
+			"spec.admission.secretRef.key: Too long"},
 		{"negative replicas", nil, with(int64(-1), "reservation", "replicas"),
 			"spec.reservation.replicas in body should be greater than or equal to 0"},
 		{"unknown toleration operator", nil, tolerations(map[string]any{"key": "drop", "operator": "In"}),
@@ -444,6 +454,8 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 		"one in flight":            with(int64(1), "reservation", "maxInFlight"),
 		"a million in flight":      with(int64(1_000_000), "reservation", "maxInFlight"),
 		"cluster mode":             with("cluster", "redis", "mode"),
+		"a ledger key with dots":   with(".dsn..v2", "postgres", "secretRef", "key"),
+		"an admission key of 244":  with(strings.Repeat("k", 244), "admission", "secretRef", "key"),
 		"open-ended start":         with(map[string]any{"start": "2026-12-01T09:00:00Z"}, "schedule"),
 		"offset and fraction": with(map[string]any{
 			"start": "2026-12-01T09:00:00.250+01:00", "end": "2026-12-01T10:00:00-05:30"}, "schedule"),

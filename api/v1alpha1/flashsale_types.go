@@ -352,6 +352,7 @@ type PostgresSecretKeySelector struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +kubebuilder:validation:XValidation:rule="self != '.' && !self.startsWith('..')",message="postgres.secretRef.key must not be '.' or start with '..': a Secret cannot hold such a key"
 	Key string `json:"key,omitempty"`
 }
 
@@ -365,12 +366,15 @@ type AdmissionSecretKeySelector struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Name string `json:"name,omitempty"`
 
-	// key is the key in the Secret's data.
+	// key is the key in the Secret's data. The reserve pods also read
+	// "<key>.previous" (the key a rotation replaces), so it is at most 244
+	// characters: a Secret key is at most 253.
 	// +optional
 	// +kubebuilder:default=hmac-key
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:MaxLength=244
 	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +kubebuilder:validation:XValidation:rule="self != '.' && !self.startsWith('..')",message="admission.secretRef.key must not be '.' or start with '..': a Secret cannot hold such a key"
 	Key string `json:"key,omitempty"`
 }
 
