@@ -47,7 +47,8 @@ func (r *FlashSaleReconciler) closeFirst(ctx context.Context, s *scope) (bool, e
 // and returns the gate when every shard is known to hold it. A shard being
 // rebuilt is left to the rebuild, which opens it in the gate of its moment.
 func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *engine.Gates) string {
-	gate := saleWindow(&s.fs.Spec, r.now()).Gate
+	now := r.now()
+	gate := saleWindow(&s.fs.Spec, now).Gate
 	// The read has a context of its own: one that hangs must not spend the
 	// write's time.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout/2)
@@ -94,27 +95,36 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		return ""
 	}
 	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
-	if err == nil && open {
-		warnStartMovedLater(s, gate)
-	}
+	warnWindowMoved(s, gate, states, now)
 	if !others {
 		return ""
 	}
 	return gate
 }
 
-// warnStartMovedLater says so when the gate that closed open shards is the
-// not-started one: a schedule.start moved past now (a pipeline that applied
-// the next drop's manifest to a running sale) stops the selling, which a
-// Normal GateChanged alone would not make anyone look at.
-func warnStartMovedLater(s *scope, gate string) {
-	if gate != engine.StateNotStarted {
+// warnWindowMoved says so when closing open shards that were selling by the
+// window they held (states, read before this reconcile wrote the spec's):
+// the schedule was moved past now by an edit, not reached by the clock. A
+// pipeline that applies the next drop's manifest, or an old one, to a
+// running sale stops the selling, which a Normal GateChanged alone would not
+// make anyone look at.
+func warnWindowMoved(s *scope, gate string, states []engine.ShardState, now time.Time) {
+	if !slices.ContainsFunc(states, func(st engine.ShardState) bool {
+		return st.Present && st.State == engine.StateOpen && st.OutsideWindow(now) == ""
+	}) {
 		return
 	}
-	start, _ := scheduleOf(&s.fs.Spec)
-	s.event(corev1.EventTypeWarning, ReasonStartMovedLater,
-		"the sale was open and spec.schedule.start is now %s, later than now: every shard refuses reservations until then; units sold and reservations held are kept",
-		start.UTC().Format(time.RFC3339))
+	start, end := scheduleOf(&s.fs.Spec)
+	switch gate {
+	case engine.StateNotStarted:
+		s.event(corev1.EventTypeWarning, ReasonStartMovedLater,
+			"the sale was open and spec.schedule.start is now %s, later than now: every shard refuses reservations until then; units sold and reservations held are kept",
+			start.UTC().Format(time.RFC3339))
+	case engine.StateEnded:
+		s.event(corev1.EventTypeWarning, ReasonEndMovedEarlier,
+			"the sale was open and spec.schedule.end is now %s, earlier than now: the sale has ended; units sold and reservations held are kept",
+			end.UTC().Format(time.RFC3339))
+	}
 }
 
 // closedPhase is the phase of shards closed by gate when observe could not
@@ -186,9 +196,6 @@ func (r *FlashSaleReconciler) applyGates(ctx context.Context, s *scope) (bool, e
 			s.closed, s.held = s.window.Gate, heldUnits(states)
 		}
 		s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every shard", s.window.Gate)
-		if slices.ContainsFunc(states, func(st engine.ShardState) bool { return st.State == engine.StateOpen }) {
-			warnStartMovedLater(s, s.window.Gate)
-		}
 		break
 	}
 	if s.window.Next > 0 {

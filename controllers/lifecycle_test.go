@@ -192,6 +192,13 @@ func TestScheduleGatesAndLifecycle(t *testing.T) {
 	if !hasEvent(t, e.ns, "scheduled", controllers.ReasonPhaseChanged) {
 		t.Fatal("no PhaseChanged event")
 	}
+	// The start brought forward and the end the clock reached are no
+	// schedule moved past now.
+	for _, reason := range []string{controllers.ReasonStartMovedLater, controllers.ReasonEndMovedEarlier} {
+		if n := countEvents(t, e.ns, "scheduled", reason); n != 0 {
+			t.Fatalf("%d %s events", n, reason)
+		}
+	}
 }
 
 func TestPauseRestockAndDecrease(t *testing.T) {

@@ -67,8 +67,10 @@ const (
 	ReasonAllocationRetried = "RebuiltMeanwhile"
 	ReasonAllocationChanged = "AllocationChangedMeanwhile"
 	ReasonGateChanged       = "GateChanged"
-	// A Warning when a schedule.start moved past now closed an open sale.
+	// Warnings when a schedule moved past now (start later, end earlier)
+	// closed an open sale.
 	ReasonStartMovedLater = "StartMovedLater"
+	ReasonEndMovedEarlier = "EndMovedEarlier"
 	ReasonOpen              = "Open"
 	ReasonSoldOut           = "SoldOut"
 	ReasonNotStarted        = "NotStarted"

@@ -13,12 +13,13 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
 
-// A schedule.start moved past now closes an open sale (every shard refuses
-// reservations until then), as a pipeline applying the next drop's manifest
-// to a running sale does: that is a Warning naming the new start, not only a
-// Normal GateChanged. What was sold and held stays. A sale scheduled from
-// its creation, or paused, gets no such Warning.
-func TestAStartMovedLaterWarnsThatTheOpenSaleClosed(t *testing.T) {
+// A schedule moved past now closes an open sale, as a pipeline applying the
+// next drop's manifest (a start later) or an old one (an end earlier) to a
+// running sale does: that is a Warning naming the new start or end, not only
+// a Normal GateChanged. What was sold and held stays. A paused sale gets no
+// such Warning, nor does a sale whose end the clock reaches
+// (TestScheduleGatesAndLifecycle).
+func TestAScheduleMovedPastNowWarnsThatTheOpenSaleClosed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
@@ -51,15 +52,34 @@ func TestAStartMovedLaterWarnsThatTheOpenSaleClosed(t *testing.T) {
 	if !hasEventSaying(t, e.ns, "moved", controllers.ReasonStartMovedLater, start.UTC().Format(time.RFC3339)) {
 		t.Fatal("no StartMovedLater event naming the new start")
 	}
-	for _, ev := range eventsAbout(t, e.ns, "moved", controllers.ReasonStartMovedLater) {
-		if ev.Type != corev1.EventTypeWarning {
-			t.Fatalf("StartMovedLater is %s, want a Warning", ev.Type)
-		}
-	}
 	if r, err := eng.Reserve(context.Background(), "after", "r", 1); err != nil || r.Reason != stock.StateNotStarted {
 		t.Fatalf("reserve after the start moved later: %+v %v, want refused as not started", r, err)
 	}
 	if fs.Status.Reserved != 1 || fs.Status.Available != 19 {
 		t.Fatalf("status after the start moved later: %d reserved, %d available; want the reservation kept", fs.Status.Reserved, fs.Status.Available)
+	}
+
+	// Open again, then its end moved before now.
+	past := time.Now().Add(-2 * time.Minute).Truncate(time.Second)
+	setStart(past)
+	e.waitFor("moved", settle, "Open", phaseIs(flashsalev1alpha1.PhaseOpen))
+	end := past.Add(time.Minute)
+	updateSpec(t, e.ns, "moved", func(fs *flashsalev1alpha1.FlashSale) { fs.Spec.Schedule.End = &metav1.Time{Time: end} })
+	fs = e.waitFor("moved", settle, "Ended", phaseIs(flashsalev1alpha1.PhaseEnded))
+	if !hasEventSaying(t, e.ns, "moved", controllers.ReasonEndMovedEarlier, end.UTC().Format(time.RFC3339)) {
+		t.Fatal("no EndMovedEarlier event naming the new end")
+	}
+	if r, err := eng.Reserve(context.Background(), "after-end", "r", 1); err != nil || r.Reason != stock.StateEnded {
+		t.Fatalf("reserve after the end moved earlier: %+v %v, want refused as ended", r, err)
+	}
+	if fs.Status.Reserved != 1 {
+		t.Fatalf("status after the end moved earlier: %d reserved; want the reservation kept", fs.Status.Reserved)
+	}
+	for _, reason := range []string{controllers.ReasonStartMovedLater, controllers.ReasonEndMovedEarlier} {
+		for _, ev := range eventsAbout(t, e.ns, "moved", reason) {
+			if ev.Type != corev1.EventTypeWarning {
+				t.Fatalf("%s is %s, want a Warning", reason, ev.Type)
+			}
+		}
 	}
 }
