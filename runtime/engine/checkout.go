@@ -47,7 +47,9 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 	}
 	if out == ledger.CheckoutCommitted || out == ledger.CheckoutAlreadyCommitted {
 		cctx, cancel := detached(ctx)
-		_, _ = e.store.MarkCommitted(cctx, shard, key)
+		if n, err := e.store.MarkCommitted(cctx, shard, key); err != nil || n == stock.CommitRebuilding {
+			e.markLater(laterMark{shard: shard, key: key, user: user})
+		}
 		if home := stock.HomeShard(user, e.cfg.Shards); home != shard {
 			// A sold stolen reservation keeps its quota but not its pointer: a
 			// retry of the request is answered from the ledger. If this fails,
@@ -80,11 +82,15 @@ func (e *Engine) Cancel(ctx context.Context, user, reservationID string) (Cancel
 		return CancelResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	if out == ledger.CancelCancelled || out == ledger.CancelAlreadyCancelled {
-		// The ledger is the book of record: if the Redis step fails (or the shard is
-		// being rebuilt) the sweeper releases the units from the CANCELLED_BY_USER row.
+		// The ledger is the book of record: a Redis step that fails, or meets
+		// a shard being rebuilt, is tried again (marks_later.go), and the
+		// sweeper releases the units from the CANCELLED_BY_USER row after
+		// that.
 		cctx, cancel := detached(ctx)
 		defer cancel()
-		if rr, err := e.store.Cancel(cctx, shard, key, user); err == nil {
+		if rr, err := e.store.Cancel(cctx, shard, key, user); err != nil || rr.Code == stock.Rebuilding {
+			e.markLater(laterMark{shard: shard, key: key, user: user, cancel: true})
+		} else {
 			_ = e.afterRelease(cctx, shard, key, rr)
 		}
 	}

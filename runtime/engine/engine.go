@@ -122,6 +122,7 @@ type Engine struct {
 	ledgerFailing atomic.Bool
 	ownsLedger    bool          // opened by Dial: Close closes it
 	closing       chan struct{} // closed by Close
+	later         laterMarks    // marks a shard being rebuilt refused (marks_later.go)
 	closeOnce     sync.Once
 	now           func() time.Time
 

@@ -1,0 +1,78 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+)
+
+// A payment and a cancel the ledger takes while their reservations' shard
+// is being rebuilt (its reservations restored from the ledger's read, the
+// shard not open yet) reach Redis once it opens: the paid unit leaves the
+// held count, and the cancelled one goes back to stock with its buyer's
+// quota, without waiting for their expiry and the sweeper.
+func TestAPaymentAndACancelDuringARebuildReachRedisOnceItOpens(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(10), withShards(1), withTTL(time.Hour, 0))
+	ctx := context.Background()
+	paid := f.reserve("pat", "r", 1).Reservation
+	gone := f.reserve("cal", "r", 1).Reservation
+	_, err := f.e.RebuildWith(ctx, engine.RebuildOptions{Gate: openGate, BeforeFinish: func(int) {
+		if out, err := f.e.Checkout(ctx, "pat", paid.ID, "pay-1"); err != nil || out.Outcome != ledger.CheckoutCommitted {
+			t.Errorf("checkout during the rebuild: %+v %v", out.Outcome, err)
+		}
+		if out, err := f.e.Cancel(ctx, "cal", gone.ID); err != nil || out.Outcome != ledger.CancelCancelled {
+			t.Errorf("cancel during the rebuild: %+v %v", out.Outcome, err)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held, available int64
+	testharness.Eventually(t, 10*time.Second, "the payment and the cancel in Redis", func() bool {
+		states, err := f.e.Store().State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, available = states[0].Reserved, states[0].Available
+		return held == 0 && available == 9
+	})
+	if c := f.assertConserved(); c.Sold != 1 || c.Reserved != 0 || c.Available != 9 {
+		t.Fatalf("counts %+v, want 1 sold and 9 available", c)
+	}
+	if r := f.reserve("cal", "again", 1); r.Outcome != engine.OutcomeReserved {
+		t.Fatalf("cal after the cancel: %s, want the quota back", r.Outcome)
+	}
+}
+
+// A cancel whose Redis step is lost (the ledger took it, the server did not
+// run the release) gives the unit and the buyer's quota back once the server
+// answers, not after the reservation's expiry and the sweeper: with a limit
+// of one, the buyer may reserve again.
+func TestACancelWhoseReleaseWasLostGivesTheUnitBack(t *testing.T) {
+	rdb, lost := withLostReplies(t, backends()[0])
+	f := newFixture(t, rdb, withAllocation(10), withShards(1), withTTL(time.Hour, 0), withMaxPerUser(1))
+	ctx := context.Background()
+	r := f.reserve("cal", "r", 1).Reservation
+	lost.armDrop(1, isScript(t, "cancel"))
+	if out, err := f.e.Cancel(ctx, "cal", r.ID); err != nil || out.Outcome != ledger.CancelCancelled {
+		t.Fatalf("cancel: %+v %v", out.Outcome, err)
+	}
+	if lost.count() != 1 {
+		t.Fatalf("%d cancel calls lost, want 1", lost.count())
+	}
+	testharness.Eventually(t, 10*time.Second, "the unit back in stock", func() bool {
+		states, err := f.e.Store().State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return states[0].Reserved == 0 && states[0].Available == 10
+	})
+	if again := f.reserve("cal", "again", 1); again.Outcome != engine.OutcomeReserved {
+		t.Fatalf("cal after the cancel: %s, want the quota back", again.Outcome)
+	}
+	f.assertConserved()
+}
