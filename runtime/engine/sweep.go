@@ -232,11 +232,12 @@ func (e *Engine) settlePlacedQuota(ctx context.Context, home int, p stock.Placem
 	return gaveBack, err == nil, err
 }
 
-func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string, failing map[int]error) (SweepStats, error) {
+func (e *Engine) sweepBatch(ctx context.Context, shard int, listed []stock.Listed, failing map[int]error) (SweepStats, error) {
 	var st SweepStats
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = stock.FormatID(shard, k)
+	keys := make([]string, len(listed))
+	ids := make([]string, len(listed))
+	for i, l := range listed {
+		keys[i], ids[i] = l.Key, stock.FormatID(shard, l.Key)
 	}
 	status, err := e.ledger.CancelExpired(ctx, e.cfg.CampaignID, ids, e.cfg.Grace)
 	if err != nil {
@@ -278,14 +279,17 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string, faili
 	// A key that fails leaves the others to be done: the first error is
 	// returned, and the next pass finds what it left in the expiry index.
 	var (
-		release []string
+		release []stock.Listed
 		first   error
 	)
 	for i, k := range keys {
 		s, ok := status[ids[i]]
 		switch {
 		case !ok, s == ledger.StatusCancelledBySweeper, s == ledger.StatusCancelledByUser, s == ledger.StatusAbandoned:
-			release = append(release, k)
+			// The placement listed, and only it: the request may have given
+			// it back itself since and a retry of it placed another, which
+			// it told "reserved".
+			release = append(release, listed[i])
 		case s == ledger.StatusCommitted:
 			n, err := e.store.MarkCommitted(ctx, shard, k)
 			if err == nil && n == stock.CommitLedgerNeeded {
@@ -319,21 +323,21 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, keys []string, faili
 // shard's remaining batches, paying marks and claims are not held back, and
 // the later give-backs to that shard in the pass (failing) are not sent:
 // each would wait for a server that does not answer.
-func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string, failing map[int]error) (SweepStats, error) {
+func (e *Engine) releaseExpired(ctx context.Context, shard int, listed []stock.Listed, failing map[int]error) (SweepStats, error) {
 	var (
 		st    SweepStats
 		first error
 		gives = map[int][]stock.QuotaGive{} // by home shard
 	)
-	results, errs := e.store.ReleaseEach(ctx, shard, keys)
-	for i, k := range keys {
+	results, errs := e.store.ReleaseEach(ctx, shard, listed)
+	for i, l := range listed {
 		rr, err := results[i], errs[i]
 		switch {
 		case err != nil:
 		case rr.Code == stock.LedgerNeeded:
-			rr, err = e.releaseFromLedger(ctx, shard, k) // gives the quota back itself
+			rr, err = e.releaseFromLedger(ctx, shard, l) // gives the quota back itself
 		default:
-			if g, ok := quotaGiveBack(shard, k, rr); ok {
+			if g, ok := quotaGiveBack(shard, l.Key, rr); ok {
 				gives[rr.Home] = append(gives[rr.Home], g)
 			}
 		}
@@ -365,20 +369,20 @@ func (e *Engine) releaseExpired(ctx context.Context, shard int, keys []string, f
 // releaseFromLedger releases a reservation whose Redis hash is gone (it
 // outlived its backstop TTL: the sweeper was down that long) from its ledger
 // row, which has all the release needs.
-func (e *Engine) releaseFromLedger(ctx context.Context, shard int, key string) (stock.ReleaseResult, error) {
-	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, key))
+func (e *Engine) releaseFromLedger(ctx context.Context, shard int, l stock.Listed) (stock.ReleaseResult, error) {
+	o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, l.Key))
 	if errors.Is(err, ledger.ErrNotFound) {
 		// No row and no hash: nothing says what it held; the index entry goes.
-		return e.store.ReleaseFromLedger(ctx, shard, key, 0, 0, "")
+		return e.store.ReleaseFromLedger(ctx, shard, l, 0, 0, "")
 	}
 	if err != nil {
 		return stock.ReleaseResult{}, err
 	}
-	rr, err := e.store.ReleaseFromLedger(ctx, shard, key, o.Quantity, o.ExpiresAt.UnixMilli(), o.UserID)
+	rr, err := e.store.ReleaseFromLedger(ctx, shard, l, o.Quantity, o.ExpiresAt.UnixMilli(), o.UserID)
 	if err != nil {
 		return rr, err
 	}
-	return rr, e.afterRelease(ctx, shard, key, rr)
+	return rr, e.afterRelease(ctx, shard, l.Key, rr)
 }
 
 // markCommittedFromLedger is the sold counterpart of releaseFromLedger: the

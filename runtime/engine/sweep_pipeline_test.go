@@ -267,7 +267,7 @@ func lostTailOfStolen(t *testing.T, b backend, script string) {
 	if script == "quota" {
 		keyAt, counted = 7, fillers+n
 	}
-	lost.armTail(1, func(args []any) bool { return is(args) && fmt.Sprint(args[keyAt]) == first[0] })
+	lost.armTail(1, func(args []any) bool { return is(args) && fmt.Sprint(args[keyAt]) == first[0].Key })
 	st, err := f.e.Sweep(ctx)
 	// A release's loss fails the pass. The quota script's may be a
 	// give-back's, the home shard's, counted and left to its claim reaper, or

@@ -25,11 +25,13 @@ func TestScriptFollowsMoved(t *testing.T) {
 	}
 	for _, release := range []struct {
 		name string
-		run  func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error)
+		run  func(ctx context.Context, s *stock.Store, l stock.Listed) (stock.ReleaseResult, error)
 	}{
-		{"alone", func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error) { return s.Release(ctx, 0, key) }},
-		{"pipelined", func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error) {
-			res, errs := s.ReleaseEach(ctx, 0, []string{key})
+		{"alone", func(ctx context.Context, s *stock.Store, _ stock.Listed) (stock.ReleaseResult, error) {
+			return s.Release(ctx, 0, key)
+		}},
+		{"pipelined", func(ctx context.Context, s *stock.Store, l stock.Listed) (stock.ReleaseResult, error) {
+			res, errs := s.ReleaseEach(ctx, 0, []stock.Listed{l})
 			return res[0], errs[0]
 		}},
 	} {
@@ -39,7 +41,7 @@ func TestScriptFollowsMoved(t *testing.T) {
 	}
 }
 
-func releaseAfterMove(t *testing.T, release func(ctx context.Context, s *stock.Store) (stock.ReleaseResult, error)) {
+func releaseAfterMove(t *testing.T, release func(ctx context.Context, s *stock.Store, l stock.Listed) (stock.ReleaseResult, error)) {
 	c := testharness.RedisClusterT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -59,6 +61,11 @@ func releaseAfterMove(t *testing.T, release func(ctx context.Context, s *stock.S
 	setup := stock.New(admin, campaign, 1)
 	if err := then(seed(5), reserved(stock.Reserved, stock.ModeHome))(ctx, setup); err != nil {
 		t.Fatal(err)
+	}
+	// As a sweep lists it, before the move.
+	listed, err := setup.Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 1)
+	if err != nil || len(listed) != 1 || listed[0].Key != key {
+		t.Fatalf("listed %v (%v), want the reservation %s", listed, err, key)
 	}
 	s := stock.New(rdb, campaign, 1)
 	if _, err := s.State(ctx); err != nil { // the client's slot map, before the move
@@ -91,7 +98,7 @@ func releaseAfterMove(t *testing.T, release func(ctx context.Context, s *stock.S
 			t.Fatal(err)
 		}
 	}
-	res, err := release(ctx, s)
+	res, err := release(ctx, s, listed[0])
 	if err != nil || res.Code != stock.Released {
 		t.Fatalf("release after the slot moved: %+v %v", res, err)
 	}

@@ -54,9 +54,24 @@ func (s *Store) ReleasePlaced(ctx context.Context, shard int, key string, expiry
 // outlived the hash's backstop TTL): the ledger row's quantity, expiry and user
 // say what to give back, and its expiry-index entry, if still there with that
 // expiry, that it was never given back. qty 0 (no ledger row) only drops the
-// index entry.
-func (s *Store) ReleaseFromLedger(ctx context.Context, shard int, key string, qty int, expiryMs int64, user string) (ReleaseResult, error) {
-	return s.release(ctx, releaseScript, shard, key, qty, expiryMs, user, HomeShard(user, len(s.shards)))
+// index entry. A hash there again (a retry placed since l was listed) is
+// another placement: NotThis, nothing changed.
+func (s *Store) ReleaseFromLedger(ctx context.Context, shard int, l Listed, qty int, expiryMs int64, user string) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, l.Key, qty, expiryMs, user, HomeShard(user, len(s.shards)), l.ExpiryMs, "")
+}
+
+// Listed is a reservation key as the expiry index lists it, with the
+// expiry it is listed at.
+type Listed struct {
+	Key      string
+	ExpiryMs int64
+}
+
+// ReleaseListed is Release of the placement l was listed for: a hash of
+// another placement of the key (a retry's, placed since) is NotThis, and
+// nothing changes.
+func (s *Store) ReleaseListed(ctx context.Context, shard int, l Listed) (ReleaseResult, error) {
+	return s.release(ctx, releaseScript, shard, l.Key, "", "", "", "", l.ExpiryMs, "")
 }
 
 // Cancel is Release for the reservation's own user only.
@@ -77,19 +92,20 @@ func (s *Store) release(ctx context.Context, script script, shard int, key strin
 // one of the reserve pods' own pipelines does (32 calls).
 const ReleaseBatch = 32
 
-// ReleaseEach is Release of each of keys on shard, ReleaseBatch calls to a
-// pipeline to the shard's server (see eachOn): a sweep of expired
+// ReleaseEach is ReleaseListed of each of listed on shard, ReleaseBatch
+// calls to a pipeline to the shard's server (see eachOn): a sweep of expired
 // reservations pays a round trip per pipeline, not per reservation.
-// results[i] and errs[i] are keys[i]'s.
-func (s *Store) ReleaseEach(ctx context.Context, shard int, keys []string) (results []ReleaseResult, errs []error) {
-	results = make([]ReleaseResult, len(keys))
+// results[i] and errs[i] are listed[i]'s.
+func (s *Store) ReleaseEach(ctx context.Context, shard int, listed []Listed) (results []ReleaseResult, errs []error) {
+	results = make([]ReleaseResult, len(listed))
 	k := s.shards[shard]
-	replies, errs := s.eachOn(ctx, shard, releaseScript, len(keys),
+	replies, errs := s.eachOn(ctx, shard, releaseScript, len(listed),
 		func(i int) ([]string, []any) {
-			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(keys[i]), k.Users()}, []any{keys[i], shard}
+			l := listed[i]
+			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(l.Key), k.Users()}, []any{l.Key, shard, "", "", "", "", l.ExpiryMs, ""}
 		},
-		func(i int) (any, error) { return s.Release(ctx, shard, keys[i]) })
-	for i := range keys {
+		func(i int) (any, error) { return s.ReleaseListed(ctx, shard, listed[i]) })
+	for i := range listed {
 		switch r := replies[i].(type) {
 		case ReleaseResult: // sent again alone
 			results[i] = r
@@ -191,11 +207,17 @@ func releaseReply(shard int, reply any, err error) (ReleaseResult, error) {
 }
 
 // Expired lists up to limit reservation keys of a shard whose expiry is at or before
-// beforeMs (Redis clock).
-func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit int) ([]string, error) {
-	return s.rdb.ZRangeByScore(ctx, s.shards[shard].Index(), &redis.ZRangeBy{
+// beforeMs (Redis clock), with that expiry.
+func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit int) ([]Listed, error) {
+	zs, err := s.rdb.ZRangeByScoreWithScores(ctx, s.shards[shard].Index(), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(beforeMs, 10), Count: int64(limit),
 	}).Result()
+	out := make([]Listed, len(zs))
+	for i, z := range zs {
+		key, _ := z.Member.(string)
+		out[i] = Listed{Key: key, ExpiryMs: int64(z.Score)}
+	}
+	return out, err
 }
 
 // serverAnswered reports whether err is the server's own answer (a script

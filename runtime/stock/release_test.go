@@ -103,13 +103,14 @@ func TestReleaseEachStopsAtAnUnansweredPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := openSale(t, rdb, "stall-"+randomID(), 1, 2*n)
-	var keys []string
+	var keys []stock.Listed
 	for i := range n {
 		user := fmt.Sprintf("buyer-%d", i)
-		if res, err := reserveHome(ctx, s, user); err != nil || res.Code != stock.Reserved {
+		res, err := reserveHome(ctx, s, user)
+		if err != nil || res.Code != stock.Reserved {
 			t.Fatalf("reserve %s: %+v %v", user, res, err)
 		}
-		keys = append(keys, "k-"+user)
+		keys = append(keys, stock.Listed{Key: "k-" + user, ExpiryMs: res.ExpiryMs})
 	}
 	pipes := &pipelineCount{}
 	stock.AddHook(rdb, pipes)
@@ -153,5 +154,39 @@ func (p *pipelineCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 			p.n.Add(1)
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// A sweep's release gives back the placement it listed and only that one: a
+// hash of another placement of the key (a retry's, placed after the request
+// gave the listed one back) is left whole, pipelined or alone.
+func TestReleaseOfAListedPlacementLeavesAnother(t *testing.T) {
+	_, rdb := standalone(t)
+	ctx := context.Background()
+	s := stock.New(rdb, "listed-"+randomID(), 1)
+	if err := seed(5)(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	placed, err := s.Reserve(ctx, req(stock.ModeHome))
+	if err != nil || placed.Code != stock.Reserved {
+		t.Fatalf("reserve: %+v %v", placed, err)
+	}
+	earlier := stock.Listed{Key: key, ExpiryMs: placed.ExpiryMs - 1000}
+	res, errs := s.ReleaseEach(ctx, 0, []stock.Listed{earlier})
+	if errs[0] != nil || res[0].Code != stock.NotThis {
+		t.Fatalf("pipelined release of an earlier placement: %+v %v; want NotThis", res[0], errs[0])
+	}
+	if rr, err := s.ReleaseListed(ctx, 0, earlier); err != nil || rr.Code != stock.NotThis {
+		t.Fatalf("release of an earlier placement: %+v %v; want NotThis", rr, err)
+	}
+	if st, err := s.State(ctx); err != nil || st[0].Available != 4 || st[0].Reserved != 1 {
+		t.Fatalf("stock after the earlier placement's releases: %+v %v; want 4 and 1 held", st, err)
+	}
+	res, errs = s.ReleaseEach(ctx, 0, []stock.Listed{{Key: key, ExpiryMs: placed.ExpiryMs}})
+	if errs[0] != nil || res[0].Code != stock.Released {
+		t.Fatalf("release of the placement listed: %+v %v; want Released", res[0], errs[0])
+	}
+	if st, err := s.State(ctx); err != nil || st[0].Available != 5 || st[0].Reserved != 0 {
+		t.Fatalf("stock after the release: %+v %v; want 5", st, err)
 	}
 }

@@ -13,7 +13,8 @@
 -- ARGV[7..8] (optional) the expiry ms and epoch of the placement the caller made: a
 --         request that could not record its reservation gives back only its own. A
 --         retry of the same request (same key) may have placed another since, after
---         a rebuild or after this one was settled, and been told "reserved".
+--         a rebuild or after this one was settled, and been told "reserved". The
+--         sweeper gives the expiry it listed and no epoch ('').
 --
 -- Returns {code, user, qty, home, expiry}
 --   1 RELEASED      units are back; when home ~= this shard the caller releases the
@@ -40,7 +41,7 @@ end
 local key = ARGV[1]
 local r = redis.call('HMGET', KEYS[4], 's', 'u', 'q', 'h', 'e', 'p')
 if r[1] and ARGV[7] and ARGV[7] ~= '' and
-    (tonumber(r[5]) ~= tonumber(ARGV[7]) or tonumber(r[6]) ~= tonumber(ARGV[8])) then
+    (tonumber(r[5]) ~= tonumber(ARGV[7]) or (ARGV[8] ~= '' and tonumber(r[6]) ~= tonumber(ARGV[8]))) then
   return {6, '', 0, -1, 0}
 end
 if not r[1] then

@@ -1,0 +1,98 @@
+package engine_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
+	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
+	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
+)
+
+// A sweep gives back the placement it listed, and only that one. Here the
+// request that made it, its ledger row never written, gave it back itself
+// after the sweep found no row for it, and the buyer's retry of the same
+// request placed another, was told it is reserved, and pays for it. The
+// sweep must leave that one: released by its key, its unit would be sold and
+// back in stock at once (I1).
+func TestASweepLeavesARetrysPlacementOfAKeyItListed(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(5), withTTL(shortTTL, 0))
+	ctx := context.Background()
+	const user = "rhea"
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+	p1, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
+		Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
+	if err != nil || p1.Code != stock.Reserved {
+		t.Fatalf("first placement: %+v %v", p1, err)
+	}
+	time.Sleep(shortTTL + 200*time.Millisecond)
+
+	// The sweeper's client plays the request and its retry at the named steps.
+	var retried engine.ReserveResult
+	steps := &beforeCommands{at: map[string]func(){
+		// The sweep reads the reservation (no ledger row): the request gives
+		// it back first.
+		"hgetall": func() {
+			if rr, err := f.e.Store().ReleasePlaced(ctx, 0, key, p1.ExpiryMs, p1.Epoch); err != nil || rr.Code != stock.Released {
+				t.Errorf("the request's give-back: %+v %v", rr, err)
+			}
+		},
+		// The sweep's release is about to go: the retry places another.
+		"evalsha": func() { retried = f.reserve(user, "r", 1) },
+	}}
+	swept := standaloneClient(t, sharedRedis.Addr())
+	stock.AddHook(swept, steps)
+	if _, err := openEngine(t, f.cfg, swept, f.l).Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if steps.left() != 0 || retried.Outcome != engine.OutcomeReserved {
+		t.Fatalf("steps not taken: %d, the retry %s", steps.left(), retried.Outcome)
+	}
+	if out, err := f.e.Checkout(ctx, user, retried.Reservation.ID, "pay-1"); err != nil || out.Outcome != ledger.CheckoutCommitted {
+		t.Fatalf("checkout of the retry's reservation: %+v %v", out.Outcome, err)
+	}
+	if c := f.assertConserved(); c.Sold != 1 || c.Available != 4 {
+		t.Fatalf("counts %+v, want 1 sold and 4 available", c)
+	}
+}
+
+// beforeCommands runs at[name] once, before the first command (or
+// pipeline) of that name on the reservation's hash or through the scripts.
+type beforeCommands struct {
+	mu sync.Mutex
+	at map[string]func()
+}
+
+func (b *beforeCommands) run(cmd redis.Cmder) {
+	name := strings.ToLower(cmd.Name())
+	if name == "hgetall" && !strings.Contains(cmd.String(), ":res:") {
+		return
+	}
+	b.mu.Lock()
+	f, ok := b.at[name]
+	delete(b.at, name)
+	b.mu.Unlock()
+	if ok {
+		f()
+	}
+}
+
+func (b *beforeCommands) left() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.at) }
+
+func (b *beforeCommands) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (b *beforeCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { b.run(cmd); return next(ctx, cmd) }
+}
+func (b *beforeCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 {
+			b.run(cmds[0])
+		}
+		return next(ctx, cmds)
+	}
+}
