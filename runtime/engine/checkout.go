@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -32,31 +34,36 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 	// mark and settles the reservation from the ledger, instead of counting
 	// its unit both reserved and sold until its expiry and grace. A failed
 	// mark (Redis down) does not stop a payment: the ledger is the judge, and
-	// the sweep then settles the reservation after its expiry as before.
-	markedAt, _ := e.store.MarkPaying(ctx, shard, key, user)
+	// the sweep then settles the reservation after its expiry as before; nor
+	// does a mark that takes longer than redisStepWait.
+	var marked atomic.Int64 // when the mark was written; 0: not (yet)
+	e.redisStep(ctx, func(ctx context.Context) {
+		at, _ := e.store.MarkPaying(ctx, shard, key, user)
+		marked.Store(at)
+	})
 	out, o, err := e.ledger.Checkout(ctx, e.cfg.CampaignID, reservationID, user, paymentToken)
 	if err != nil {
 		// The commit's outcome may be unknown: the mark stays for the sweep.
 		return CheckoutResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	failpoint.Kill(failpoint.CheckoutAfterLedger)
-	if out != ledger.CheckoutCommitted && out != ledger.CheckoutAlreadyCommitted && markedAt > 0 {
-		cctx, cancel := detached(ctx)
-		_, _ = e.store.DropPaying(cctx, shard, key, markedAt) // else the sweep drops it
-		cancel()
+	if markedAt := marked.Load(); out != ledger.CheckoutCommitted && out != ledger.CheckoutAlreadyCommitted && markedAt > 0 {
+		e.redisStep(ctx, func(ctx context.Context) {
+			_, _ = e.store.DropPaying(ctx, shard, key, markedAt) // else the sweep drops it
+		})
 	}
 	if out == ledger.CheckoutCommitted || out == ledger.CheckoutAlreadyCommitted {
-		cctx, cancel := detached(ctx)
-		if n, err := e.store.MarkCommitted(cctx, shard, key); err != nil || n == stock.CommitRebuilding {
-			e.markLater(laterMark{shard: shard, key: key, user: user})
-		}
-		if home := stock.HomeShard(user, e.cfg.Shards); home != shard {
-			// A sold stolen reservation keeps its quota but not its pointer: a
-			// retry of the request is answered from the ledger. If this fails,
-			// the sweeper's reaper forgets the pointer.
-			_, _ = e.store.Quota(cctx, home, stock.QuotaForget, user, key, o.Quantity, shard, o.ExpiresAt.UnixMilli())
-		}
-		cancel()
+		e.redisStep(ctx, func(ctx context.Context) {
+			if n, err := e.store.MarkCommitted(ctx, shard, key); err != nil || n == stock.CommitRebuilding {
+				e.markLater(laterMark{shard: shard, key: key, user: user})
+			}
+			if home := stock.HomeShard(user, e.cfg.Shards); home != shard {
+				// A sold stolen reservation keeps its quota but not its pointer:
+				// a retry of the request is answered from the ledger. If this
+				// fails, the sweeper's reaper forgets the pointer.
+				_, _ = e.store.Quota(ctx, home, stock.QuotaForget, user, key, o.Quantity, shard, o.ExpiresAt.UnixMilli())
+			}
+		})
 	}
 	return CheckoutResult{Outcome: out, Order: o}, nil
 }
@@ -86,13 +93,13 @@ func (e *Engine) Cancel(ctx context.Context, user, reservationID string) (Cancel
 		// a shard being rebuilt, is tried again (marks_later.go), and the
 		// sweeper releases the units from the CANCELLED_BY_USER row after
 		// that.
-		cctx, cancel := detached(ctx)
-		defer cancel()
-		if rr, err := e.store.Cancel(cctx, shard, key, user); err != nil || rr.Code == stock.Rebuilding {
-			e.markLater(laterMark{shard: shard, key: key, user: user, cancel: true})
-		} else {
-			_ = e.afterRelease(cctx, shard, key, rr)
-		}
+		e.redisStep(ctx, func(ctx context.Context) {
+			if rr, err := e.store.Cancel(ctx, shard, key, user); err != nil || rr.Code == stock.Rebuilding {
+				e.markLater(laterMark{shard: shard, key: key, user: user, cancel: true})
+			} else {
+				_ = e.afterRelease(ctx, shard, key, rr)
+			}
+		})
 	}
 	return CancelResult{Outcome: out, Order: o}, nil
 }
@@ -111,4 +118,28 @@ func (e *Engine) Held(ctx context.Context, user string) ([]ledger.Order, error) 
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return orders, nil
+}
+
+// redisStepWait bounds how long a payment or a cancel waits for a Redis step
+// of its own. The steps are best effort (the ledger is the judge), and a
+// server that stalls holds each reply for the client's read timeout, whatever
+// the request's deadline: it must not spend the request's time before the
+// ledger is asked, nor hold the answer after. A step not done by then goes
+// on by itself, on a context of its own.
+const redisStepWait = 250 * time.Millisecond
+
+func (e *Engine) redisStep(ctx context.Context, step func(context.Context)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cctx, cancel := detached(ctx)
+		defer cancel()
+		step(cctx)
+	}()
+	t := time.NewTimer(redisStepWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
