@@ -24,6 +24,7 @@ func TestALedgerThatTakesNoWritesIsNotHealthy(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), pg)
 	e.startController()
 	e.openSale("readonly", 10)
+	markReady(t, e.ns, "readonly-reserve") // buyers reach it: Admitting once the ledger takes writes
 	if err := pg.SetReadOnly(true); err != nil {
 		t.Fatal(err)
 	}

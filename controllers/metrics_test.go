@@ -21,6 +21,7 @@ func TestSaleMetrics(t *testing.T) {
 	e := newEnv(t, sharedRedis.Addr(), sharedPG)
 	e.startController()
 	fs := e.openSale("metered", 10)
+	markReady(t, e.ns, "metered-reserve") // buyers reach it: Admitting
 	eng := e.engineFor(fs, sharedRedis.Addr())
 	e.reserve(eng, "a")
 	e.reserve(eng, "b")

@@ -272,6 +272,7 @@ func TestSecretRotatedToADeadServerStillPauses(t *testing.T) {
 			e := newEnv(t, sharedRedis.Addr(), sharedPG)
 			e.startController()
 			fs := e.openSale("rotated", 10)
+			markReady(t, e.ns, "rotated-reserve") // buyers reach it: Admitting
 			eng := e.engineFor(fs, sharedRedis.Addr())
 			port, err := testharness.FreePort() // nothing listens there
 			if err != nil {

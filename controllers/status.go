@@ -172,6 +172,10 @@ func reportCounts(st *flashsalev1alpha1.FlashSaleStatus, d *decided, spec *flash
 	// Pending rows in the ledger count too: Completed means nothing can change any more.
 	st.Phase = salePhase(f.gate, c.Available, max(c.Reserved, c.Pending))
 	switch {
+	case f.gate == engine.StateOpen && f.children != nil && f.children.reason == ReasonChildrenNotReady:
+		// The shards admit, but no reserve pod serves: buyers are not taken.
+		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonChildrenNotReady,
+			"the sale is open, but buyers reach no reserve pod: "+f.children.message)
 	case f.gate == engine.StateOpen && c.Available > 0:
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionTrue, ReasonOpen, "reservations are admitted")
 	case f.gate == engine.StateOpen:

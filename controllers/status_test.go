@@ -137,6 +137,19 @@ func TestComputeStatus(t *testing.T) {
 			phase: flashsalev1alpha1.PhaseEnded, observed: true, conds: want{"Admitting": "False/Ended"}},
 		{name: "ended with nothing held", facts: with(healthy(), func(f *facts) { f.gate, f.counts.Reserved = stock.StateEnded, 0 }),
 			phase: flashsalev1alpha1.PhaseCompleted, observed: true},
+		{name: "no reserve pod ready", facts: with(healthy(), func(f *facts) {
+			f.children = &readiness{reason: ReasonChildrenNotReady, message: "Deployment x-reserve has 0 of 2 replicas ready: buyers reach no reservation API"}
+		}), phase: flashsalev1alpha1.PhaseOpen, observed: true,
+			conds: want{"Admitting": "False/" + ReasonChildrenNotReady, "Ready": "False/" + ReasonChildrenNotReady},
+			check: func(t *testing.T, st *flashsalev1alpha1.FlashSaleStatus) {
+				if c := meta.FindStatusCondition(st.Conditions, "Admitting"); !strings.Contains(c.Message, "0 of 2 replicas ready") {
+					t.Errorf("Admitting: %+v, want the Deployment's replicas", c)
+				}
+			}},
+		{name: "no reserve pod ready while paused", facts: with(healthy(), func(f *facts) {
+			f.gate = stock.StatePaused
+			f.children = &readiness{reason: ReasonChildrenNotReady, message: "spec.reservation.replicas is 0: no reserve pod serves buyers"}
+		}), phase: flashsalev1alpha1.PhasePaused, observed: true, conds: want{"Admitting": "False/Paused"}},
 		{name: "children not ready", facts: with(healthy(), func(f *facts) {
 			f.children = &readiness{reason: ReasonSweeperNotReady, message: "Deployment x-sweeper has 0 of 1 replicas ready"}
 		}), phase: flashsalev1alpha1.PhaseOpen, observed: true, conds: want{"Ready": "False/SweeperNotReady", "Admitting": "True/Open"}},

@@ -357,11 +357,14 @@ func TestScaleSubresource(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// Scaled to zero, nothing serves buyers: not Ready, and it says why.
+	// Scaled to zero, nothing serves buyers: not Ready nor Admitting, and
+	// they say why.
 	kubectl(t, "scale", "flashsale", "scaled", "-n", e.ns, "--replicas=0")
-	e.waitFor("scaled", settle, "not Ready at 0 replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
+	e.waitFor("scaled", settle, "neither Ready nor Admitting at 0 replicas", func(fs *flashsalev1alpha1.FlashSale) bool {
 		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionReady)
-		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "replicas is 0")
+		a := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionAdmitting)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "replicas is 0") &&
+			a != nil && a.Status == metav1.ConditionFalse && a.Reason == controllers.ReasonChildrenNotReady
 	})
 }
 
