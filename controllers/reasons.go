@@ -154,7 +154,12 @@ func gateMessage(gate string, spec *flashsalev1alpha1.FlashSaleSpec) string {
 	}
 	switch gate {
 	case engine.StateNotStarted:
-		return "the schedule's start" + at(start) + " is ahead: reservations answer NOT_STARTED"
+		msg := "the schedule's start" + at(start) + " is ahead: reservations answer NOT_STARTED"
+		if spec.Paused {
+			// The phase says Scheduled until the start, then Paused.
+			msg += "; spec.paused is set, so the sale stays closed (PAUSED) after the start until it is cleared"
+		}
+		return msg
 	case engine.StatePaused:
 		return "spec.paused is set: reservations answer PAUSED"
 	case engine.StateEnded:

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -57,5 +58,20 @@ func TestSalePhase(t *testing.T) {
 		if got := salePhase(tc.gate, tc.available, tc.reserved); got != tc.want {
 			t.Errorf("salePhase(%s, %d, %d) = %s, want %s", tc.gate, tc.available, tc.reserved, got, tc.want)
 		}
+	}
+}
+
+// A sale paused before its start is Scheduled until the start and Paused
+// after: Admitting's message says both, so nobody waits for an opening that
+// the pause holds back.
+func TestGateMessageOfASalePausedBeforeItsStart(t *testing.T) {
+	start := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	spec := &flashsalev1alpha1.FlashSaleSpec{Schedule: &flashsalev1alpha1.ScheduleSpec{Start: &metav1.Time{Time: start}}}
+	if msg := gateMessage(stock.StateNotStarted, spec); strings.Contains(msg, "paused") {
+		t.Errorf("not paused: %q", msg)
+	}
+	spec.Paused = true
+	if msg := gateMessage(stock.StateNotStarted, spec); !strings.Contains(msg, "2026-12-01T09:00:00Z") || !strings.Contains(msg, "spec.paused is set") {
+		t.Errorf("paused before the start: %q, want the start and the pause", msg)
 	}
 }
