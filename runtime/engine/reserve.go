@@ -212,7 +212,11 @@ func (e *Engine) replay(ctx context.Context, res ReserveResult, shard int, key, 
 		o, err := e.ledger.GetRequestOrder(ctx, e.cfg.CampaignID, key)
 		if err == nil {
 			e.stuck.forget(id)
-			return e.answerFromOrder(res, o, user), nil
+			out := e.answerFromOrder(res, o, user)
+			if out.Outcome == OutcomeExpired && o.UserID == user && o.Shard == shard {
+				e.releaseEnded(ctx, shard, key, o)
+			}
+			return out, nil
 		}
 		if !errors.Is(err, ledger.ErrNotFound) {
 			return ReserveResult{Calls: res.Calls}, fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -345,6 +349,22 @@ func (e *Engine) answerFromOrder(res ReserveResult, o ledger.Order, user string)
 		res.Outcome = OutcomeExpired
 	}
 	return res
+}
+
+// releaseEnded gives back the placement Redis still holds of a request whose
+// ledger row o has ended (cancelled, abandoned), when it is the row's own:
+// the Redis step that ended it failed (a cancel's, an abandonment's
+// release), and the retry answered EXPIRED would otherwise leave the unit
+// and the buyer's quota held until the sweeper, after TTL and grace. The
+// release is exact: a sweeper releasing the same placement gives it back
+// once between them.
+func (e *Engine) releaseEnded(ctx context.Context, shard int, key string, o ledger.Order) {
+	r, found, err := e.store.GetReservation(ctx, shard, key)
+	if err != nil || !found || r.Status != stock.ResReserved || r.User != o.UserID ||
+		r.ExpiryMs != o.ExpiresAt.UnixMilli() || r.Epoch != o.Epoch {
+		return
+	}
+	e.release(ctx, shard, key, r.ExpiryMs, r.Epoch)
 }
 
 // release gives back the reservation this request placed at expiryMs in epoch

@@ -76,3 +76,29 @@ func TestACancelWhoseReleaseWasLostGivesTheUnitBack(t *testing.T) {
 	}
 	f.assertConserved()
 }
+
+// A retry of a request whose cancel the ledger took but whose release Redis
+// never ran (every try of it lost) is answered EXPIRED, and gives back what
+// Redis still holds of that placement: the buyer may reserve again at once,
+// instead of meeting LIMIT_EXCEEDED until the reservation's expiry.
+func TestARetryOfACancelledRequestGivesBackWhatRedisHolds(t *testing.T) {
+	rdb, lost := withLostReplies(t, backends()[0])
+	f := newFixture(t, rdb, withAllocation(10), withShards(1), withTTL(time.Hour, 0), withMaxPerUser(1))
+	ctx := context.Background()
+	r := f.reserve("cal", "r", 1).Reservation
+	lost.armDrop(1<<30, isScript(t, "cancel"))
+	if out, err := f.e.Cancel(ctx, "cal", r.ID); err != nil || out.Outcome != ledger.CancelCancelled {
+		t.Fatalf("cancel: %+v %v", out.Outcome, err)
+	}
+	if again := f.reserve("cal", "other", 1); again.Outcome != engine.OutcomeLimit {
+		t.Fatalf("a new request before the retry: %s, want LIMIT_EXCEEDED (the cancel's release lost)", again.Outcome)
+	}
+	if retry := f.reserve("cal", "r", 1); retry.Outcome != engine.OutcomeExpired {
+		t.Fatalf("the cancelled request's retry: %s, want EXPIRED", retry.Outcome)
+	}
+	if again := f.reserve("cal", "other", 1); again.Outcome != engine.OutcomeReserved {
+		t.Fatalf("a new request after the retry: %s, want the quota back", again.Outcome)
+	}
+	lost.arm(0, nil)
+	f.assertConserved()
+}
