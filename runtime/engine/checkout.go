@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/failpoint"
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
@@ -40,7 +39,7 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 	e.redisStep(ctx, func(ctx context.Context) {
 		at, _ := e.store.MarkPaying(ctx, shard, key, user)
 		marked.Store(at)
-	})
+	}, nil)
 	out, o, err := e.ledger.Checkout(ctx, e.cfg.CampaignID, reservationID, user, paymentToken)
 	if err != nil {
 		// The commit's outcome may be unknown: the mark stays for the sweep.
@@ -50,12 +49,13 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 	if markedAt := marked.Load(); out != ledger.CheckoutCommitted && out != ledger.CheckoutAlreadyCommitted && markedAt > 0 {
 		e.redisStep(ctx, func(ctx context.Context) {
 			_, _ = e.store.DropPaying(ctx, shard, key, markedAt) // else the sweep drops it
-		})
+		}, nil)
 	}
 	if out == ledger.CheckoutCommitted || out == ledger.CheckoutAlreadyCommitted {
+		later := laterMark{shard: shard, key: key, user: user, until: e.sweepersTurn(o)}
 		e.redisStep(ctx, func(ctx context.Context) {
-			if n, err := e.store.MarkCommitted(ctx, shard, key); err != nil || n == stock.CommitRebuilding {
-				e.markLater(laterMark{shard: shard, key: key, user: user})
+			if n, err := e.store.MarkCommitted(ctx, shard, key); err != nil || n == stock.CommitRebuilding || n == stock.CommitLedgerNeeded {
+				e.markLater(later)
 			}
 			if home := stock.HomeShard(user, e.cfg.Shards); home != shard {
 				// A sold stolen reservation keeps its quota but not its pointer:
@@ -63,7 +63,7 @@ func (e *Engine) Checkout(ctx context.Context, user, reservationID, paymentToken
 				// fails, the sweeper's reaper forgets the pointer.
 				_, _ = e.store.Quota(ctx, home, stock.QuotaForget, user, key, o.Quantity, shard, o.ExpiresAt.UnixMilli())
 			}
-		})
+		}, func() { e.markLater(later) })
 	}
 	return CheckoutResult{Outcome: out, Order: o}, nil
 }
@@ -93,13 +93,14 @@ func (e *Engine) Cancel(ctx context.Context, user, reservationID string) (Cancel
 		// a shard being rebuilt, is tried again (marks_later.go), and the
 		// sweeper releases the units from the CANCELLED_BY_USER row after
 		// that.
+		later := laterMark{shard: shard, key: key, user: user, cancel: true, until: e.sweepersTurn(o)}
 		e.redisStep(ctx, func(ctx context.Context) {
 			if rr, err := e.store.Cancel(ctx, shard, key, user); err != nil || rr.Code == stock.Rebuilding {
-				e.markLater(laterMark{shard: shard, key: key, user: user, cancel: true})
+				e.markLater(later)
 			} else {
 				_ = e.afterRelease(ctx, shard, key, rr)
 			}
-		})
+		}, func() { e.markLater(later) })
 	}
 	return CancelResult{Outcome: out, Order: o}, nil
 }
@@ -118,28 +119,4 @@ func (e *Engine) Held(ctx context.Context, user string) ([]ledger.Order, error) 
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return orders, nil
-}
-
-// redisStepWait bounds how long a payment or a cancel waits for a Redis step
-// of its own. The steps are best effort (the ledger is the judge), and a
-// server that stalls holds each reply for the client's read timeout, whatever
-// the request's deadline: it must not spend the request's time before the
-// ledger is asked, nor hold the answer after. A step not done by then goes
-// on by itself, on a context of its own.
-const redisStepWait = 250 * time.Millisecond
-
-func (e *Engine) redisStep(ctx context.Context, step func(context.Context)) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		cctx, cancel := detached(ctx)
-		defer cancel()
-		step(cctx)
-	}()
-	t := time.NewTimer(redisStepWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	}
 }

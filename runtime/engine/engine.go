@@ -122,7 +122,8 @@ type Engine struct {
 	ledgerFailing atomic.Bool
 	ownsLedger    bool          // opened by Dial: Close closes it
 	closing       chan struct{} // closed by Close
-	later         laterMarks    // marks a shard being rebuilt refused (marks_later.go)
+	later         laterMarks    // Redis marks to try again (marks_later.go)
+	steps         chan struct{} // Redis steps going on by themselves (redisStep)
 	closeOnce     sync.Once
 	now           func() time.Time
 
@@ -180,6 +181,7 @@ func New(cfg Config, rdb redis.UniversalClient, l *ledger.Ledger, mc ledger.Mate
 		mat:         l.NewMaterializer(mc),
 		soldOut:     make([]atomic.Int64, cfg.Shards),
 		closing:     make(chan struct{}),
+		steps:       make(chan struct{}, redisStepsMax),
 		now:         time.Now,
 		rng:         rand.New(src),
 		attemptBase: hex.EncodeToString(seed[32:]),

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"time"
+
 	"github.com/flashsale-dev/flashsale-operator/runtime/ledger"
 	"github.com/flashsale-dev/flashsale-operator/runtime/stock"
 )
@@ -22,3 +24,19 @@ func (e *Engine) SetSweepBudget(batches int) { e.sweepBudget = batches }
 // SetSweptBatch makes the sweep run f after each batch of expired
 // reservations, for the tests that count them.
 func (e *Engine) SetSweptBatch(f func()) { e.sweptBatch = f }
+
+// MarkLater keeps a commit mark of key to try again until until.
+func (e *Engine) MarkLater(shard int, key, user string, until time.Time) {
+	e.markLater(laterMark{shard: shard, key: key, user: user, until: until})
+}
+
+// LaterMarks is how many marks are kept, and how many of them the round
+// under way is trying.
+func (e *Engine) LaterMarks() (kept, trying int) {
+	e.later.mu.Lock()
+	defer e.later.mu.Unlock()
+	return len(e.later.marks) + e.later.trying, e.later.trying
+}
+
+// LaterMarksMax is laterMarksMax.
+const LaterMarksMax = laterMarksMax

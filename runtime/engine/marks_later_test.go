@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -101,4 +102,36 @@ func TestARetryOfACancelledRequestGivesBackWhatRedisHolds(t *testing.T) {
 	}
 	lost.arm(0, nil)
 	f.assertConserved()
+}
+
+// The marks kept to try again are bounded, those a round is trying
+// included: a Redis that stalls holds a round at its first mark, and the
+// marks that came meanwhile must not be added on top of those taken out.
+func TestLaterMarksStayBounded(t *testing.T) {
+	r := testharness.RedisT(t)
+	admin := standaloneClient(t, r.Addr())
+	f := newFixture(t, standaloneClient(t, r.Addr()), withShards(1), withAllocation(5), withTTL(time.Hour, 0))
+	ctx := context.Background()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Error(err)
+		}
+	}()
+	until := time.Now().Add(time.Hour)
+	for i := range 2 * engine.LaterMarksMax {
+		if i == engine.LaterMarksMax {
+			// The first round takes them out, and waits on the stalled server.
+			testharness.Eventually(t, 10*time.Second, "a round under way", func() bool {
+				_, trying := f.e.LaterMarks()
+				return trying > 0
+			})
+		}
+		f.e.MarkLater(0, fmt.Sprintf("k-%d", i), "u", until)
+	}
+	if kept, _ := f.e.LaterMarks(); kept > engine.LaterMarksMax {
+		t.Fatalf("%d marks kept, want at most %d", kept, engine.LaterMarksMax)
+	}
 }
