@@ -25,3 +25,9 @@ const SecretUnusedFor = secretUnusedFor
 func SetRebuildFailpoint(r *FlashSaleReconciler, fp func(namespace, name string, shard int)) {
 	r.rebuildFailpoint = fp
 }
+
+// SetRebuildBegunFailpoint makes fp run once a rebuild's start is recorded,
+// before it touches a shard, on the rebuild's goroutine.
+func SetRebuildBegunFailpoint(r *FlashSaleReconciler, fp func(namespace, name string)) {
+	r.rebuildBegunFailpoint = fp
+}

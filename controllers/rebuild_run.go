@@ -82,7 +82,7 @@ func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st reb
 	obj := &flashsalev1alpha1.FlashSale{}
 	obj.Namespace, obj.Name = s.fs.Namespace, s.fs.Name
 	uid, spec := s.fs.UID, st.spec
-	failpoint := r.rebuildFailpoint
+	failpoint, begunFailpoint := r.rebuildFailpoint, r.rebuildBegunFailpoint
 	r.rebuilds.add(run)
 	go func() {
 		defer r.rebuilds.remove(run)
@@ -102,14 +102,24 @@ func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st reb
 				return saleWindow(&spec, r.now()).Gate
 			},
 			// The schedule of the spec Gate just read.
-			Schedule:   func() (time.Time, time.Time) { return scheduleOf(&spec) },
-			Begun:      run.epoch.Store,
+			Schedule: func() (time.Time, time.Time) { return scheduleOf(&spec) },
+			Begun: func(epoch int64) {
+				run.epoch.Store(epoch)
+				if begunFailpoint != nil {
+					begunFailpoint(obj.Namespace, obj.Name)
+				}
+			},
 			StallAfter: rebuildStallAfter,
 		}
 		if failpoint != nil {
 			opts.BeforeFinish = func(shard int) { failpoint(obj.Namespace, obj.Name, shard) }
 		}
 		run.rep, run.err = eng.RebuildWith(rctx, opts)
+		if run.err == nil {
+			if ids, ok := rebuiltOn(rctx, eng, run.rep.Epoch); ok {
+				run.servers = ids
+			}
+		}
 		cancel()
 		close(run.done)
 		select {
@@ -118,6 +128,31 @@ func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st reb
 		}
 	}()
 	return run
+}
+
+// rebuiltOn is the servers holding the shards once a rebuild opened them,
+// when every shard's meta names the server holding it now, at the rebuild's
+// epoch: those are the servers it wrote to (each shard's begin records the
+// server it began on, and the finish opens nothing elsewhere). So a server
+// that restarted after the reconcile read the servers and before the rebuild
+// reached it is not taken for a new loss, and recorded. One that restarted
+// since the finish does not pass: the servers read before are kept, and the
+// loss is found.
+func rebuiltOn(ctx context.Context, eng *engine.Engine, epoch int64) (map[string]string, bool) {
+	srv, err := eng.Servers(ctx)
+	if err != nil {
+		return nil, false
+	}
+	states, err := eng.Gates().ShardStates(ctx)
+	if err != nil {
+		return nil, false
+	}
+	for _, st := range states {
+		if !st.Present || st.Unverified || st.Server == "" || st.Epoch != epoch {
+			return nil, false
+		}
+	}
+	return srv.RunIDs, true
 }
 
 // reportRebuilding records the running rebuild and how far it got, as the

@@ -106,6 +106,8 @@ type env struct {
 	statusRefresh time.Duration
 	// rebuildFailpoint, when set, runs before each shard of a rebuild is finished.
 	rebuildFailpoint func(namespace, name string, shard int)
+	// rebuildBegunFailpoint, when set, runs once a rebuild's start is recorded.
+	rebuildBegunFailpoint func(namespace, name string)
 	// install, image and ownerStale, when set, are the next controller's
 	// (startController).
 	install, image string
@@ -276,6 +278,7 @@ func (e *env) startController() (stop func()) {
 		CountsStamp:   e.countsStamp,
 	}
 	controllers.SetRebuildFailpoint(r, e.rebuildFailpoint)
+	controllers.SetRebuildBegunFailpoint(r, e.rebuildBegunFailpoint)
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatal(err)
 	}
