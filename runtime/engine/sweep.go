@@ -255,8 +255,11 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, listed []stock.Liste
 		if err != nil {
 			return st, err
 		}
-		if !found {
-			continue // already released by someone else: the release below cleans the index
+		if !found || r.ExpiryMs != listed[i].ExpiryMs {
+			// Already released by someone else (the release below cleans the
+			// index), or another placement of the request since: a retry's,
+			// young, whose own row may be on its way.
+			continue
 		}
 		missing = append(missing, ledger.Order{
 			ReservationID: ids[i], CampaignID: e.cfg.CampaignID, SKU: e.cfg.SKU, UserID: r.User,

@@ -96,3 +96,45 @@ func (b *beforeCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		return next(ctx, cmds)
 	}
 }
+
+// A sweep that finds no row for a placement it listed records it abandoned
+// only if the key still holds that placement: here the request gave it back
+// and its retry placed another, whose row is not written yet, before the
+// sweep read the key. Recorded abandoned, the retry's row would meet that
+// record and the buyer be told EXPIRED for a reservation just made.
+func TestASweepDoesNotAbandonARetrysPlacement(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(5), withTTL(shortTTL, 0))
+	ctx := context.Background()
+	const user = "remy"
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+	place := func(ttl time.Duration) stock.ShardResult {
+		r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: ttl})
+		if err != nil || r.Code != stock.Reserved {
+			t.Fatalf("placement: %+v %v", r, err)
+		}
+		return r
+	}
+	p1 := place(f.cfg.TTL)
+	time.Sleep(shortTTL + 200*time.Millisecond)
+	steps := &beforeCommands{at: map[string]func(){
+		"hgetall": func() {
+			if rr, err := f.e.Store().ReleasePlaced(ctx, 0, key, p1.ExpiryMs, p1.Epoch); err != nil || rr.Code != stock.Released {
+				t.Errorf("the request's give-back: %+v %v", rr, err)
+			}
+			place(time.Hour) // the retry's, its row on its way
+		},
+	}}
+	swept := standaloneClient(t, sharedRedis.Addr())
+	stock.AddHook(swept, steps)
+	st, err := openEngine(t, f.cfg, swept, f.l).Sweep(ctx)
+	if err != nil || steps.left() != 0 {
+		t.Fatalf("sweep: %+v %v, %d steps not taken", st, err, steps.left())
+	}
+	if o, err := f.l.GetRequestOrder(ctx, f.cfg.CampaignID, key); err == nil {
+		t.Fatalf("the sweep recorded the retry's placement: %s row", o.Status)
+	}
+	if states, err := f.e.Store().State(ctx); err != nil || states[0].Reserved != 1 {
+		t.Fatalf("after the sweep: %+v %v, want the retry's unit held", states, err)
+	}
+}
