@@ -56,17 +56,18 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	rcancel()
 	ctx, cancel := closingContext(ctx)
 	defer cancel()
-	warned := false
+	windowWritten := false
 	if err == nil {
 		// The schedule needs no ledger either: a change of it reaches the
 		// shards, which enforce it, while the ledger does not answer.
 		if werr := writeSchedule(ctx, s, store, states); werr != nil {
 			log.FromContext(ctx).Error(werr, "writing the schedule into the shards")
-		} else if gate != engine.StateOpen {
+		} else {
 			// The shards enforce the new window from now, closed by the gate
 			// below or not: said now, as the next reconcile reads the new
 			// window and cannot tell.
-			warned = warnWindowMoved(s, gate, states, now)
+			windowWritten = true
+			warnWindowMoved(s, gate, states, now)
 		}
 	}
 	if gate == engine.StateOpen {
@@ -101,7 +102,7 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 		return ""
 	}
 	s.event(corev1.EventTypeNormal, ReasonGateChanged, "Gate set to %s on every open shard", gate)
-	if !warned {
+	if !windowWritten {
 		warnWindowMoved(s, gate, states, now)
 	}
 	if !others {
@@ -110,18 +111,17 @@ func (r *FlashSaleReconciler) closeShards(ctx context.Context, s *scope, store *
 	return gate
 }
 
-// warnWindowMoved says so, and reports whether it did, when closing open
-// shards that were selling by the window they held (states, read before this
-// reconcile wrote the spec's):
+// warnWindowMoved says so when closing open shards that were selling by the
+// window they held (states, read before this reconcile wrote the spec's):
 // the schedule was moved past now by an edit, not reached by the clock. A
 // pipeline that applies the next drop's manifest, or an old one, to a
 // running sale stops the selling, which a Normal GateChanged alone would not
 // make anyone look at.
-func warnWindowMoved(s *scope, gate string, states []engine.ShardState, now time.Time) (warned bool) {
+func warnWindowMoved(s *scope, gate string, states []engine.ShardState, now time.Time) {
 	if !slices.ContainsFunc(states, func(st engine.ShardState) bool {
 		return st.Present && st.State == engine.StateOpen && st.OutsideWindow(now) == ""
 	}) {
-		return false
+		return
 	}
 	start, end := scheduleOf(&s.fs.Spec)
 	switch gate {
@@ -133,10 +133,7 @@ func warnWindowMoved(s *scope, gate string, states []engine.ShardState, now time
 		s.event(corev1.EventTypeWarning, ReasonEndMovedEarlier,
 			"the sale was open and spec.schedule.end is now %s, earlier than now: the sale has ended; units sold and reservations held are kept",
 			end.UTC().Format(time.RFC3339))
-	default:
-		return false
 	}
-	return true
 }
 
 // closedPhase is the phase of shards closed by gate when observe could not

@@ -62,11 +62,17 @@ type saleCollector struct {
 // RegisterSaleMetrics adds the sales' gauges to registry (the manager's),
 // replacing those of an earlier manager in the same process.
 func RegisterSaleMetrics(registry prometheus.Registerer, reader client.Reader) error {
-	err := registry.Register(saleCollector{reader: reader})
+	return RegisterReplacing(registry, saleCollector{reader: reader})
+}
+
+// RegisterReplacing adds c to registry, replacing the collector of the same
+// metrics an earlier manager in the same process registered.
+func RegisterReplacing(registry prometheus.Registerer, c prometheus.Collector) error {
+	err := registry.Register(c)
 	var already prometheus.AlreadyRegisteredError
 	if errors.As(err, &already) {
 		registry.Unregister(already.ExistingCollector)
-		err = registry.Register(saleCollector{reader: reader})
+		err = registry.Register(c)
 	}
 	return err
 }

@@ -71,8 +71,12 @@ type Listed struct {
 // another placement of the key (a retry's, placed since) is NotThis, and
 // nothing changes.
 func (s *Store) ReleaseListed(ctx context.Context, shard int, l Listed) (ReleaseResult, error) {
-	return s.release(ctx, releaseScript, shard, l.Key, "", "", "", "", l.ExpiryMs, "")
+	return s.release(ctx, releaseScript, shard, l.Key, l.args()...)
 }
+
+// args are release.lua's ARGV[3..8] for l: no ledger row, the expiry listed,
+// any epoch.
+func (l Listed) args() []any { return []any{"", "", "", "", l.ExpiryMs, ""} }
 
 // Cancel is Release for the reservation's own user only.
 func (s *Store) Cancel(ctx context.Context, shard int, key, user string) (ReleaseResult, error) {
@@ -102,7 +106,7 @@ func (s *Store) ReleaseEach(ctx context.Context, shard int, listed []Listed) (re
 	replies, errs := s.eachOn(ctx, shard, releaseScript, len(listed),
 		func(i int) ([]string, []any) {
 			l := listed[i]
-			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(l.Key), k.Users()}, []any{l.Key, shard, "", "", "", "", l.ExpiryMs, ""}
+			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(l.Key), k.Users()}, append([]any{l.Key, shard}, l.args()...)
 		},
 		func(i int) (any, error) { return s.ReleaseListed(ctx, shard, listed[i]) })
 	for i := range listed {

@@ -259,7 +259,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := controllers.RegisterSaleMetrics(ctrlmetrics.Registry, mgr.GetCache()); err != nil {
 		return fmt.Errorf("registering the sales' metrics: %w", err)
 	}
-	if err := registerUnwatched(ctrlmetrics.Registry, refused); err != nil {
+	if err := controllers.RegisterReplacing(ctrlmetrics.Registry, unwatchedNamespaces(refused)); err != nil {
 		return fmt.Errorf("registering the unwatched namespaces' metric: %w", err)
 	}
 	if len(refused) > 0 {

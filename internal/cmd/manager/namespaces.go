@@ -18,7 +18,6 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -132,16 +131,4 @@ func (u unwatchedNamespaces) Collect(ch chan<- prometheus.Metric) {
 	for _, ns := range u {
 		ch <- prometheus.MustNewConstMetric(descUnwatched, prometheus.GaugeValue, 1, ns)
 	}
-}
-
-// registerUnwatched adds the namespaces left out to registry (the
-// manager's), replacing those of an earlier Run in the same process.
-func registerUnwatched(registry prometheus.Registerer, left []string) error {
-	err := registry.Register(unwatchedNamespaces(left))
-	var already prometheus.AlreadyRegisteredError
-	if errors.As(err, &already) {
-		registry.Unregister(already.ExistingCollector)
-		err = registry.Register(unwatchedNamespaces(left))
-	}
-	return err
 }
