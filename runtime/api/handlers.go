@@ -110,6 +110,12 @@ func (s *Server) reserve(w http.ResponseWriter, r *http.Request) string {
 		})
 		return code
 	case engine.OutcomeSoldOut:
+		if req.Quantity > 1 {
+			// A reservation takes its units from one shard: the last units
+			// may be spread over several, each short of the quantity.
+			return errorf(http.StatusGone, CodeSoldOut, fmt.Sprintf(
+				"sold out: no shard tried holds %d units; fewer may still be reserved", req.Quantity)).write(w)
+		}
 		return errorf(http.StatusGone, CodeSoldOut, "sold out").write(w)
 	case engine.OutcomeLimit:
 		return errorf(http.StatusConflict, CodeLimitExceeded,

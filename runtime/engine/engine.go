@@ -215,8 +215,13 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 }
 
-func (e *Engine) markSoldOut(shard int) {
-	e.soldOut[shard].Store(e.now().Add(soldOutMemory).UnixNano())
+// markSoldOut remembers a shard that could not give quantity units. Only a
+// shard short of one unit is empty: one short of two may hold the last unit,
+// which a buyer of one, skipping it, would be told was sold.
+func (e *Engine) markSoldOut(shard, quantity int) {
+	if quantity == 1 {
+		e.soldOut[shard].Store(e.now().Add(soldOutMemory).UnixNano())
+	}
 }
 
 func (e *Engine) knownSoldOut(shard int) bool {

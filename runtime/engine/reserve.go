@@ -116,7 +116,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 		}
 		return e.replay(ctx, res, shard, key, user)
 	case stock.SoldOut:
-		e.markSoldOut(home)
+		e.markSoldOut(home, quantity)
 		res.Outcome = OutcomeSoldOut
 		if r.Extra > 0 {
 			// The buyer holds units: this may be one of their requests whose
@@ -134,7 +134,7 @@ func (e *Engine) reserve(ctx context.Context, user, requestID string, quantity i
 	case stock.Busy:
 		res.Outcome = OutcomeBusy
 	case stock.Claimed:
-		e.markSoldOut(home)
+		e.markSoldOut(home, quantity)
 		failpoint.Kill(failpoint.ReserveAfterHomeClaim)
 		return e.steal(ctx, res, req, r.Status, r.Extra)
 	default:

@@ -36,7 +36,7 @@ func (e *Engine) lostHome(ctx context.Context, req stock.ReserveRequest, err err
 	case lerr != nil:
 		return res, fmt.Errorf("%w: %v (and reading shard %d: %v)", ErrUnavailable, err, req.Shard, lerr)
 	case l.Claim != "":
-		e.markSoldOut(req.Shard)
+		e.markSoldOut(req.Shard, req.Quantity)
 		return e.steal(ctx, res, req, l.Claim, l.Held)
 	case l.Placed && l.Reservation.User == req.User:
 		// This call's reservation, or an earlier attempt's (the call then
@@ -131,7 +131,7 @@ func (e *Engine) steal(ctx context.Context, res ReserveResult, req stock.Reserve
 			failpoint.Kill(failpoint.ReserveAfterConfirm)
 			return e.materialize(ctx, res, t, req.Key, req.User, req.Quantity, r)
 		case stock.SoldOut:
-			e.markSoldOut(t)
+			e.markSoldOut(t, req.Quantity)
 		case stock.Closed:
 			closed = cmp.Or(closed, r.Status)
 		}
