@@ -92,7 +92,7 @@ func (e *benchEnv) limits(ctx context.Context) error {
 	}
 	reserveArgs := []string{"EVALSHA", reserve.Hash(), "6", k.Stock(), k.Meta(), k.Index(), k.Res("b__rand_int__"), k.Users(), k.Claims(),
 		"u__rand_int__", "b__rand_int__", "1", strconv.Itoa(maxPerUser), strconv.FormatInt(reservationTT.Milliseconds(), 10),
-		"86400", "0", string(stock.ModeClaim), "0", "a__rand_int__"}
+		"", "0", string(stock.ModeClaim), "0", "a__rand_int__"}
 	decrArgs := []string{"EVALSHA", decrScriptRef.Hash(), "1", decrKey(k)}
 	body, err := reserveBody(runID, reserve.Hash())
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 // What a script of reserve.lua's shape costs at the least, beside the
 // product's body: where its in-command time goes, and what the layout a
 // reviewer would try first (every reservation a field of one hash per shard,
-// instead of a hash of its own with a TTL) would save. Run in the same rounds
+// instead of a hash of its own) would save. Run in the same rounds
 // as the other limits, with the same arguments, so the figures pair up.
 const (
 	limitEmpty  = "redis-benchmark EVALSHA of an empty script (reserve's arguments)"
@@ -27,7 +27,7 @@ var (
 
 // packedEdits turn the product's reserve body into the one-hash layout: the
 // replay and fence read one hash's fields, and the record is one field, in
-// one command, with no TTL of its own (the hash is the shard's).
+// one command (the hash is the shard's).
 var packedEdits = []struct{ from, to string }{
 	{`local prev = redis.call('HMGET', KEYS[4], 'e', 's', 'f:' .. tag)
 if prev[3] then
@@ -43,7 +43,8 @@ if prev[1] then
   return {2, 0, epoch, -1, prev[1]}
 end`},
 	{`redis.call('HSET', KEYS[4], 'u', user, 'q', qty, 's', 'R', 'e', expiry, 'p', epoch, 'h', ARGV[9])
-redis.call('EXPIRE', KEYS[4], ARGV[6])`, `redis.call('HSET', KEYS[4], key, 'R|' .. qty .. '|' .. expiry .. '|' .. epoch .. '|' .. ARGV[9] .. '|' .. user)`},
+-- The hash may hold fences already (resolve.lua), with their lifetime.
+redis.call('PERSIST', KEYS[4])`, `redis.call('HSET', KEYS[4], key, 'R|' .. qty .. '|' .. expiry .. '|' .. epoch .. '|' .. ARGV[9] .. '|' .. user)`},
 }
 
 // packedReserveScript is the product's reserve body (with this server's run

@@ -18,7 +18,7 @@ func TestPackedVariantFollowsReserveLua(t *testing.T) {
 	if _, err := packedReserveScript(string(src)); err != nil {
 		t.Fatalf("the variant no longer applies to reserve.lua: %v", err)
 	}
-	edited := strings.Replace(string(src), "redis.call('EXPIRE', KEYS[4], ARGV[6])", "redis.call('PEXPIRE', KEYS[4], ARGV[6])", 1)
+	edited := strings.Replace(string(src), "redis.call('PERSIST', KEYS[4])", "redis.call('PERSIST', KEYS[4], 0)", 1)
 	if _, err := packedReserveScript(edited); err == nil || !strings.Contains(err.Error(), "reserve.lua changed") {
 		t.Fatalf("a body without the replaced lines: err %v, want the change named", err)
 	}

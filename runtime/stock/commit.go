@@ -10,7 +10,7 @@ import (
 // CommitLedgerNeeded (its hash is gone, its index entry is not: call
 // MarkCommittedFromLedger) or CommitRebuilding.
 func (s *Store) MarkCommitted(ctx context.Context, shard int, key string) (int, error) {
-	return s.markCommitted(ctx, shard, key)
+	return s.markCommitted(ctx, shard, key, "", "")
 }
 
 // CommitLedgerNeeded is MarkCommitted's answer for a reservation whose hash
@@ -32,9 +32,9 @@ func (s *Store) MarkCommittedFromLedger(ctx context.Context, shard int, key stri
 	return s.markCommitted(ctx, shard, key, qty, expiryMs)
 }
 
-func (s *Store) markCommitted(ctx context.Context, shard int, key string, ledgerRow ...any) (int, error) {
+func (s *Store) markCommitted(ctx context.Context, shard int, key string, qty, expiryMs any) (int, error) {
 	k := s.shards[shard]
-	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key), k.Paying()}, append([]any{key}, ledgerRow...)...).Int()
+	n, err := commitScript.Run(ctx, s.rdb, []string{k.Meta(), k.Index(), k.Res(key), k.Paying()}, key, qty, expiryMs, seconds(s.backstop)).Int()
 	if err != nil {
 		return 0, fmt.Errorf("commit mark on shard %d: %w", shard, err)
 	}

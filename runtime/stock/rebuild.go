@@ -29,32 +29,30 @@ var ErrRebuildServerChanged = errors.New("the Redis server holding the shard cha
 const rebuildWipeBatch = 1000
 
 // RebuildRestore recreates reservations on shard n, being rebuilt under epoch:
-// pending ones (ResReserved) and committed ones (ResCommitted). A committed one
-// whose hash would have outlived the backstop TTL since CreatedMs is skipped.
+// pending ones (ResReserved), whose hashes have no TTL, and committed ones
+// (ResCommitted). A committed one whose hash would have outlived the backstop
+// TTL since CreatedMs is skipped.
 func (s *Store) RebuildRestore(ctx context.Context, n int, epoch int64, rs []Reservation) error {
 	k := s.shards[n]
 	now := time.Now().UnixMilli()
-	// Each reservation's hash TTL, in seconds; skipped: not restored.
+	// Each committed reservation's hash TTL, in seconds (0 for a pending
+	// one); skipped: not restored.
 	const skipped = -1
 	ttls := make([]int64, len(rs))
 	restored := 0
 	for i, r := range rs {
-		// A reservation made under a longer TTL than the campaign's current one
-		// still holds its unit until its own expiry: its hash must outlive that.
-		ttl := s.backstop
-		if left := time.Duration(r.ExpiryMs-now) * time.Millisecond; left > 0 {
-			ttl = max(ttl, addCapped(s.backstop, left))
-		}
-		if r.Status == ResCommitted {
-			ttl = s.backstop - time.Duration(now-r.CreatedMs)*time.Millisecond
+		switch r.Status {
+		case ResReserved:
+		case ResCommitted:
+			ttl := s.backstop - time.Duration(now-r.CreatedMs)*time.Millisecond
 			if ttl < time.Second {
 				ttls[i] = skipped
 				continue
 			}
-		} else if r.Status != ResReserved {
+			ttls[i] = seconds(ttl)
+		default:
 			return fmt.Errorf("restore on shard %d: reservation %s has status %q", n, r.Key, r.Status)
 		}
-		ttls[i] = int64(ttl / time.Second)
 		restored++
 	}
 	if restored == 0 {

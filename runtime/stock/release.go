@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -38,7 +39,7 @@ type ReleaseResult struct {
 
 // Release gives a reserved reservation's units back, once.
 func (s *Store) Release(ctx context.Context, shard int, key string) (ReleaseResult, error) {
-	return s.release(ctx, releaseScript, shard, key)
+	return s.release(ctx, releaseScript, shard, key, "", "", "", "", "", "")
 }
 
 // ReleasePlaced is Release of the placement made at expiryMs in epoch only:
@@ -78,14 +79,23 @@ func (s *Store) ReleaseListed(ctx context.Context, shard int, l Listed) (Release
 // any epoch.
 func (l Listed) args() []any { return []any{"", "", "", "", l.ExpiryMs, ""} }
 
+// fenceSeconds is release.lua's ARGV[9] and cancel.lua's ARGV[4]: how long
+// the fences a released reservation's hash still holds are kept.
+var fenceSeconds = seconds(FenceTTL)
+
+// seconds is d in whole seconds, as EXPIRE takes it.
+func seconds(d time.Duration) int64 { return int64(d / time.Second) }
+
 // Cancel is Release for the reservation's own user only.
 func (s *Store) Cancel(ctx context.Context, shard int, key, user string) (ReleaseResult, error) {
 	return s.release(ctx, cancelScript, shard, key, user)
 }
 
+// release runs script (release.lua with its ARGV[3..8], cancel.lua with its
+// ARGV[3]); the fences' lifetime is appended.
 func (s *Store) release(ctx context.Context, script script, shard int, key string, extra ...any) (ReleaseResult, error) {
 	k := s.shards[shard]
-	args := append([]any{key, shard}, extra...)
+	args := append(append([]any{key, shard}, extra...), fenceSeconds)
 	v, err := script.Run(ctx, s.rdb, []string{k.Stock(), k.Meta(), k.Index(), k.Res(key), k.Users()}, args...).Slice()
 	return releaseReply(shard, v, err)
 }
@@ -106,7 +116,7 @@ func (s *Store) ReleaseEach(ctx context.Context, shard int, listed []Listed) (re
 	replies, errs := s.eachOn(ctx, shard, releaseScript, len(listed),
 		func(i int) ([]string, []any) {
 			l := listed[i]
-			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(l.Key), k.Users()}, append([]any{l.Key, shard}, l.args()...)
+			return []string{k.Stock(), k.Meta(), k.Index(), k.Res(l.Key), k.Users()}, append(append([]any{l.Key, shard}, l.args()...), fenceSeconds)
 		},
 		func(i int) (any, error) { return s.ReleaseListed(ctx, shard, listed[i]) })
 	for i := range listed {

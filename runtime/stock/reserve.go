@@ -85,7 +85,7 @@ func (s *Store) Reserve(ctx context.Context, r ReserveRequest) (ShardResult, err
 	v, err := s.runReserve(ctx, k.Meta(),
 		[]string{k.Stock(), k.Meta(), k.Index(), k.Res(r.Key), k.Users(), k.Claims()},
 		r.User, r.Key, r.Quantity, r.MaxPerUser, r.TTL.Milliseconds(),
-		int64(s.backstop/time.Second), r.MinEpoch, string(r.Mode), r.Home, r.Attempt,
+		"", r.MinEpoch, string(r.Mode), r.Home, r.Attempt,
 	)
 	if err != nil {
 		return ShardResult{}, fmt.Errorf("reserve on shard %d: %w", r.Shard, err)

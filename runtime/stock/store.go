@@ -11,15 +11,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultBackstop is the TTL of a reservation hash: a safety net only. The business
-// TTL lives in the expiry index and the sweeper deletes released reservations.
-// A campaign whose reservations live longer sets BackstopFor their lifetime.
+// DefaultBackstop is how long a paid reservation's hash is kept from its
+// commit mark: it answers the paid request's retries until then, and the
+// ledger after. A held reservation's hash has no TTL: it lives as long as
+// its expiry-index entry, until the sweeper (or a cancel) gives its units
+// back, however late that is; a hash that expired first would take with it
+// what the units to give back were, when the ledger has no row to say. A
+// campaign whose reservations live longer sets BackstopFor their lifetime.
 const DefaultBackstop = 24 * time.Hour
 
-// BackstopFor is the reservation hash TTL of a campaign whose reservations
-// may be held for lifetime (TTL plus grace): DefaultBackstop beyond it. A
-// hash that expired before the sweeper's turn would take its unit with it:
-// the release would find nothing to give back.
+// BackstopFor is the paid-hash lifetime of a campaign whose reservations
+// may be held for lifetime (TTL plus grace): DefaultBackstop beyond it, so
+// that it is never shorter than a reservation's own life.
 func BackstopFor(lifetime time.Duration) time.Duration {
 	return addCapped(DefaultBackstop, max(lifetime, 0))
 }
@@ -52,7 +55,7 @@ func New(rdb redis.UniversalClient, campaign string, shards int) *Store {
 	return &Store{rdb: rdb, campaign: campaign, shards: ks, backstop: DefaultBackstop, pipeline: testDefaultPipeline}
 }
 
-// WithBackstop sets the reservation hash TTL (see BackstopFor); call it before
+// WithBackstop sets the paid reservation hash TTL (see BackstopFor); call it before
 // the Store is used.
 func (s *Store) WithBackstop(d time.Duration) *Store {
 	s.backstop = d

@@ -5,6 +5,7 @@
 -- ARGV[1] reservation key
 -- ARGV[2] this shard's index
 -- ARGV[3] the user asking
+-- ARGV[4] the lifetime in seconds of fences left in the hash (see release.lua)
 --
 -- Returns {code, user, qty, home, expiry}
 --   1 RELEASED  0 NOT_FOUND  2 NOT_RESERVED (committed)  3 WRONG_USER (nothing changed)
@@ -39,6 +40,7 @@ redis.call('ZREM', KEYS[3], key)
 -- reservation: a late call of such an attempt must still take nothing.
 if redis.call('HLEN', KEYS[4]) > 6 then
   redis.call('HDEL', KEYS[4], 'u', 'q', 's', 'e', 'p', 'h')
+  redis.call('EXPIRE', KEYS[4], ARGV[4])
 else
   redis.call('DEL', KEYS[4])
 end

@@ -8,6 +8,8 @@
 -- ARGV[2], ARGV[3] (optional) the ledger row's quantity and expiry ms, for a reservation
 --         whose hash is gone (past its backstop TTL) while its expiry-index entry says
 --         its units still count as reserved
+-- ARGV[4] the committed hash's lifetime in seconds (the backstop): it answers retries
+--         of the paid request until then; a held reservation's hash has none
 --
 -- Returns 1 marked now, 2 already committed, 0 no reservation hash (index cleaned),
 --   3 no hash: counted as sold from the ledger row (ARGV[2..3]),
@@ -40,6 +42,7 @@ if r[1] ~= 'R' then
   return 2
 end
 redis.call('HSET', KEYS[3], 's', 'C')
+redis.call('EXPIRE', KEYS[3], ARGV[4])
 redis.call('ZREM', KEYS[2], key)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'rsv', -tonumber(r[2]))

@@ -6,7 +6,8 @@
 -- ARGV[1] the rebuild's epoch
 -- ARGV[2..] eight values per reservation: key, user, qty, expiry ms, epoch, home shard,
 --           status (R pending: indexed for the sweeper and counted as reserved;
---           C committed: neither), TTL of the hash in seconds
+--           C committed: neither), TTL of the hash in seconds (a committed one's; a
+--           pending one's hash has none, as reserve.lua writes it)
 --
 -- Returns the number of reservations in the batch, or -1 when the shard is not
 -- being rebuilt under this epoch
@@ -27,11 +28,14 @@ for i = 1, n do
   local key, user, qty, expiry, epoch, home, status, ttl =
     ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   if redis.call('HSET', KEYS[2 + i], 'u', user, 'q', qty, 's', status, 'e', expiry, 'p', epoch, 'h', home) > 0 then
-    redis.call('EXPIRE', KEYS[2 + i], ttl)
     if status == 'R' then
+      -- The key may hold fences (resolve.lua), with their lifetime.
+      redis.call('PERSIST', KEYS[2 + i])
       index[#index + 1] = expiry
       index[#index + 1] = key
       units = units + tonumber(qty)
+    else
+      redis.call('EXPIRE', KEYS[2 + i], ttl)
     end
   end
 end

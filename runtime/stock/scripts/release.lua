@@ -15,6 +15,8 @@
 --         retry of the same request (same key) may have placed another since, after
 --         a rebuild or after this one was settled, and been told "reserved". The
 --         sweeper gives the expiry it listed and no epoch ('').
+-- ARGV[9] the lifetime in seconds of fences left in the hash (stock.FenceTTL): a held
+--         reservation's hash has none of its own
 --
 -- Returns {code, user, qty, home, expiry}
 --   1 RELEASED      units are back; when home ~= this shard the caller releases the
@@ -64,6 +66,7 @@ else
   -- reservation: a late call of such an attempt must still take nothing.
   if redis.call('HLEN', KEYS[4]) > 6 then
     redis.call('HDEL', KEYS[4], 'u', 'q', 's', 'e', 'p', 'h')
+    redis.call('EXPIRE', KEYS[4], ARGV[9])
   else
     redis.call('DEL', KEYS[4])
   end

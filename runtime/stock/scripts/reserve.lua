@@ -19,7 +19,10 @@
 -- ARGV[3] quantity
 -- ARGV[4] maxPerUser
 -- ARGV[5] business TTL in ms
--- ARGV[6] backstop TTL of the reservation hash in seconds (the sweeper owns deletion)
+-- ARGV[6] unused (was the reservation hash's TTL): a held reservation's hash has
+--         none, and lives as long as its expiry-index entry, so that the sweeper
+--         can always give back its units (commit.lua, release.lua and cancel.lua
+--         give what is left of it a lifetime when it ends)
 -- ARGV[7] lowest acceptable epoch (0: any)
 -- ARGV[8] mode: home  - this is the user's home shard: replay, limit and stock here
 --               claim - like home, but when sold out, claim the user's quota so the
@@ -209,7 +212,8 @@ local expiry = ms + tonumber(ARGV[5])
 redis.call('DECRBY', KEYS[1], qty)
 redis.call('HINCRBY', KEYS[2], 'rsv', qty)
 redis.call('HSET', KEYS[4], 'u', user, 'q', qty, 's', 'R', 'e', expiry, 'p', epoch, 'h', ARGV[9])
-redis.call('EXPIRE', KEYS[4], ARGV[6])
+-- The hash may hold fences already (resolve.lua), with their lifetime.
+redis.call('PERSIST', KEYS[4])
 redis.call('ZADD', KEYS[3], expiry, key)
 if mode ~= 'steal' then
   redis.call('HINCRBY', KEYS[5], user, qty)
