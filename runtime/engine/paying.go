@@ -22,19 +22,19 @@ const PayingHold = time.Minute
 // between its ledger commit and its Redis step): each the ledger has
 // COMMITTED is marked committed now, so its unit stops counting as reserved
 // on the pass after the checkout, not after its expiry and grace. It returns
-// how many it settled.
-func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (int, error) {
-	settled, offset := 0, 0
-	for {
+// how many it settled, and whether the pass's budget ran out first.
+func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (settled int, more bool, err error) {
+	offset, dropped := 0, 0
+	for batch := 1; ; batch++ {
 		entries, err := e.store.PayingEntries(ctx, shard, offset, SweepBatch)
 		if err != nil || len(entries) == 0 {
-			return settled, err
+			return settled, false, err
 		}
 		for _, p := range entries {
 			o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, p.Key))
 			missing := errors.Is(err, ledger.ErrNotFound)
 			if err != nil && !missing {
-				return settled, err
+				return settled, false, err
 			}
 			switch {
 			case !missing && o.Status == ledger.StatusCommitted:
@@ -44,7 +44,7 @@ func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (in
 					n, err = e.markCommittedFromLedger(ctx, shard, p.Key)
 				}
 				if err != nil {
-					return settled, err
+					return settled, false, err
 				}
 				if n == stock.CommitRebuilding {
 					offset++ // the mark stays for a pass after the rebuild
@@ -55,12 +55,17 @@ func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (in
 				offset++ // being paid now, or given up a moment ago
 			default:
 				if _, err := e.store.DropPaying(ctx, shard, p.Key, p.AtMs); err != nil {
-					return settled, err
+					return settled, false, err
 				}
+				dropped++
 			}
 		}
 		if len(entries) < SweepBatch {
-			return settled, nil
+			return settled, false, nil
+		}
+		if batch == e.batchBudget() {
+			// Another pass at once only if this one changed something.
+			return settled, settled+dropped > 0, nil
 		}
 	}
 }

@@ -288,7 +288,7 @@ func TestClaimReapEdges(t *testing.T) {
 		t.Fatalf("young claim reaped: %v %d %v", ok, on, err)
 	}
 	later := now.Add(time.Minute)
-	if keys, err := s.StaleClaims(ctx, 0, later, 10); err != nil || len(keys) != 1 || keys[0] != a {
+	if keys, err := s.StaleClaims(ctx, 0, later, 0, 10); err != nil || len(keys) != 1 || keys[0] != a {
 		t.Fatalf("stale claims %v %v", keys, err)
 	}
 	if ok, _, err := s.ReapClaim(ctx, 0, a, later); err != nil || !ok || held() != "0" {

@@ -20,7 +20,7 @@ const SweepBatch = 256
 const sweepParallel = 4
 
 // sweepShardBatches bounds the batches of expired reservations one pass
-// releases on a shard: a pass visits every shard, so a backlog on the first
+// releases on a shard, and those of its paying marks and stale claims: a pass visits every shard, so a backlog on the first
 // ones (taken server by server as each tells its clock, sweepParallel at a
 // time) does not keep the others' expired units, nor any shard's repairs,
 // waiting for it to drain.
@@ -38,8 +38,9 @@ type SweepStats struct {
 	// whose placing process died (see Config.ClaimSlack), and released stolen
 	// reservations whose give-back had failed.
 	ReapedClaims int
-	// Backlog counts the shards left with expired reservations when the pass
-	// reached their budget (sweepShardBatches): the next pass goes on.
+	// Backlog counts the shards left with expired reservations, paying marks
+	// or stale claims when the pass reached their budget (sweepShardBatches):
+	// the next pass goes on.
 	Backlog int
 	// QuotaDeferred counts released stolen reservations whose quota give-back
 	// on their home shard failed, or was not sent after one to that shard
@@ -115,21 +116,31 @@ func (e *Engine) Sweep(ctx context.Context) (SweepStats, error) {
 // next pass: every decision here is about what is older than a cutoff.
 func (e *Engine) sweepOne(ctx context.Context, shard int, now time.Time) (SweepStats, error) {
 	st, err := e.sweepShard(ctx, shard, now.Add(-e.cfg.Grace).UnixMilli())
+	var more bool
 	if err == nil {
 		var paid int
-		paid, err = e.settlePaying(ctx, shard, now)
+		paid, more, err = e.settlePaying(ctx, shard, now)
 		st.Committed += paid
 	}
 	if err == nil {
-		st.ReapedClaims, err = e.reapClaims(ctx, shard, now.Add(-e.cfg.TTL-e.cfg.Grace-e.cfg.ClaimSlack))
+		var reapMore bool
+		st.ReapedClaims, reapMore, err = e.reapClaims(ctx, shard, now.Add(-e.cfg.TTL-e.cfg.Grace-e.cfg.ClaimSlack))
+		more = more || reapMore
+	}
+	if more {
+		st.Backlog = 1
 	}
 	return st, err
 }
 
+// batchBudget is how many batches each step of a pass takes on one shard
+// (sweepShardBatches, or a test's).
+func (e *Engine) batchBudget() int { return cmp.Or(e.sweepBudget, sweepShardBatches) }
+
 func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (SweepStats, error) {
 	var total SweepStats
 	failing := map[int]error{} // home shards whose give-backs failed in this pass
-	budget := cmp.Or(e.sweepBudget, sweepShardBatches)
+	budget := e.batchBudget()
 	for batch := 1; ; batch++ {
 		keys, err := e.store.Expired(ctx, shard, cutoff, SweepBatch)
 		if err != nil || len(keys) == 0 {
@@ -160,14 +171,15 @@ func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (Sweep
 // keeps it, an ended and released one gives it back. The second case is the
 // release whose give-back on the home shard failed (a Redis error, or a crash
 // between the two scripts): nothing else would ever give that quota back.
-func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (int, error) {
-	reaped := 0
-	for {
-		keys, err := e.store.StaleClaims(ctx, shard, cutoff, SweepBatch)
+// Claims left in the index (their reservation not swept yet) are stepped
+// over, not listed again; more says the pass's budget ran out first.
+func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (reaped int, more bool, err error) {
+	offset, progress := 0, 0
+	for batch := 1; ; batch++ {
+		keys, err := e.store.StaleClaims(ctx, shard, cutoff, offset, SweepBatch)
 		if err != nil || len(keys) == 0 {
-			return reaped, err
+			return reaped, false, err
 		}
-		progress := 0
 		for _, k := range keys {
 			ok, placed, err := e.store.ReapClaimAt(ctx, shard, k, cutoff)
 			settled := ok
@@ -175,18 +187,23 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (i
 				ok, settled, err = e.settlePlacedQuota(ctx, shard, placed, k)
 			}
 			if err != nil {
-				return reaped, err
+				return reaped, false, err
 			}
 			if ok {
 				reaped++
 			}
 			if settled {
 				progress++
+			} else {
+				offset++
 			}
 		}
-		// A batch that changed nothing leaves anything odd to the next pass.
-		if len(keys) < SweepBatch || progress == 0 {
-			return reaped, nil
+		if len(keys) < SweepBatch {
+			return reaped, false, nil
+		}
+		if batch == e.batchBudget() {
+			// Another pass at once only if this one changed something.
+			return reaped, progress > 0, nil
 		}
 	}
 }

@@ -77,3 +77,125 @@ func TestSweepPassVisitsEveryShard(t *testing.T) {
 		t.Fatalf("after the passes: %+v", c)
 	}
 }
+
+// Stale claims, like expired reservations, are reaped a budget of batches a
+// pass, and a pass that leaves some says so: a shard with thousands (its
+// home master's give-backs deferred through a stall) no longer holds one of
+// the pass's sweep slots until it drains, while other shards' expired units
+// wait. Here the budget is one batch and the claims one more than a batch.
+func TestStaleClaimsAreReapedABudgetAPass(t *testing.T) {
+	const slack = 100 * time.Millisecond
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(2), withShards(2), withSteal(1),
+		withTTL(shortTTL, 0), withClaimSlack(slack))
+	ctx := context.Background()
+	f.sellOutShard(0)
+	// Buyers homed on the sold-out shard 0 claim their quota to steal, and
+	// their process dies before it places them anywhere.
+	claims := engine.SweepBatch + 1
+	for i := range claims {
+		user := userHomedOn(fmt.Sprintf("claimer%d", i), 0, 2)
+		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+		r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
+		if err != nil || r.Code != stock.Claimed {
+			t.Fatalf("claim %d: %+v %v", i, r, err)
+		}
+	}
+	time.Sleep(shortTTL + slack + 200*time.Millisecond)
+	f.e.SetSweepBudget(1)
+	st, err := f.e.Sweep(ctx)
+	if err != nil || st.ReapedClaims != engine.SweepBatch || st.Backlog != 1 {
+		t.Fatalf("first pass: %+v %v, want one batch of claims reaped and a backlog", st, err)
+	}
+	st, err = f.e.Sweep(ctx)
+	if err != nil || st.ReapedClaims != 1 || st.Backlog != 0 {
+		t.Fatalf("second pass: %+v %v, want the last claim reaped and no backlog", st, err)
+	}
+}
+
+// Claims the reaper must leave for now (their stolen reservation not swept
+// yet) are stepped over, not listed again: a first batch of them no longer
+// ends the shard's reaping for the pass, leaving a dead process's claim
+// behind them, its buyer at the limit, until they settle.
+func TestClaimsLeftForNowDoNotHideTheOnesBehind(t *testing.T) {
+	const slack = 100 * time.Millisecond
+	left := engine.SweepBatch + 1
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(int64(2*left)), withShards(2), withSteal(1),
+		withTTL(shortTTL, 0), withClaimSlack(slack))
+	ctx := context.Background()
+	s := f.e.Store()
+	f.sellOutShard(0)
+	claim := func(user string) (key, stamp string) {
+		t.Helper()
+		key = stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+		r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
+		if err != nil || r.Code != stock.Claimed {
+			t.Fatalf("claim of %s: %+v %v", user, r, err)
+		}
+		return key, r.Status
+	}
+	// The oldest claims were placed on shard 1, for an hour: their
+	// reservations are held, and the reaper leaves their quota alone.
+	for i := range left {
+		user := userHomedOn(fmt.Sprintf("placed%d", i), 0, 2)
+		key, stamp := claim(user)
+		p, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 1, Home: 0, Mode: stock.ModeSteal, User: user, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: time.Hour})
+		if err != nil || p.Code != stock.Reserved {
+			t.Fatalf("steal of %s: %+v %v", user, p, err)
+		}
+		if ok, err := s.ConfirmClaim(ctx, 0, key, stamp, 1, p.ExpiryMs); err != nil || !ok {
+			t.Fatalf("confirm of %s: %v %v", user, ok, err)
+		}
+	}
+	// Behind them, a claim whose process died before it placed anything.
+	time.Sleep(2 * time.Millisecond)
+	dead := userHomedOn("dead", 0, 2)
+	claim(dead)
+	time.Sleep(shortTTL + slack + 200*time.Millisecond)
+	st, err := f.e.Sweep(ctx)
+	if err != nil || st.ReapedClaims != 1 {
+		t.Fatalf("pass: %+v %v, want the dead process's claim reaped", st, err)
+	}
+	if held, err := f.rdb.HGet(ctx, s.Keys(0).Users(), dead).Result(); err == nil {
+		t.Fatalf("the dead process's buyer still holds %s on its home shard", held)
+	}
+}
+
+// Paying marks too are settled a budget of batches a pass, the rest left
+// to the next pass, which starts at once. Here the budget is one batch, and
+// one more mark than a batch was left by checkouts that never reached the
+// ledger.
+func TestPayingMarksAreSettledABudgetAPass(t *testing.T) {
+	marks := engine.SweepBatch + 1
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(int64(marks)), withShards(1))
+	ctx := context.Background()
+	s := f.e.Store()
+	for i := range marks {
+		user := fmt.Sprintf("payer%d", i)
+		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+		r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: time.Hour})
+		if err != nil || r.Code != stock.Reserved {
+			t.Fatalf("reserve of %s: %+v %v", user, r, err)
+		}
+		if at, err := s.MarkPaying(ctx, 0, key, user); err != nil || at == 0 {
+			t.Fatalf("paying mark of %s: %d %v", user, at, err)
+		}
+	}
+	paying := func() int64 {
+		n, err := f.rdb.ZCard(ctx, s.Keys(0).Paying()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	f.e.SetSweepBudget(1)
+	if st, err := f.e.Sweep(ctx); err != nil || st.Backlog != 1 || paying() != 1 {
+		t.Fatalf("first pass: %+v %v, %d marks left; want one batch settled and a backlog", st, err, paying())
+	}
+	if st, err := f.e.Sweep(ctx); err != nil || st.Backlog != 0 || paying() != 0 {
+		t.Fatalf("second pass: %+v %v, %d marks left; want none and no backlog", st, err, paying())
+	}
+}

@@ -111,10 +111,11 @@ func (s *Store) Unclaim(ctx context.Context, home int, key, claim string) (bool,
 }
 
 // StaleClaims lists up to limit keys of claims made on shard at or before
-// cutoff: quota claimed for stealing whose placing process may have died.
-func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, limit int) ([]string, error) {
+// cutoff, oldest first, past the first offset: quota claimed for stealing
+// whose placing process may have died.
+func (s *Store) StaleClaims(ctx context.Context, shard int, cutoff time.Time, offset, limit int) ([]string, error) {
 	keys, err := s.rdb.ZRangeByScore(ctx, s.shards[shard].Claims(), &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(cutoff.UnixMilli(), 10), Count: int64(limit),
+		Min: "-inf", Max: strconv.FormatInt(cutoff.UnixMilli(), 10), Offset: int64(offset), Count: int64(limit),
 	}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("claims of shard %d: %w", shard, err)
