@@ -86,9 +86,14 @@ func (l *Ledger) Ping(ctx context.Context) error {
 
 // Answers checks that the server answers a query on a new connection of
 // its own, outside the pool: one whose connections all wait on a long
-// statement still answers, one that stopped answering does not.
+// statement still answers, one that stopped answering does not. An error
+// the server sends is an answer: one that refuses the connection (too many
+// clients, a role's connection limit) is there, and busy.
 func (l *Ledger) Answers(ctx context.Context) error {
 	conn, err := pgx.ConnectConfig(ctx, l.pool.Config().ConnConfig.Copy())
+	if _, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return nil
+	}
 	if err != nil {
 		return failed("new connection", err)
 	}

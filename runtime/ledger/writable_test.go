@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
@@ -213,5 +214,47 @@ func TestWritersCommitDurably(t *testing.T) {
 		if writer != want || reader != want {
 			t.Errorf("synchronous_commit %s for the database: the writers' %s, the pool's %s; want %s", set, writer, reader, want)
 		}
+	}
+}
+
+// A server that refuses a new connection because it is full (too many
+// clients, or, here, the role's connection limit) answered: a rebuild
+// waiting on it is not stalled, and is not cancelled as if it were.
+func TestAFullLedgerStillAnswers(t *testing.T) {
+	t.Parallel()
+	dsn := newDSN(t, testPG)
+	l := openLedger(t, dsn)
+	ctx := testCtx(t)
+	role := "full_" + strings.ReplaceAll(uniqueID("r"), "-", "_")
+	for _, stmt := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA public TO ` + role,
+		`GRANT SELECT ON ALL TABLES IN SCHEMA public TO ` + role,
+	} {
+		if _, err := l.Pool().Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	roleDSN := strings.Replace(dsn, "://postgres@", "://"+role+"@", 1)
+	full, err := Open(ctx, roleDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	if err := full.Answers(ctx); err != nil {
+		t.Fatalf("before the limit: %v", err)
+	}
+	if _, err := l.Pool().Exec(ctx, `ALTER ROLE `+role+` CONNECTION LIMIT 0`); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if conn, err := pgx.Connect(ctx, roleDSN); !errors.As(err, &pgErr) || pgErr.Code != "53300" {
+		if err == nil {
+			_ = conn.Close(ctx)
+		}
+		t.Fatalf("a connection past the role's limit: %v, want too many connections (the test proves nothing)", err)
+	}
+	if err := full.Answers(ctx); err != nil {
+		t.Fatalf("a full server: %v, want it taken as answering", err)
 	}
 }
