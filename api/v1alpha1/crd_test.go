@@ -414,6 +414,19 @@ func TestInvalidFlashSalesAreRejected(t *testing.T) {
 			"pods.nodeSelector keys must be label keys"},
 		{"priorityClassName in capitals", nil, with("Drop-Critical", "pods", "priorityClassName"),
 			"pods.priorityClassName must be a PriorityClass name"},
+		// What the Deployment's write would refuse, after the sale was taken.
+		{"reserve memory request above its limit", nil, with(map[string]any{
+			"requests": map[string]any{"memory": "512Mi"}, "limits": map[string]any{"memory": "256Mi"}}, "reservation", "resources"),
+			"reservation.resources.requests.memory must be at most limits.memory"},
+		{"reserve cpu request above its limit, in other units", nil, with(map[string]any{
+			"requests": map[string]any{"cpu": int64(2)}, "limits": map[string]any{"cpu": "1500m"}}, "reservation", "resources"),
+			"reservation.resources.requests.cpu must be at most limits.cpu"},
+		{"negative sweeper cpu", nil, with(map[string]any{"requests": map[string]any{"cpu": "-100m"}}, "sweeper", "resources"),
+			"sweeper.resources.requests.cpu must not be negative"},
+		{"negative reserve memory limit", nil, with(map[string]any{"limits": map[string]any{"memory": "-1Gi"}}, "reservation", "resources"),
+			"reservation.resources.limits.memory must not be negative"},
+		{"resource claims", nil, with(map[string]any{"claims": []any{map[string]any{"name": "gpu"}}}, "sweeper", "resources"),
+			"sweeper.resources.claims: the pods have no resource claims to use"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -474,6 +487,10 @@ func TestValidUpdatesAreAccepted(t *testing.T) {
 		}, "pods"),
 		"window": with(map[string]any{
 			"start": "2026-12-01T09:00:00Z", "end": "2026-12-01T09:00:01Z"}, "schedule"),
+		"reserve resources": with(map[string]any{
+			"requests": map[string]any{"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "1Gi"},
+			"limits":   map[string]any{"cpu": int64(1), "memory": "0.25Gi"}}, "reservation", "resources"),
+		"sweeper limits only": with(map[string]any{"limits": map[string]any{"cpu": "100m", "memory": "64Mi"}}, "sweeper", "resources"),
 	} {
 		if errs := a.admit(obj, old); len(errs) > 0 {
 			t.Errorf("%s rejected: %v", name, errs.ToAggregate())

@@ -200,8 +200,17 @@ type ReservationSpec struct {
 	// memory grows with the buyers' connections to it (4,096 at once peaked
 	// at 219–233 MiB under a 256Mi limit); the pod's Go runtime keeps to
 	// nine tenths of limits.memory. Without them: requests of 100m CPU and
-	// 128Mi memory (1,024 buyers at once), and no limits.
+	// 128Mi memory (1,024 buyers at once), and no limits. Requests above
+	// limits, negative CPU or memory, and claims are refused here rather
+	// than by the Deployment's write.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.claims) || size(self.claims) == 0",message="reservation.resources.claims: the pods have no resource claims to use"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !('cpu' in self.requests) || !isQuantity(string(self.requests['cpu'])) || !quantity(string(self.requests['cpu'])).isLessThan(quantity('0'))",message="reservation.resources.requests.cpu must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !('memory' in self.requests) || !isQuantity(string(self.requests['memory'])) || !quantity(string(self.requests['memory'])).isLessThan(quantity('0'))",message="reservation.resources.requests.memory must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || !('cpu' in self.limits) || !isQuantity(string(self.limits['cpu'])) || !quantity(string(self.limits['cpu'])).isLessThan(quantity('0'))",message="reservation.resources.limits.cpu must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || !('memory' in self.limits) || !isQuantity(string(self.limits['memory'])) || !quantity(string(self.limits['memory'])).isLessThan(quantity('0'))",message="reservation.resources.limits.memory must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('cpu' in self.requests) || !('cpu' in self.limits) || !isQuantity(string(self.requests['cpu'])) || !isQuantity(string(self.limits['cpu'])) || quantity(string(self.requests['cpu'])).compareTo(quantity(string(self.limits['cpu']))) <= 0",message="reservation.resources.requests.cpu must be at most limits.cpu"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('memory' in self.requests) || !('memory' in self.limits) || !isQuantity(string(self.requests['memory'])) || !isQuantity(string(self.limits['memory'])) || quantity(string(self.requests['memory'])).compareTo(quantity(string(self.limits['memory']))) <= 0",message="reservation.resources.requests.memory must be at most limits.memory"
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 
 	// requestTimeout is the deadline of a buyer request (reserve, checkout,
@@ -250,8 +259,16 @@ type SweeperSpec struct {
 	// resources are the compute resources of each sweeper pod. Without
 	// them: requests of 50m CPU and 64Mi memory, and no limits; set them
 	// where a ResourceQuota asks every pod for limits or a LimitRange for
-	// more, or the sweeper's pods are refused.
+	// more, or the sweeper's pods are refused. Checked as the reservation
+	// API pods' are.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.claims) || size(self.claims) == 0",message="sweeper.resources.claims: the pods have no resource claims to use"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !('cpu' in self.requests) || !isQuantity(string(self.requests['cpu'])) || !quantity(string(self.requests['cpu'])).isLessThan(quantity('0'))",message="sweeper.resources.requests.cpu must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !('memory' in self.requests) || !isQuantity(string(self.requests['memory'])) || !quantity(string(self.requests['memory'])).isLessThan(quantity('0'))",message="sweeper.resources.requests.memory must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || !('cpu' in self.limits) || !isQuantity(string(self.limits['cpu'])) || !quantity(string(self.limits['cpu'])).isLessThan(quantity('0'))",message="sweeper.resources.limits.cpu must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || !('memory' in self.limits) || !isQuantity(string(self.limits['memory'])) || !quantity(string(self.limits['memory'])).isLessThan(quantity('0'))",message="sweeper.resources.limits.memory must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('cpu' in self.requests) || !('cpu' in self.limits) || !isQuantity(string(self.requests['cpu'])) || !isQuantity(string(self.limits['cpu'])) || quantity(string(self.requests['cpu'])).compareTo(quantity(string(self.limits['cpu']))) <= 0",message="sweeper.resources.requests.cpu must be at most limits.cpu"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('memory' in self.requests) || !('memory' in self.limits) || !isQuantity(string(self.requests['memory'])) || !isQuantity(string(self.limits['memory'])) || quantity(string(self.requests['memory'])).compareTo(quantity(string(self.limits['memory']))) <= 0",message="sweeper.resources.requests.memory must be at most limits.memory"
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
