@@ -264,7 +264,7 @@ func (e *Engine) abandonStuck(ctx context.Context, res ReserveResult, shard int,
 	if e.stuck.since(id, r.ExpiryMs, e.now(), e.cfg.SettleStuckAfter) < e.cfg.SettleStuckAfter {
 		return res, false, nil
 	}
-	got, err := e.ledger.RecordAbandoned(ctx, []ledger.Order{{
+	got, _, err := e.ledger.RecordAbandoned(ctx, []ledger.Order{{
 		ReservationID: id, CampaignID: e.cfg.CampaignID, SKU: e.cfg.SKU, UserID: r.User,
 		Shard: shard, Quantity: r.Quantity, Status: ledger.StatusAbandoned, Epoch: r.Epoch,
 		ExpiresAt: time.UnixMilli(r.ExpiryMs),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -140,9 +141,9 @@ func (e *Engine) batchBudget() int { return cmp.Or(e.sweepBudget, sweepShardBatc
 func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (SweepStats, error) {
 	var total SweepStats
 	failing := map[int]error{} // home shards whose give-backs failed in this pass
-	budget := e.batchBudget()
+	budget, offset := e.batchBudget(), 0
 	for batch := 1; ; batch++ {
-		keys, err := e.store.Expired(ctx, shard, cutoff, SweepBatch)
+		keys, err := e.store.Expired(ctx, shard, cutoff, offset, SweepBatch)
 		if err != nil || len(keys) == 0 {
 			return total, err
 		}
@@ -154,7 +155,9 @@ func (e *Engine) sweepShard(ctx context.Context, shard int, cutoff int64) (Sweep
 		if err != nil {
 			return total, err
 		}
-		// Skipped ones stay in the index: stop when a batch made no progress.
+		// Skipped ones stay in the index: the next batch steps over them,
+		// and none follows a batch that made no progress.
+		offset += st.Skipped
 		if len(keys) < SweepBatch || st.Skipped == len(keys) {
 			return total, nil
 		}
@@ -285,16 +288,14 @@ func (e *Engine) sweepBatch(ctx context.Context, shard int, listed []stock.Liste
 		})
 	}
 	if len(missing) > 0 {
-		got, err := e.ledger.RecordAbandoned(ctx, missing)
+		got, wrote, err := e.ledger.RecordAbandoned(ctx, missing)
 		if err != nil {
 			return st, err
 		}
-		for id, s := range got {
-			status[id] = s
-			if s == ledger.StatusAbandoned {
-				st.Abandoned++
-			}
-		}
+		maps.Copy(status, got)
+		// Only the rows this pass wrote: another sweeper's pass (one still
+		// running after its lease moved) may have recorded the others.
+		st.Abandoned += wrote
 	}
 	// A key that fails leaves the others to be done: the first error is
 	// returned, and the next pass finds what it left in the expiry index.

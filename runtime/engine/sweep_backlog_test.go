@@ -199,3 +199,35 @@ func TestPayingMarksAreSettledABudgetAPass(t *testing.T) {
 		t.Fatalf("second pass: %+v %v, %d marks left; want none and no backlog", st, err, paying())
 	}
 }
+
+// Reservations the ledger says are not expired yet (the database's clock
+// behind Redis's) stay in the index and are skipped; the pass's next batch
+// steps over them instead of reading and counting them again. Here the
+// first 100 of 300 expired reservations are skipped once each.
+func TestSkippedReservationsAreCountedOncePerPass(t *testing.T) {
+	const n, behind = 300, 100
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(n), withShards(1), withTTL(shortTTL, 0))
+	ctx := context.Background()
+	for i := range n {
+		if r := f.reserve(fmt.Sprintf("late%d", i), "r", 1); r.Outcome != engine.OutcomeReserved {
+			t.Fatalf("reserve %d: %s", i, r.Outcome)
+		}
+	}
+	time.Sleep(shortTTL + 200*time.Millisecond)
+	first, err := f.e.Store().Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 0, behind)
+	if err != nil || len(first) != behind {
+		t.Fatalf("the first %d expired: %d %v", behind, len(first), err)
+	}
+	ids := make([]string, behind)
+	for i, l := range first {
+		ids[i] = stock.FormatID(0, l.Key)
+	}
+	if tag, err := f.l.Pool().Exec(ctx, `UPDATE flashsale_orders SET expires_at = expires_at + interval '1 hour'
+WHERE campaign_id = $1 AND reservation_id = ANY($2)`, f.cfg.CampaignID, ids); err != nil || tag.RowsAffected() != behind {
+		t.Fatalf("moving %d rows' expiry: %v %v", behind, tag, err)
+	}
+	st, err := f.e.Sweep(ctx)
+	if err != nil || st.Skipped != behind || st.Released != n-behind {
+		t.Fatalf("pass: %+v %v, want %d skipped and %d released", st, err, behind, n-behind)
+	}
+}

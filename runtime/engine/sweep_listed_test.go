@@ -138,3 +138,53 @@ func TestASweepDoesNotAbandonARetrysPlacement(t *testing.T) {
 		t.Fatalf("after the sweep: %+v %v, want the retry's unit held", states, err)
 	}
 }
+
+// Two sweepers' passes can overlap (a pass runs up to 25 s, a replica's
+// lease moves after 15 s without renewal). Both find an expired reservation
+// without a ledger row; one records it abandoned and releases it first. The
+// other's pass meets that row: it must not count the reservation abandoned
+// again (flashsale_sweeper_reservations_total{outcome="abandoned"} is
+// summed over the replicas), nor release it twice. Two reservations: the
+// first sweeper has read one's hash when the other's pass runs.
+func TestOverlappingSweepsCountAnAbandonedReservationOnce(t *testing.T) {
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(5), withTTL(shortTTL, 0))
+	ctx := context.Background()
+	for _, user := range []string{"castor", "pollux"} {
+		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+		p, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
+			Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
+		if err != nil || p.Code != stock.Reserved {
+			t.Fatalf("placement: %+v %v", p, err)
+		}
+	}
+	time.Sleep(shortTTL + 200*time.Millisecond)
+
+	// The second sweeper's whole pass runs as the first is about to read
+	// the second reservation's hash, having read the first's.
+	var other engine.SweepStats
+	steps := &beforeCommands{}
+	steps.at = map[string]func(){
+		"hgetall": func() {
+			steps.mu.Lock()
+			defer steps.mu.Unlock()
+			steps.at["hgetall"] = func() {
+				var err error
+				if other, err = f.e.Sweep(ctx); err != nil {
+					t.Errorf("the other sweeper's pass: %v", err)
+				}
+			}
+		},
+	}
+	first := standaloneClient(t, sharedRedis.Addr())
+	stock.AddHook(first, steps)
+	st, err := openEngine(t, f.cfg, first, f.l).Sweep(ctx)
+	if err != nil || steps.left() != 0 {
+		t.Fatalf("the first sweeper's pass: %v, steps left %d", err, steps.left())
+	}
+	if st.Abandoned+other.Abandoned != 2 || st.Released+other.Released != 2 {
+		t.Fatalf("abandoned %d + %d, released %d + %d: want each reservation counted once", st.Abandoned, other.Abandoned, st.Released, other.Released)
+	}
+	if c := f.assertConserved(); c.Available != 5 {
+		t.Fatalf("counts %+v, want every unit back", c)
+	}
+}

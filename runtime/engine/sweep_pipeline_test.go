@@ -260,7 +260,7 @@ func lostTailOfStolen(t *testing.T, b backend, script string) {
 		withTTL(shortTTL, 100*time.Millisecond), withClaimSlack(100*time.Millisecond))
 	fillers, buyers := f.stealFromShard0(n)
 	time.Sleep(shortTTL + 300*time.Millisecond)
-	first, err := f.e.Store().Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 1)
+	first, err := f.e.Store().Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 0, 1)
 	if err != nil || len(first) != 1 {
 		t.Fatalf("shard 0's first expired reservation: %v %v", first, err)
 	}

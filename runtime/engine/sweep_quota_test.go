@@ -38,7 +38,7 @@ func TestFailedQuotaGiveBacksDoNotHoldBackTheirShard(t *testing.T) {
 
 	lost.armDrop(1<<30, isQuotaOp(stock.QuotaRelease))
 	st, _ := f.e.Sweep(ctx) // shard 1's reaper fails on the same give-backs
-	if left, err := s.Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 1); err != nil || len(left) != 0 {
+	if left, err := s.Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 0, 1); err != nil || len(left) != 0 {
 		t.Fatalf("pass %+v left shard 0's index with %v (%v), want it swept to its end", st, left, err)
 	}
 	if st.QuotaDeferred != n || st.DeferredBecause == nil {

@@ -157,7 +157,7 @@ func TestCountsFollowEveryStatusChange(t *testing.T) {
 
 	lost := pendingOrder(c, "gone", 1, time.Hour)
 	lost.Status = StatusAbandoned
-	if _, err := l.RecordAbandoned(ctx, []Order{lost}); err != nil {
+	if _, _, err := l.RecordAbandoned(ctx, []Order{lost}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.BeginRebuild(ctx, c.ID, 0); err != nil {

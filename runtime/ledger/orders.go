@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -141,7 +142,8 @@ JOIN flashsale_orders o ON o.campaign_id = t.c
 SELECT t.r, t.c, t.s, t.u, t.sh, t.q, 'ABANDONED', t.e, t.x, ` + requestKeyOfR + `
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::integer[], $7::bigint[], $8::timestamptz[])
     AS t(r, c, s, u, sh, q, e, x)
-ON CONFLICT DO NOTHING`
+ON CONFLICT DO NOTHING
+RETURNING reservation_id`
 )
 
 // The orders' primary key is (campaign, request key), and a reservation id
@@ -392,10 +394,13 @@ func (l *Ledger) CancelExpired(ctx context.Context, campaignID string, ids []str
 // the ledger does not (the API died between Redis and SQL), unless a row
 // exists by now. It returns the current status of each id: ABANDONED when
 // this or another sweeper recorded it, anything else (PENDING) when a late
-// materializer batch won, in which case the unit must not be released.
-func (l *Ledger) RecordAbandoned(ctx context.Context, orders []Order) (map[string]Status, error) {
+// materializer batch won, in which case the unit must not be released; and
+// how many rows this call wrote (another sweeper, a replica still leading a
+// pass after its lease moved, may have written the others). The rows it
+// wrote need no second statement.
+func (l *Ledger) RecordAbandoned(ctx context.Context, orders []Order) (status map[string]Status, wrote int, err error) {
 	if len(orders) == 0 {
-		return map[string]Status{}, nil
+		return map[string]Status{}, 0, nil
 	}
 	// Sorted so that two sweepers inserting overlapping sets take the
 	// primary-key locks in the same order and cannot deadlock.
@@ -407,20 +412,39 @@ func (l *Ledger) RecordAbandoned(ctx context.Context, orders []Order) (map[strin
 	epochs, expires := make([]int64, n), make([]time.Time, n)
 	for i, o := range orders {
 		if o.ReservationID == "" || o.CampaignID == "" || o.Quantity <= 0 || o.Shard < 0 {
-			return nil, fmt.Errorf("ledger: record abandoned: invalid order %+v", o)
+			return nil, 0, fmt.Errorf("ledger: record abandoned: invalid order %+v", o)
 		}
 		ids[i], campaigns[i], skus[i], users[i] = o.ReservationID, o.CampaignID, o.SKU, o.UserID
 		shards[i], qtys[i] = int32(o.Shard), int32(o.Quantity)
 		epochs[i], expires[i] = o.Epoch, o.ExpiresAt
 	}
-	if _, err := l.pool.Exec(ctx, sqlInsertAbandoned, ids, campaigns, skus, users, shards, qtys, epochs, expires); err != nil {
-		return nil, fmt.Errorf("ledger: record abandoned: %w", err)
+	var written []string
+	rows, err := l.pool.Query(ctx, sqlInsertAbandoned, ids, campaigns, skus, users, shards, qtys, epochs, expires)
+	if err == nil {
+		written, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	out, err := collectStatuses(l.pool.Query(ctx, sqlStatusesAnyCampaign, campaigns, ids))
 	if err != nil {
-		return nil, fmt.Errorf("ledger: record abandoned: %w", err)
+		return nil, 0, fmt.Errorf("ledger: record abandoned: %w", err)
 	}
-	return out, nil
+	status = make(map[string]Status, n)
+	for _, id := range written {
+		status[id] = StatusAbandoned
+	}
+	if len(written) == n {
+		return status, n, nil
+	}
+	var otherCampaigns, otherIDs []string
+	for i, id := range ids {
+		if _, ok := status[id]; !ok {
+			otherCampaigns, otherIDs = append(otherCampaigns, campaigns[i]), append(otherIDs, id)
+		}
+	}
+	others, err := collectStatuses(l.pool.Query(ctx, sqlStatusesAnyCampaign, otherCampaigns, otherIDs))
+	if err != nil {
+		return nil, 0, fmt.Errorf("ledger: record abandoned: %w", err)
+	}
+	maps.Copy(status, others)
+	return status, len(written), nil
 }
 
 func collectStatuses(rows pgx.Rows, err error) (map[string]Status, error) {

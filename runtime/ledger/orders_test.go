@@ -442,18 +442,23 @@ func TestRecordAbandoned(t *testing.T) {
 	}
 	lost := []Order{pendingOrder(c, "u", 0, -time.Minute), pendingOrder(c, "v", 1, -time.Minute), materialized}
 
-	// Two sweepers record the same reservations at once.
+	// Two sweepers record the same reservations at once: each row is
+	// written once, and counted by the one that wrote it.
 	var wg sync.WaitGroup
 	got := make([]map[string]Status, 2)
+	wrote := make([]int, 2)
 	for i := range got {
 		wg.Go(func() {
 			var err error
-			if got[i], err = l.RecordAbandoned(ctx, lost); err != nil {
+			if got[i], wrote[i], err = l.RecordAbandoned(ctx, lost); err != nil {
 				t.Error(err)
 			}
 		})
 	}
 	wg.Wait()
+	if wrote[0]+wrote[1] != 2 {
+		t.Errorf("the sweepers wrote %d and %d rows, want 2 in all", wrote[0], wrote[1])
+	}
 	want := map[string]Status{
 		lost[0].ReservationID:      StatusAbandoned,
 		lost[1].ReservationID:      StatusAbandoned,

@@ -63,7 +63,7 @@ func releaseAfterMove(t *testing.T, release func(ctx context.Context, s *stock.S
 		t.Fatal(err)
 	}
 	// As a sweep lists it, before the move.
-	listed, err := setup.Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 1)
+	listed, err := setup.Expired(ctx, 0, time.Now().Add(time.Hour).UnixMilli(), 0, 1)
 	if err != nil || len(listed) != 1 || listed[0].Key != key {
 		t.Fatalf("listed %v (%v), want the reservation %s", listed, err, key)
 	}

@@ -221,10 +221,10 @@ func releaseReply(shard int, reply any, err error) (ReleaseResult, error) {
 }
 
 // Expired lists up to limit reservation keys of a shard whose expiry is at or before
-// beforeMs (Redis clock), with that expiry.
-func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, limit int) ([]Listed, error) {
+// beforeMs (Redis clock), with that expiry, earliest first, past the first offset.
+func (s *Store) Expired(ctx context.Context, shard int, beforeMs int64, offset, limit int) ([]Listed, error) {
 	zs, err := s.rdb.ZRangeByScoreWithScores(ctx, s.shards[shard].Index(), &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(beforeMs, 10), Count: int64(limit),
+		Min: "-inf", Max: strconv.FormatInt(beforeMs, 10), Offset: int64(offset), Count: int64(limit),
 	}).Result()
 	out := make([]Listed, len(zs))
 	for i, z := range zs {
