@@ -53,9 +53,9 @@ type Config struct {
 	// cannot write is held until the write fails, and meanwhile other buyers
 	// are told SOLD_OUT, which they do not retry.
 	LedgerStallAfter time.Duration
-	// Backstop is the TTL of a reservation's Redis hash, a safety net only;
-	// default stock.BackstopFor(TTL + Grace). A reservation still unswept when
-	// its hash expires (a long sweeper outage) is released from its ledger row.
+	// Backstop is how long a paid reservation's Redis hash is kept from its
+	// commit mark (it answers the request's retries); default
+	// stock.BackstopFor(TTL + Grace). A held reservation's hash has no TTL.
 	Backstop time.Duration
 	// Pipeline batches concurrent reserve script calls to one Redis server
 	// into pipelines (stock.PipelineConfig); zero: every call on its own.

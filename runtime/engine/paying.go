@@ -30,6 +30,7 @@ func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (se
 		if err != nil || len(entries) == 0 {
 			return settled, false, err
 		}
+		before := settled + dropped
 		for _, p := range entries {
 			o, err := e.ledger.GetOrder(ctx, e.cfg.CampaignID, stock.FormatID(shard, p.Key))
 			missing := errors.Is(err, ledger.ErrNotFound)
@@ -64,8 +65,9 @@ func (e *Engine) settlePaying(ctx context.Context, shard int, now time.Time) (se
 			return settled, false, nil
 		}
 		if batch == e.batchBudget() {
-			// Another pass at once only if this one changed something.
-			return settled, settled+dropped > 0, nil
+			// Another pass at once only if the last batch changed something
+			// (see reapClaims).
+			return settled, settled+dropped > before, nil
 		}
 	}
 }

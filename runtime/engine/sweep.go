@@ -183,6 +183,7 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (r
 		if err != nil || len(keys) == 0 {
 			return reaped, false, err
 		}
+		before := progress
 		for _, k := range keys {
 			ok, placed, err := e.store.ReapClaimAt(ctx, shard, k, cutoff)
 			settled := ok
@@ -205,8 +206,10 @@ func (e *Engine) reapClaims(ctx context.Context, shard int, cutoff time.Time) (r
 			return reaped, false, nil
 		}
 		if batch == e.batchBudget() {
-			// Another pass at once only if this one changed something.
-			return reaped, progress > 0, nil
+			// Another pass at once only if the last batch changed something:
+			// a pass that ends among claims left for now would read them all
+			// again, and go no further.
+			return reaped, progress > before, nil
 		}
 	}
 }

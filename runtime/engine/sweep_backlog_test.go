@@ -125,34 +125,15 @@ func TestClaimsLeftForNowDoNotHideTheOnesBehind(t *testing.T) {
 	ctx := context.Background()
 	s := f.e.Store()
 	f.sellOutShard(0)
-	claim := func(user string) (key, stamp string) {
-		t.Helper()
-		key = stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
-		r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
-			Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
-		if err != nil || r.Code != stock.Claimed {
-			t.Fatalf("claim of %s: %+v %v", user, r, err)
-		}
-		return key, r.Status
-	}
 	// The oldest claims were placed on shard 1, for an hour: their
 	// reservations are held, and the reaper leaves their quota alone.
 	for i := range left {
-		user := userHomedOn(fmt.Sprintf("placed%d", i), 0, 2)
-		key, stamp := claim(user)
-		p, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 1, Home: 0, Mode: stock.ModeSteal, User: user, Key: key,
-			Quantity: 1, MaxPerUser: 1, TTL: time.Hour})
-		if err != nil || p.Code != stock.Reserved {
-			t.Fatalf("steal of %s: %+v %v", user, p, err)
-		}
-		if ok, err := s.ConfirmClaim(ctx, 0, key, stamp, 1, p.ExpiryMs); err != nil || !ok {
-			t.Fatalf("confirm of %s: %v %v", user, ok, err)
-		}
+		placedClaim(t, f, userHomedOn(fmt.Sprintf("placed%d", i), 0, 2), 1)
 	}
 	// Behind them, a claim whose process died before it placed anything.
 	time.Sleep(2 * time.Millisecond)
 	dead := userHomedOn("dead", 0, 2)
-	claim(dead)
+	deadClaim(t, f, dead)
 	time.Sleep(shortTTL + slack + 200*time.Millisecond)
 	st, err := f.e.Sweep(ctx)
 	if err != nil || st.ReapedClaims != 1 {
@@ -160,6 +141,58 @@ func TestClaimsLeftForNowDoNotHideTheOnesBehind(t *testing.T) {
 	}
 	if held, err := f.rdb.HGet(ctx, s.Keys(0).Users(), dead).Result(); err == nil {
 		t.Fatalf("the dead process's buyer still holds %s on its home shard", held)
+	}
+}
+
+// A pass whose budget ends among claims left for now does not ask for
+// another pass at once: it would read them all again and go no further.
+// Here a dead process's claim comes first, then two batches of claims left
+// for now (placed on shards 1 and 2), and the budget is two batches.
+func TestAPassEndingAmongClaimsLeftForNowLeavesNoBacklog(t *testing.T) {
+	const slack = 100 * time.Millisecond
+	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withAllocation(3*engine.SweepBatch), withShards(3), withSteal(1),
+		withTTL(shortTTL, 0), withClaimSlack(slack))
+	f.sellOutShard(0) // one batch of expired reservations there: no backlog of its own
+	deadClaim(t, f, userHomedOn("dead", 0, 3))
+	time.Sleep(2 * time.Millisecond)
+	for i := range 2 * engine.SweepBatch {
+		placedClaim(t, f, userHomedOn(fmt.Sprintf("placed%d", i), 0, 3), 1+i%2)
+	}
+	time.Sleep(shortTTL + slack + 200*time.Millisecond)
+	f.e.SetSweepBudget(2)
+	st, err := f.e.Sweep(context.Background())
+	if err != nil || st.ReapedClaims != 1 || st.Backlog != 0 {
+		t.Fatalf("pass: %+v %v, want the dead process's claim reaped and no backlog", st, err)
+	}
+}
+
+// deadClaim claims user's quota on the sold-out shard 0 to steal, as a
+// process that then died: nothing placed.
+func deadClaim(t *testing.T, f *fixture, user string) (key, stamp string) {
+	t.Helper()
+	key = stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+	r, err := f.e.Store().Reserve(context.Background(), stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeClaim, User: user, Key: key,
+		Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
+	if err != nil || r.Code != stock.Claimed {
+		t.Fatalf("claim of %s: %+v %v", user, r, err)
+	}
+	return key, r.Status
+}
+
+// placedClaim is deadClaim's claim placed on the shard named by on, for an hour, and
+// confirmed: the reaper leaves its quota alone while it is held.
+func placedClaim(t *testing.T, f *fixture, user string, on int) {
+	t.Helper()
+	ctx := context.Background()
+	s := f.e.Store()
+	key, stamp := deadClaim(t, f, user)
+	p, err := s.Reserve(ctx, stock.ReserveRequest{Shard: on, Home: 0, Mode: stock.ModeSteal, User: user, Key: key,
+		Quantity: 1, MaxPerUser: 1, TTL: time.Hour})
+	if err != nil || p.Code != stock.Reserved {
+		t.Fatalf("steal of %s: %+v %v", user, p, err)
+	}
+	if ok, err := s.ConfirmClaim(ctx, 0, key, stamp, on, p.ExpiryMs); err != nil || !ok {
+		t.Fatalf("confirm of %s: %v %v", user, ok, err)
 	}
 }
 

@@ -21,7 +21,8 @@ type Reservation struct {
 	Epoch    int64
 	Home     int
 	// CreatedMs is when a committed reservation was made (RebuildRestore:
-	// its hash lives the backstop TTL from then, as it would have).
+	// its hash lives the backstop TTL from then, at most as long as it
+	// would have from its commit mark; the ledger answers after).
 	CreatedMs int64
 }
 
