@@ -88,14 +88,8 @@ func TestSweeperOutageLongerThanTheBackstop(t *testing.T) {
 func TestAnUnrecordedReservationOutlivesTheBackstop(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(3), withMaxPerUser(1),
 		withTTL(shortTTL, 0), withBackstop(time.Second))
-	ctx := context.Background()
 	const user = "orpheus"
-	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
-	p, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
-		Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
-	if err != nil || p.Code != stock.Reserved {
-		t.Fatalf("placement: %+v %v", p, err)
-	}
+	f.placeUnrecorded(user, f.cfg.TTL)
 	// The sweeper is down past the backstop.
 	time.Sleep(time.Second + 500*time.Millisecond)
 	if st := f.sweepUntilQuiet(); st.Abandoned != 1 || st.Released != 1 {

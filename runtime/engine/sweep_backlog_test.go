@@ -207,12 +207,7 @@ func TestPayingMarksAreSettledABudgetAPass(t *testing.T) {
 	s := f.e.Store()
 	for i := range marks {
 		user := fmt.Sprintf("payer%d", i)
-		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
-		r, err := s.Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
-			Quantity: 1, MaxPerUser: 1, TTL: time.Hour})
-		if err != nil || r.Code != stock.Reserved {
-			t.Fatalf("reserve of %s: %+v %v", user, r, err)
-		}
+		key, _ := f.placeUnrecorded(user, time.Hour)
 		if at, err := s.MarkPaying(ctx, 0, key, user); err != nil || at == 0 {
 			t.Fatalf("paying mark of %s: %d %v", user, at, err)
 		}

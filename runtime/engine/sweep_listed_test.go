@@ -24,12 +24,7 @@ func TestASweepLeavesARetrysPlacementOfAKeyItListed(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(5), withTTL(shortTTL, 0))
 	ctx := context.Background()
 	const user = "rhea"
-	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
-	p1, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
-		Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
-	if err != nil || p1.Code != stock.Reserved {
-		t.Fatalf("first placement: %+v %v", p1, err)
-	}
+	key, p1 := f.placeUnrecorded(user, f.cfg.TTL)
 	time.Sleep(shortTTL + 200*time.Millisecond)
 
 	// The sweeper's client plays the request and its retry at the named steps.
@@ -106,23 +101,14 @@ func TestASweepDoesNotAbandonARetrysPlacement(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(5), withTTL(shortTTL, 0))
 	ctx := context.Background()
 	const user = "remy"
-	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
-	place := func(ttl time.Duration) stock.ShardResult {
-		r, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
-			Quantity: 1, MaxPerUser: 1, TTL: ttl})
-		if err != nil || r.Code != stock.Reserved {
-			t.Fatalf("placement: %+v %v", r, err)
-		}
-		return r
-	}
-	p1 := place(f.cfg.TTL)
+	key, p1 := f.placeUnrecorded(user, f.cfg.TTL)
 	time.Sleep(shortTTL + 200*time.Millisecond)
 	steps := &beforeCommands{at: map[string]func(){
 		"hgetall": func() {
 			if rr, err := f.e.Store().ReleasePlaced(ctx, 0, key, p1.ExpiryMs, p1.Epoch); err != nil || rr.Code != stock.Released {
 				t.Errorf("the request's give-back: %+v %v", rr, err)
 			}
-			place(time.Hour) // the retry's, its row on its way
+			f.placeUnrecorded(user, time.Hour) // the retry's, its row on its way
 		},
 	}}
 	swept := standaloneClient(t, sharedRedis.Addr())
@@ -150,12 +136,7 @@ func TestOverlappingSweepsCountAnAbandonedReservationOnce(t *testing.T) {
 	f := newFixture(t, standaloneClient(t, sharedRedis.Addr()), withShards(1), withAllocation(5), withTTL(shortTTL, 0))
 	ctx := context.Background()
 	for _, user := range []string{"castor", "pollux"} {
-		key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
-		p, err := f.e.Store().Reserve(ctx, stock.ReserveRequest{Shard: 0, Home: 0, Mode: stock.ModeHome, User: user, Key: key,
-			Quantity: 1, MaxPerUser: 1, TTL: f.cfg.TTL})
-		if err != nil || p.Code != stock.Reserved {
-			t.Fatalf("placement: %+v %v", p, err)
-		}
+		f.placeUnrecorded(user, f.cfg.TTL)
 	}
 	time.Sleep(shortTTL + 200*time.Millisecond)
 

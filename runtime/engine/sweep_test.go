@@ -46,6 +46,22 @@ func (f *fixture) sellOutShard(shard int) int {
 	return n
 }
 
+// placeUnrecorded places one unit for user's request "r" on its home
+// shard, in Redis only, for ttl: a reserve process that died after the
+// Redis step, before the ledger row. It returns the request's key and the
+// placement.
+func (f *fixture) placeUnrecorded(user string, ttl time.Duration) (string, stock.ShardResult) {
+	f.t.Helper()
+	key := stock.ReservationKey(f.cfg.IDSecret, f.cfg.CampaignID, user, "r")
+	home := stock.HomeShard(user, f.cfg.Shards)
+	r, err := f.e.Store().Reserve(context.Background(), stock.ReserveRequest{Shard: home, Home: home, Mode: stock.ModeHome,
+		User: user, Key: key, Quantity: 1, MaxPerUser: f.cfg.MaxPerUser, TTL: ttl})
+	if err != nil || r.Code != stock.Reserved {
+		f.t.Fatalf("placement of %s: %+v %v", user, r, err)
+	}
+	return key, r
+}
+
 func orderStatus(t *testing.T, f *fixture, id string) ledger.Status {
 	t.Helper()
 	o, err := f.l.GetOrder(context.Background(), f.e.Config().CampaignID, id)
