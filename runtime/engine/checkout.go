@@ -93,16 +93,48 @@ func (e *Engine) Cancel(ctx context.Context, user, reservationID string) (Cancel
 		// a shard being rebuilt, is tried again (marks_later.go), and the
 		// sweeper releases the units from the CANCELLED_BY_USER row after
 		// that.
-		later := laterMark{shard: shard, key: key, user: user, cancel: true, until: e.sweepersTurn(o)}
+		later := laterMark{shard: shard, key: key, user: user, cancel: true, until: e.sweepersTurn(o),
+			give: e.stolenQuota(shard, key, user, o)}
 		e.redisStep(ctx, func(ctx context.Context) {
-			if rr, err := e.store.Cancel(ctx, shard, key, user); err != nil || rr.Code == stock.Rebuilding {
+			if !e.cancelInRedis(ctx, later) {
 				e.markLater(later)
-			} else {
-				_ = e.afterRelease(ctx, shard, key, rr)
 			}
 		}, func() { e.markLater(later) })
 	}
 	return CancelResult{Outcome: out, Order: o}, nil
+}
+
+// cancelInRedis is a cancel's Redis step: the units back on their shard,
+// then, for a reservation stolen from its buyer's home shard, the quota
+// there. It reports whether the step is done with; if not, it is tried
+// again (marks_later.go).
+func (e *Engine) cancelInRedis(ctx context.Context, m laterMark) bool {
+	rr, err := e.store.Cancel(ctx, m.shard, m.key, m.user)
+	switch {
+	case err != nil || rr.Code == stock.Rebuilding:
+		return false
+	case rr.Code == stock.Released:
+		return e.afterRelease(ctx, m.shard, m.key, rr) == nil
+	case rr.Code == stock.NotFound && m.give != nil:
+		// Released already: by a try whose answer or give-back was lost,
+		// or by the sweeper. The answer names no buyer; the ledger's row
+		// does, and the give-back is named by the placement, so it gives
+		// nothing back twice.
+		g := m.give
+		_, err := e.store.Quota(ctx, stock.HomeShard(m.user, e.cfg.Shards), g.Op, g.User, g.Key, g.Quantity, g.Shard, g.ExpiryMs)
+		return err == nil
+	}
+	return true
+}
+
+// stolenQuota is the give-back of the quota the order o of key, placed on
+// shard, holds on its buyer's home shard when that is another shard; nil
+// otherwise.
+func (e *Engine) stolenQuota(shard int, key, user string, o ledger.Order) *stock.QuotaGive {
+	if stock.HomeShard(user, e.cfg.Shards) == shard || o.ExpiresAt.IsZero() {
+		return nil
+	}
+	return &stock.QuotaGive{Op: stock.QuotaRelease, User: user, Key: key, Quantity: o.Quantity, Shard: shard, ExpiryMs: o.ExpiresAt.UnixMilli()}
 }
 
 // Held lists the reservations the user holds in this sale, as the ledger

@@ -30,7 +30,8 @@ type laterMark struct {
 	shard     int
 	key, user string
 	cancel    bool
-	until     time.Time // the reservation's expiry and grace: the sweeper's turn
+	until     time.Time        // the reservation's expiry and grace: the sweeper's turn
+	give      *stock.QuotaGive // a cancel's quota on the home shard (stolenQuota)
 }
 
 type laterMarks struct {
@@ -120,11 +121,7 @@ func (e *Engine) tryMark(m laterMark) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if m.cancel {
-		rr, err := e.store.Cancel(ctx, m.shard, m.key, m.user)
-		if err != nil || rr.Code == stock.Rebuilding {
-			return false
-		}
-		return e.afterRelease(ctx, m.shard, m.key, rr) == nil
+		return e.cancelInRedis(ctx, m)
 	}
 	n, err := e.store.MarkCommitted(ctx, m.shard, m.key)
 	if err == nil && n == stock.CommitLedgerNeeded {

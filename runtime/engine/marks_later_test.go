@@ -2,9 +2,12 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -133,5 +136,49 @@ func TestLaterMarksStayBounded(t *testing.T) {
 	}
 	if kept, _ := f.e.LaterMarks(); kept > engine.LaterMarksMax {
 		t.Fatalf("%d marks kept, want at most %d", kept, engine.LaterMarksMax)
+	}
+}
+
+// A cancel of a reservation stolen from its buyer's home shard whose
+// release ran but whose answer was lost: the try again answers NOT_FOUND,
+// which names no buyer. The quota on the home shard is given back from the
+// ledger's row, named by the placement, instead of being held until the
+// reaper (TTL + grace + a minute) with the unit already back in stock.
+func TestACancelOfAStolenReservationWhoseAnswerWasLostGivesTheQuotaBack(t *testing.T) {
+	for _, drop := range []struct {
+		name   string
+		script string
+		lose   func(l *lostReply, n int, match func(args []any) bool)
+	}{
+		{"cancel's answer", "cancel", (*lostReply).arm},
+		{"the quota's give-back", "quota", (*lostReply).armDrop},
+	} {
+		t.Run(drop.name, func(t *testing.T) {
+			rdb, lost := withLostReplies(t, backends()[0])
+			f := newFixture(t, rdb, withAllocation(4), withShards(2), withSteal(1), withMaxPerUser(1), withTTL(time.Hour, 0))
+			ctx := context.Background()
+			f.sellOutShard(1)
+			buyer := userHomedOn("buyer", 1, 2)
+			r := f.reserve(buyer, "r", 1)
+			if r.Outcome != engine.OutcomeReserved || r.Reservation.Shard != 0 {
+				t.Fatalf("reserve: %+v, want reserved on shard 0 (stolen)", r)
+			}
+			drop.lose(lost, 1, isScript(t, drop.script))
+			if out, err := f.e.Cancel(ctx, buyer, r.Reservation.ID); err != nil || out.Outcome != ledger.CancelCancelled {
+				t.Fatalf("cancel: %+v %v", out.Outcome, err)
+			}
+			if lost.count() != 1 {
+				t.Fatalf("%d %s calls lost, want 1", lost.count(), drop.script)
+			}
+			testharness.Eventually(t, 10*time.Second, "the buyer's quota back", func() bool {
+				n, err := rdb.HGet(ctx, f.e.Store().Keys(1).Users(), buyer).Int64()
+				return errors.Is(err, redis.Nil) || (err == nil && n == 0)
+			})
+			if again := f.reserve(buyer, "again", 1); again.Outcome != engine.OutcomeReserved {
+				t.Fatalf("%s after the cancel: %s, want the quota back", buyer, again.Outcome)
+			}
+			f.assertQuotaCovers()
+			f.assertConserved()
+		})
 	}
 }

@@ -12,8 +12,9 @@
 --   4 BUSY (shard being rebuilt: the sweeper releases it later from the ledger)
 --
 -- Run twice: not safe for the caller. The units go back once, but the second run
--- answers NOT_FOUND, so a caller that read it would not give the home shard's quota
--- back. Never re-sent by a client library (stock.script: NoRetry).
+-- answers NOT_FOUND, which names no buyer: the engine gives the home shard's quota
+-- back from the ledger's row then. Never re-sent by a client library
+-- (stock.script: NoRetry).
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then
   return {0, '', 0, -1, 0}
