@@ -325,8 +325,15 @@ func (s *Server) engineError(r *http.Request, op string, err error) *apiError {
 		s.log.Warn("request failed", "op", op, "err", err, "alikeSuppressed", suppressed)
 	}
 	retry := "retry"
-	if op == "reserve" {
+	switch op {
+	case "reserve":
 		retry = "retry with the same idempotency_key"
+	case "checkout":
+		// The ledger may have committed before its answer was lost: a shop
+		// that voided the payment on this answer would sell the unit for nothing.
+		retry = "the payment may have been recorded: retry with the same payment_token, and void it only on a 409 or 410"
+	case "cancel":
+		retry = "the cancel may have been taken: retry"
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return unavailable("the request timed out: " + retry)
