@@ -89,6 +89,11 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		return true, nil
 	}
 	ids := srv.RunIDs
+	if res.Live && rebuiltUnrecorded(rec, res.Campaign.Epoch) {
+		if !r.recordFinishedRebuild(ctx, s, &rec, ids) {
+			return true, nil
+		}
+	}
 	if !lost {
 		why, lost = s.conn.runIDsChanged(redisServers(rec.Servers), ids)
 	}
@@ -185,6 +190,39 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 	s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
 		rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
 	return false
+}
+
+// rebuiltUnrecorded: the rebuild that began at the ledger's epoch, after
+// the last fail-close, finished, but its end was never recorded (its
+// process died first, or the ledger refused the record and the process
+// restarted since). Only a rebuild moves the epoch on, and it opens a shard
+// only once the shard is whole: shards all live at that epoch, on the
+// servers that wrote them (SeedResult.Live), are that rebuild's, finished.
+func rebuiltUnrecorded(rec engine.Record, epoch int64) bool {
+	return rec.RebuildDue() && rec.RebuildStarted != nil && rec.RebuildStarted.Epoch == epoch && epoch > rec.FailClosed.Epoch
+}
+
+// recordFinishedRebuild records a rebuild rebuiltUnrecorded found, with the
+// servers that hold the shards now, into rec too. Run again instead, it
+// would close the sale for as long as it runs and move the epoch on under
+// the reservations taken since. It reports whether the phase goes on.
+func (r *FlashSaleReconciler) recordFinishedRebuild(ctx context.Context, s *scope, rec *engine.Record, ids map[string]string) bool {
+	c, err := s.conn.engine.Counts(ctx)
+	if err != nil {
+		r.unhealthy(s, classify(err))
+		return false
+	}
+	rb := engine.RebuildRecord{Time: rec.RebuildStarted.Time, Reason: rec.FailClosed.Reason, Epoch: rec.RebuildStarted.Epoch,
+		Available: c.Available, Reserved: c.Unsold(), Sold: c.Sold}
+	if err := s.conn.engine.RecordRebuild(ctx, rb, ids); err != nil {
+		r.unhealthy(s, classify(err))
+		return false
+	}
+	rec.LastRebuild, rec.Servers = &rb, ids
+	s.lastRebuild = rebuildStatus(&rb)
+	s.event(corev1.EventTypeNormal, ReasonRebuilt, "Recorded the rebuild from the ledger that began at %s and finished before its end was recorded: epoch %d, available %d, reserved %d, sold %d now",
+		rb.Time.UTC().Format(time.RFC3339), rb.Epoch, rb.Available, rb.Reserved, rb.Sold)
+	return true
 }
 
 // rebuildStatus is the status form of the ledger's rebuild record (nil for none).
