@@ -158,7 +158,7 @@ func rebuiltOn(ctx context.Context, eng *engine.Engine, epoch int64) (map[string
 // reportRebuilding records the running rebuild and how far it got, as the
 // ledger and the shards say; the sale is reconciled again within rebuildPoll.
 func (r *FlashSaleReconciler) reportRebuilding(ctx context.Context, s *scope, run *rebuildRun) {
-	s.rebuilding = true
+	s.rebuilding, s.firstSeeding = true, run.firstSeed
 	s.requeueAfter(rebuildPoll)
 	epoch := run.epoch.Load()
 	if epoch == 0 {

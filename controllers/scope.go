@@ -50,8 +50,10 @@ type facts struct {
 	// rebuilding: a rebuild of the shards runs (off the reconcile);
 	// progress is how far it got, as the ledger and the shards say (nil: not
 	// known now). rebuildChecked: the reconcile looked for a running
-	// rebuild, so none running is known too.
+	// rebuild, so none running is known too. firstSeeding: the rebuild
+	// completes a first seeding cut short, not a loss.
 	rebuilding     bool
+	firstSeeding   bool
 	progress       *engine.RebuildProgress
 	rebuildChecked bool
 	// rebuilt is the rebuild this reconcile performed; lastRebuild its

@@ -62,8 +62,10 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		st.Phase = flashsalev1alpha1.PhaseFailClosed
 	}
 
-	// A problem that did not stop the phases has the last word on Ready.
-	if reason, message, ok := f.notReady(); ok {
+	// A problem that did not stop the phases has the last word on Ready,
+	// unless one did stop them: an outage, or a sale failed closed, is what
+	// Ready's reason must name then.
+	if reason, message, ok := f.notReady(); ok && !f.stopped() {
 		d.ready(reason, message)
 	}
 	// Only a reconcile that went through every phase has applied this spec.
@@ -219,6 +221,14 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		}
 		d.ready(ReasonRebuilding, msg)
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
+		// Said from the rebuild, not only by the reconcile that found the
+		// loss: its status may not have been written (a conflict, a
+		// restart), and RedisHealthy would say True all through.
+		if c := meta.FindStatusCondition(st.Conditions, flashsalev1alpha1.ConditionRedisHealthy); !f.firstSeeding &&
+			(c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonRedisDataLost) {
+			d.set(flashsalev1alpha1.ConditionRedisHealthy, metav1.ConditionFalse, ReasonRedisDataLost,
+				"Redis did not hold the sale's state; the shards are being rebuilt from the ledger")
+		}
 	case f.lost != "":
 		msg := lostMessage(f.lost)
 		d.set(flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse, ReasonFailClosed, msg)
@@ -260,6 +270,11 @@ func (f *facts) notReady() (reason, message string, ok bool) {
 		return f.replaced.readyReason, f.replaced.message, true
 	}
 	return "", "", false
+}
+
+// stopped: something reportStop reports stopped the phases.
+func (f *facts) stopped() bool {
+	return (f.refErr != nil && !f.refsKept) || f.outage != nil || f.mismatch != nil || f.rebuilding || f.lost != "" || f.rebuildErr != nil
 }
 
 // incomplete: part of the spec is not in effect although the phases went

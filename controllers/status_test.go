@@ -299,9 +299,20 @@ func TestComputeStatus(t *testing.T) {
 			f.childErr = "cannot write Deployment x-reserve: it exists and is not owned by FlashSale x"
 		}), phase: flashsalev1alpha1.PhaseOpen,
 			conds: want{"Ready": "False/ChildrenFailed", ConditionAllocationApplied: "False/" + ReasonAllocationRefused, "RedisHealthy": "False/EvictionPolicy"}},
-		{name: "a Secret gone outranks Redis down for Ready", facts: stopped(func(f *facts) {
+		{name: "Redis down outranks a Secret gone for Ready: nothing is served", facts: stopped(func(f *facts) {
 			f.refErr, f.refsKept, f.outage = &referenceError{reason: ReasonSecretNotFound, message: "gone"}, true, redisDown
-		}), phase: flashsalev1alpha1.PhaseOpen, conds: want{"Ready": "False/SecretNotFound", "RedisHealthy": "False/Unreachable", "Admitting": "False/Unhealthy"}},
+		}), phase: flashsalev1alpha1.PhaseOpen, conds: want{"Ready": "False/RedisUnreachable", "RedisHealthy": "False/Unreachable", "Admitting": "False/Unhealthy"}},
+		{name: "the ledger down outranks an allocation refused for Ready", facts: stopped(func(f *facts) {
+			f.allocation, f.outage = &allocationVerdict{reason: ReasonAllocationRefused, message: "allocation 10 refused"}, ledgerDown
+		}), phase: flashsalev1alpha1.PhaseOpen, conds: want{"Ready": "False/LedgerUnreachable", ConditionAllocationApplied: "False/" + ReasonAllocationRefused}},
+		{name: "a rebuild running says Redis lost the sale's state, whatever the status read",
+			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { st.Phase = flashsalev1alpha1.PhaseOpen },
+			facts: stopped(func(f *facts) { f.ledgerOK, f.rebuilding = true, true }), phase: flashsalev1alpha1.PhaseRebuilding,
+			conds: want{"Ready": "False/Rebuilding", "RedisHealthy": "False/RedisDataLost"}},
+		{name: "a rebuild completing a first seeding cut short is no loss",
+			read:  func(st *flashsalev1alpha1.FlashSaleStatus) { *st = flashsalev1alpha1.FlashSaleStatus{} },
+			facts: stopped(func(f *facts) { f.ledgerOK, f.rebuilding, f.firstSeeding = true, true, true }), phase: flashsalev1alpha1.PhaseRebuilding,
+			conds: want{"Ready": "False/Rebuilding", "RedisHealthy": "-"}},
 		{name: "a verdict decided twice keeps the transition time it was read with",
 			read: func(st *flashsalev1alpha1.FlashSaleStatus) {
 				for i := range st.Conditions {
