@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -255,6 +256,11 @@ func TestDeletionWaitsForTheLedger(t *testing.T) {
 			t.Fatalf("shard %d while the deletion waits for the ledger: present %v, %s", st.Index, st.Present, st.State)
 		}
 	}
+	// The phase and Admitting say so too, not what the live sale did.
+	e.waitFor("waiting", settle, "Ended, not admitting", func(fs *flashsalev1alpha1.FlashSale) bool {
+		c := meta.FindStatusCondition(fs.Status.Conditions, flashsalev1alpha1.ConditionAdmitting)
+		return fs.Status.Phase == flashsalev1alpha1.PhaseEnded && c != nil && c.Status == metav1.ConditionFalse && c.Reason == controllers.ReasonEnded
+	})
 	if err := pg.Start(); err != nil {
 		t.Fatal(err)
 	}

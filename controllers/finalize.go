@@ -118,6 +118,15 @@ func (r *FlashSaleReconciler) reportDeleting(ctx context.Context, fs *flashsalev
 		Type: flashsalev1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonDeleting, ObservedGeneration: fs.Generation,
 		Message: truncate("the sale is being deleted; its cleanup failed and is retried: "+err.Error(), eventNoteLimit),
 	})
+	// The phase and Admitting said what the live sale did: once every shard
+	// is ended, they say so, or a sale whose deletion waits reads Open.
+	if ended := (*endedWaiting)(nil); errors.As(err, &ended) {
+		fs.Status.Phase = flashsalev1alpha1.PhaseEnded
+		meta.SetStatusCondition(&fs.Status.Conditions, metav1.Condition{
+			Type: flashsalev1alpha1.ConditionAdmitting, Status: metav1.ConditionFalse, Reason: ReasonEnded, ObservedGeneration: fs.Generation,
+			Message: "the sale is being deleted: every shard is ended and refuses reservations while the cleanup waits",
+		})
+	}
 	if equality.Semantic.DeepEqual(before.Status, fs.Status) {
 		return
 	}
@@ -158,7 +167,7 @@ func (r *FlashSaleReconciler) cleanupStores(ctx context.Context, fs *flashsalev1
 		// The Secrets went with the sale (a namespace deleted, a GitOps
 		// prune): the connections opened before still clean up.
 		if err := cached.engine.Delete(ctx); err != nil {
-			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+			return deleteFailed(err)
 		}
 	case errors.As(err, &refErr):
 		r.cleanupSkipped(ctx, fs, "Redis keys and ledger campaign left in place: "+refErr.message)
@@ -188,18 +197,38 @@ func (r *FlashSaleReconciler) cleanupStores(ctx context.Context, fs *flashsalev1
 			// through Redis alone.
 			cctx, cancel := closingContext(ctx)
 			gates, done := redisOnly(fs, &refs)
-			_ = gates.End(cctx)
+			endErr := gates.End(cctx)
 			done()
 			cancel()
+			if endErr == nil {
+				return &endedWaiting{err}
+			}
 		}
 		if err != nil {
 			return err
 		}
 		if err := conn.engine.Delete(ctx); err != nil {
-			return fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+			return deleteFailed(err)
 		}
 	}
 	return nil
+}
+
+// endedWaiting is a cleanup that ended the sale on every shard and waits
+// for the ledger to go on.
+type endedWaiting struct{ err error }
+
+func (e *endedWaiting) Error() string { return e.err.Error() }
+func (e *endedWaiting) Unwrap() error { return e.err }
+
+// deleteFailed is the error of engine.Delete's err: one from the ledger
+// comes after every shard was ended (Delete ends them first).
+func deleteFailed(err error) error {
+	err = fmt.Errorf("cleaning up the sale's Redis keys and ledger campaign: %w", err)
+	if errors.Is(err, engine.ErrLedger) || errors.Is(err, engine.ErrLedgerMismatch) {
+		return &endedWaiting{err}
+	}
+	return err
 }
 
 // namespaceDeletionWait is how long after a sale's deletion began a
