@@ -3,10 +3,14 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/controllers"
@@ -68,5 +72,50 @@ WHERE ctid = (SELECT ctid FROM flashsale_shard_counts WHERE campaign_id = $1 AND
 	e.waitFor("drift", settle, "RebuildFailed, LedgerHealthy CountsDrift", func(fs *flashsalev1alpha1.FlashSale) bool {
 		return reasonIs(flashsalev1alpha1.ConditionReady, controllers.ReasonRebuildFailed)(fs) &&
 			reasonIs(flashsalev1alpha1.ConditionLedgerHealthy, controllers.ReasonCountsDrift)(fs)
+	})
+}
+
+// A rebuild that fails for a passing reason (Redis gone during it) is
+// tried again soon, and its Warning does not count it among failures in a
+// row: only lasting ones back off and are counted.
+func TestAPassingRebuildFailureIsNotCountedInARow(t *testing.T) {
+	t.Parallel()
+	pg := testharness.PostgresT(t)
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), pg)
+	var once sync.Once
+	e.rebuildFailpoint = func(_, sale string, shard int) {
+		if sale == "passing" {
+			once.Do(func() {
+				if err := r.Kill(); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+	e.startController()
+	fs := e.openSale("passing", 100)
+	eng := e.engineFor(fs, r.Addr())
+	e.reserve(eng, "u-0")
+	if err := r.RestartEmpty(); err != nil {
+		t.Fatal(err)
+	}
+	if !hasEvent(t, e.ns, "passing", controllers.ReasonRebuildFailed) {
+		t.Fatal("no RebuildFailed event")
+	}
+	var list corev1.EventList
+	if err := k8s.List(context.Background(), &list, client.InNamespace(e.ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range list.Items {
+		if ev.Reason == controllers.ReasonRebuildFailed && strings.Contains(ev.Message, "in a row") {
+			t.Fatalf("a passing failure counted among failures in a row: %s", ev.Message)
+		}
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("passing", 2*settle, "Open again", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseOpen && fs.Status.LastRebuild != nil
 	})
 }

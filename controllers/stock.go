@@ -148,8 +148,12 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 	if run.err != nil {
 		s.rebuildErr = classify(run.err)
 		next := s.conn.failed.failedAgain(s.rebuildErr, s.fs.Generation, s.now)
-		s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s (after %s; failure %d in a row, tried again in %s)",
-			rebuildFailedMessage(s.rebuildErr), rep.Duration.Round(time.Millisecond), s.conn.failed.n, next)
+		inARow := "" // counted for lasting failures only, which back off
+		if n := s.conn.failed.n; n > 0 {
+			inARow = fmt.Sprintf("failure %d in a row, ", n)
+		}
+		s.event(corev1.EventTypeWarning, ReasonRebuildFailed, "%s (after %s; %stried again in %s)",
+			rebuildFailedMessage(s.rebuildErr), rep.Duration.Round(time.Millisecond), inARow, next)
 		s.requeueAfter(next)
 		return true
 	}
