@@ -58,8 +58,9 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 	if err := r.RestartEmpty(); err != nil {
 		t.Fatal(err)
 	}
-	fs = e.waitFor("ledgerless", settle, "still closed", func(fs *flashsalev1alpha1.FlashSale) bool {
-		return fs.Status.Phase == flashsalev1alpha1.PhaseFailClosed || conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse)
+	fs = e.waitFor("ledgerless", settle, "failed closed, Redis's loss said", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.Phase == flashsalev1alpha1.PhaseFailClosed && conditionIs(fs, flashsalev1alpha1.ConditionAdmitting, metav1.ConditionFalse) &&
+			reasonIs(flashsalev1alpha1.ConditionRedisHealthy, controllers.ReasonRedisDataLost)(fs)
 	})
 	if conditionIs(fs, flashsalev1alpha1.ConditionReady, metav1.ConditionTrue) {
 		t.Fatalf("Ready while the ledger is down: %+v", fs.Status.Conditions)
@@ -79,6 +80,11 @@ func TestLedgerDownStaysClosed(t *testing.T) {
 	})
 	if !hasEvent(t, e.ns, "ledgerless", controllers.ReasonLedgerRecovered) {
 		t.Fatal("no event when the ledger answered again")
+	}
+	// One loss, one event: found while the ledger was down, and again once
+	// it answered and the loss was recorded.
+	if n := countEvents(t, e.ns, "ledgerless", controllers.ReasonRedisDataLost); n != 1 {
+		t.Fatalf("%d RedisDataLost events for one loss", n)
 	}
 }
 

@@ -65,6 +65,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	case errors.Is(err, errReadingChildren):
 		return false, err // the API server's, not Redis's or the ledger's: retried with backoff
 	case err != nil:
+		r.lostWhileLedgerDown(ctx, s, res, err)
 		r.unhealthy(s, classify(err))
 		return true, nil
 	}
@@ -116,7 +117,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		_ = eng.FailClose(cctx)
 		cancel()
 		s.lost = why
-		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(why))
+		s.lostEvent()
 		if err := eng.RecordFailClosed(ctx, engine.FailClosedRecord{Time: s.now, Reason: truncate(why, 256), Epoch: res.Campaign.Epoch}); err != nil {
 			// Found again, and recorded, once the ledger answers.
 			r.unhealthy(s, classify(err))
@@ -194,6 +195,38 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 	s.event(corev1.EventTypeNormal, ReasonRebuilt, "Rebuilt the stock from the ledger in %s: epoch %d, available %d, reserved %d, sold %d; %d pending orders restored",
 		rep.Duration.Round(time.Millisecond), rep.Epoch, rep.Available, rep.Reserved, rep.Sold, rep.Restored)
 	return false
+}
+
+// lostWhileLedgerDown: shards without meta, read before the ledger failed
+// to answer, are a loss of Redis's data the rebuild must wait for. The
+// shards are failed closed through Redis alone, and the status says so:
+// it would read Open and RedisHealthy True until the ledger answered. With
+// no shard at all, only a sale that ran (its children say so) lost them: a
+// sale never seeded looks the same.
+func (r *FlashSaleReconciler) lostWhileLedgerDown(ctx context.Context, s *scope, res engine.SeedResult, err error) {
+	if res.Missing == 0 || !isLedgerError(classify(err)) {
+		return
+	}
+	if res.Missing == res.Shards {
+		if ran, rerr := r.setUpBefore(s)(ctx); rerr != nil || !ran {
+			return
+		}
+	}
+	cctx, cancel := closingContext(ctx)
+	_ = s.conn.engine.FailClose(cctx)
+	cancel()
+	s.lost = fmt.Sprintf("%d of %d shards have no meta; the ledger does not answer, and the rebuild waits for it", res.Missing, res.Shards)
+	s.lostEvent()
+}
+
+// lostEvent says that Redis lost the sale's state, once per loss: a loss
+// found again while the status says it (the ledger down, the record of
+// the loss refused) is the same one.
+func (s *scope) lostEvent() {
+	if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c != nil && c.Reason == ReasonRedisDataLost {
+		return
+	}
+	s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(s.lost))
 }
 
 // rebuiltUnrecorded: the rebuild that began at the ledger's epoch, after

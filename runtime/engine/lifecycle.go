@@ -32,6 +32,10 @@ type SeedResult struct {
 	Campaign ledger.Campaign
 	Seeded   int  // shards written now
 	Live     bool // every shard was already live: nothing written
+	// Missing is how many of the Shards shards had no meta, as read before
+	// the ledger failed to answer: a caller can tell a loss of Redis's data
+	// while the ledger is down (the rebuild waits for the ledger).
+	Missing, Shards int
 }
 
 // Seed makes sure the ledger row exists and the shards are seeded, once. A shard that
@@ -87,7 +91,7 @@ func (e *Engine) SeedSale(ctx context.Context, gate string, setUpBefore SetUpBef
 			return SeedResult{}, ledgerFailure("campaign", err)
 		}
 	case err != nil:
-		return SeedResult{}, ledgerFailure("campaign", err)
+		return SeedResult{Missing: len(states) - present, Shards: len(states)}, ledgerFailure("campaign", err)
 	}
 	if c.Shards != e.cfg.Shards {
 		return SeedResult{}, fmt.Errorf("the ledger has %d shards for this campaign, not %d", c.Shards, e.cfg.Shards)
