@@ -26,6 +26,13 @@ func SetRebuildFailpoint(r *FlashSaleReconciler, fp func(namespace, name string,
 	r.rebuildFailpoint = fp
 }
 
+// SetRebuildStoppedFailpoint makes fp run when a rebuild is stopped (its
+// connections replaced or closed), after its context is cancelled and
+// before the stop waits for it.
+func SetRebuildStoppedFailpoint(r *FlashSaleReconciler, fp func(namespace, name string)) {
+	r.rebuildStoppedFailpoint = fp
+}
+
 // SetRebuildBegunFailpoint makes fp run once a rebuild's start is recorded,
 // before it touches a shard, on the rebuild's goroutine.
 func SetRebuildBegunFailpoint(r *FlashSaleReconciler, fp func(namespace, name string)) {

@@ -62,3 +62,39 @@ func TestEditDuringARebuildDoesNotRestartIt(t *testing.T) {
 		}
 	}
 }
+
+// A change of the stores' Secrets during a rebuild (a rotated password, a
+// DSN moved to another host of the same database) replaces the
+// connections, which stops the rebuild: the sale is rebuilt again, for the
+// same loss, without a RebuildFailed or LedgerUnreachable Warning, a
+// failure's wait, or a "context canceled" in its status.
+func TestASecretChangedDuringARebuildRestartsItWithoutAFailure(t *testing.T) {
+	t.Parallel()
+	r := testharness.RedisT(t)
+	e := newEnv(t, r.Addr(), sharedPG)
+	held, let := e.holdRebuild("rotating", 0)
+	e.rebuildStoppedFailpoint = func(_, sale string) {
+		if sale == "rotating" {
+			let() // stopped: the held shard's finish now meets the cancelled context
+		}
+	}
+	e.startController()
+	t.Cleanup(let)
+	e.openSale("rotating", 40)
+	if err := r.RestartEmpty(); err != nil {
+		t.Fatal(err)
+	}
+	<-held
+	e.setSecret("shop-ledger", "dsn", e.dsn+"&application_name=rotated")
+	fs := e.waitFor("rotating", 2*settle, "rebuilt on the new connections", func(fs *flashsalev1alpha1.FlashSale) bool {
+		return fs.Status.LastRebuild != nil && fs.Status.Phase == flashsalev1alpha1.PhaseOpen
+	})
+	if why := fs.Status.LastRebuild.Reason; !strings.Contains(why, "shards missing") {
+		t.Fatalf("the rebuild recorded for %q, want the loss", why)
+	}
+	for _, reason := range []string{controllers.ReasonRebuildFailed, controllers.ReasonLedgerUnreachable} {
+		if n := countEvents(t, e.ns, "rotating", reason); n != 0 {
+			t.Fatalf("%d %s events for a rebuild stopped by a change of Secret", n, reason)
+		}
+	}
+}

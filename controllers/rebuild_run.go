@@ -45,6 +45,11 @@ type rebuildRun struct {
 
 	rep engine.RebuildReport
 	err error
+
+	// stopped: the run was stopped (stop), not failed: its connections
+	// were replaced or closed. onStop is a test's failpoint.
+	stopped atomic.Bool
+	onStop  func()
 }
 
 func (run *rebuildRun) over() bool {
@@ -58,8 +63,18 @@ func (run *rebuildRun) over() bool {
 
 // stop cancels the rebuild and waits for it to return.
 func (run *rebuildRun) stop() {
+	run.stopped.Store(true)
 	run.cancel()
+	if run.onStop != nil {
+		run.onStop()
+	}
 	<-run.done
+}
+
+// interrupted: the run ended with an error because it was stopped, which
+// is no failure of the rebuild: it is started again, for the same loss.
+func (run *rebuildRun) interrupted() bool {
+	return run.err != nil && run.stopped.Load()
 }
 
 // rebuildStart is what a rebuild is started with.
@@ -77,6 +92,10 @@ type rebuildStart struct {
 func (r *FlashSaleReconciler) startRebuild(ctx context.Context, s *scope, st rebuildStart) *rebuildRun {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	run := &rebuildRun{cancel: cancel, done: make(chan struct{}), why: st.why, firstSeed: st.firstSeed, servers: st.servers}
+	if fp := r.rebuildStoppedFailpoint; fp != nil {
+		ns, name := s.fs.Namespace, s.fs.Name
+		run.onStop = func() { fp(ns, name) }
+	}
 	s.conn.rebuild.Store(run)
 	eng := s.conn.engine
 	obj := &flashsalev1alpha1.FlashSale{}

@@ -88,11 +88,13 @@ type FlashSaleReconciler struct {
 	// rebuilds run off the reconcile; rebuildEnded queues a reconcile of a
 	// sale whose rebuild ended. rebuildFailpoint, set by tests, runs before
 	// each shard of a rebuild is finished; rebuildBegunFailpoint once its
-	// start is recorded, before it touches a shard.
-	rebuilds              rebuilds
-	rebuildEnded          chan ctrlevent.GenericEvent
-	rebuildFailpoint      func(namespace, name string, shard int)
-	rebuildBegunFailpoint func(namespace, name string)
+	// start is recorded, before it touches a shard; rebuildStoppedFailpoint
+	// when one is stopped.
+	rebuilds                rebuilds
+	rebuildEnded            chan ctrlevent.GenericEvent
+	rebuildFailpoint        func(namespace, name string, shard int)
+	rebuildBegunFailpoint   func(namespace, name string)
+	rebuildStoppedFailpoint func(namespace, name string)
 	// conflicts backs off, per sale, the retries of status writes that
 	// conflict again and again (another writer in a hot loop); a status
 	// written resets it.

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	flashsalev1alpha1 "github.com/flashsale-dev/flashsale-operator/api/v1alpha1"
 	"github.com/flashsale-dev/flashsale-operator/runtime/engine"
@@ -39,7 +40,13 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		}
 		s.conn.rebuild.Store(nil)
 		s.rebuildChecked = true
-		if r.rebuildOver(ctx, s, run) {
+		if run.interrupted() {
+			// Stopped when its connections were replaced (a Secret
+			// rotated): no failure to report or back off from. The shards
+			// it left are rebuilt again below, for the same loss.
+			log.FromContext(ctx).Info("the rebuild was stopped by a change of connections; starting it again", "err", run.err.Error())
+			s.restartedFor = run.why
+		} else if r.rebuildOver(ctx, s, run) {
 			return true, nil
 		}
 	}
@@ -132,6 +139,9 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 			s.rebuildErr = err
 			s.requeueAfter(wait)
 			return true, nil
+		}
+		if s.restartedFor != "" {
+			why = s.restartedFor
 		}
 		r.reportRebuilding(ctx, s, r.startRebuild(unbounded, s, rebuildStart{why: why, firstSeed: firstSeed, servers: ids, spec: s.fs.Spec}))
 		return true, nil

@@ -108,6 +108,8 @@ type env struct {
 	rebuildFailpoint func(namespace, name string, shard int)
 	// rebuildBegunFailpoint, when set, runs once a rebuild's start is recorded.
 	rebuildBegunFailpoint func(namespace, name string)
+	// rebuildStoppedFailpoint, when set, runs when a rebuild is stopped.
+	rebuildStoppedFailpoint func(namespace, name string)
 	// install, image and ownerStale, when set, are the next controller's
 	// (startController).
 	install, image string
@@ -279,6 +281,7 @@ func (e *env) startController() (stop func()) {
 	}
 	controllers.SetRebuildFailpoint(r, e.rebuildFailpoint)
 	controllers.SetRebuildBegunFailpoint(r, e.rebuildBegunFailpoint)
+	controllers.SetRebuildStoppedFailpoint(r, e.rebuildStoppedFailpoint)
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatal(err)
 	}
