@@ -31,26 +31,9 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	ctx, cancel := context.WithTimeout(unbounded, r.phaseTimeout())
 	defer cancel()
 	eng := s.conn.engine
-	// A rebuild runs off the reconcile: while it runs the status says how
-	// far it got; once over, what came of it is recorded and reported.
-	if run := s.conn.rebuild.Load(); run != nil {
-		if !run.over() {
-			r.reportRebuilding(ctx, s, run)
-			return true, nil
-		}
-		s.conn.rebuild.Store(nil)
-		s.rebuildChecked = true
-		if run.interrupted() {
-			// Stopped when its connections were replaced (a Secret
-			// rotated): no failure to report or back off from. The shards
-			// it left are rebuilt again below, for the same loss.
-			log.FromContext(ctx).Info("the rebuild was stopped by a change of connections; starting it again", "err", run.err.Error())
-			s.restartedFor = run.why
-		} else if r.rebuildOver(ctx, s, run) {
-			return true, nil
-		}
+	if r.rebuildRunning(ctx, s) {
+		return true, nil
 	}
-	s.rebuildChecked = true
 	lost, why, failedClosed := false, "", false
 	res, err := eng.SeedSale(ctx, s.window.Gate, r.setUpBefore(s))
 	switch {
@@ -148,6 +131,31 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	}
 	s.conn.failed = rebuildBackoff{} // healthy: a later failure starts over
 	return r.afterSeed(ctx, s, rec.Servers, srv)
+}
+
+// rebuildRunning looks at this connection's rebuild, which runs off the
+// reconcile: while it runs the status says how far it got; once over, what
+// came of it is recorded and reported. It reports whether the phase is done.
+func (r *FlashSaleReconciler) rebuildRunning(ctx context.Context, s *scope) bool {
+	s.rebuildChecked = true
+	run := s.conn.rebuild.Load()
+	switch {
+	case run == nil:
+		return false
+	case !run.over():
+		r.reportRebuilding(ctx, s, run)
+		return true
+	}
+	s.conn.rebuild.Store(nil)
+	if run.interrupted() {
+		// Stopped when its connections were replaced (a Secret rotated):
+		// no failure to report or back off from. The shards it left are
+		// rebuilt again, for the same loss.
+		log.FromContext(ctx).Info("the rebuild was stopped by a change of connections; starting it again", "err", run.err.Error())
+		s.restartedFor = run.why
+		return false
+	}
+	return r.rebuildOver(ctx, s, run)
 }
 
 // rebuildOver records and reports a rebuild that ended: a failure is retried
