@@ -69,7 +69,7 @@ func TestCRDUpgradeOverHelmsInstall(t *testing.T) {
 		t.Fatal("the apply left the release before's schema")
 	}
 
-	for _, doc := range []string{"docs/operations.md", "charts/flashsale-operator/templates/NOTES.txt", "CHANGELOG.md"} {
+	for _, doc := range []string{"docs/upgrades.md", "charts/flashsale-operator/templates/NOTES.txt", "CHANGELOG.md"} {
 		b, err := os.ReadFile(filepath.Join(testharness.RepoRoot(), doc))
 		if err != nil {
 			t.Fatal(err)
