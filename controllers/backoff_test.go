@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -44,5 +45,24 @@ func TestRebuildBackoff(t *testing.T) {
 	}
 	if d := b.failedAgain(drift, 1, now); d != 3*time.Second {
 		t.Fatalf("drift after an outage: wait %s, want 3s", d)
+	}
+}
+
+// A rebuild stopped while it runs (its connections replaced) was
+// interrupted, not failed; one that had already failed on its own when it
+// was stopped keeps its failure, which is reported and backs off.
+func TestAStoppedRebuildIsInterruptedOnlyIfItWasRunning(t *testing.T) {
+	running := &rebuildRun{done: make(chan struct{})}
+	running.cancel = func() { running.err = fmt.Errorf("rebuild: shard 0: %w", context.Canceled); close(running.done) }
+	running.stop()
+	if !running.interrupted() {
+		t.Fatal("a running rebuild stopped: not interrupted")
+	}
+	failed := &rebuildRun{done: make(chan struct{}), err: engine.ErrCountsDrift}
+	close(failed.done)
+	failed.cancel = func() {}
+	failed.stop()
+	if failed.interrupted() {
+		t.Fatal("a rebuild that failed before it was stopped taken for interrupted")
 	}
 }

@@ -36,8 +36,10 @@ type campaignConn struct {
 	// until a reconcile reported its outcome.
 	rebuild atomic.Pointer[rebuildRun]
 	// failed is the backoff of rebuilds that fail in a row (rebuildFailed).
-	// Only the reconcile touches it.
-	failed rebuildBackoff
+	// Only the reconcile touches it, and interrupted: the rebuild a change
+	// of connections stopped, whose loss the next one is run for.
+	failed      rebuildBackoff
+	interrupted *rebuildRun
 	// replacementTold is the failure, and the Secrets' values, of
 	// replacements of these connections already warned about (connect).
 	replacementTold string

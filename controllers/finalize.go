@@ -124,7 +124,7 @@ func (r *FlashSaleReconciler) reportDeleting(ctx context.Context, fs *flashsalev
 		fs.Status.Phase = flashsalev1alpha1.PhaseEnded
 		meta.SetStatusCondition(&fs.Status.Conditions, metav1.Condition{
 			Type: flashsalev1alpha1.ConditionAdmitting, Status: metav1.ConditionFalse, Reason: ReasonEnded, ObservedGeneration: fs.Generation,
-			Message: "the sale is being deleted: every shard is ended and refuses reservations while the cleanup waits",
+			Message: "the sale is being deleted: its shards were ended (or are closed) and refuse reservations while the cleanup waits",
 		})
 	}
 	if equality.Semantic.DeepEqual(before.Status, fs.Status) {
@@ -214,8 +214,9 @@ func (r *FlashSaleReconciler) cleanupStores(ctx context.Context, fs *flashsalev1
 	return nil
 }
 
-// endedWaiting is a cleanup that ended the sale on every shard and waits
-// for the ledger to go on.
+// endedWaiting is a cleanup that ended the sale through Redis and waits for
+// the ledger to go on. A shard the end left as it was (being rebuilt,
+// failed closed, without meta) refuses reservations too.
 type endedWaiting struct{ err error }
 
 func (e *endedWaiting) Error() string { return e.err.Error() }

@@ -63,7 +63,9 @@ func (run *rebuildRun) over() bool {
 
 // stop cancels the rebuild and waits for it to return.
 func (run *rebuildRun) stop() {
-	run.stopped.Store(true)
+	if !run.over() {
+		run.stopped.Store(true)
+	}
 	run.cancel()
 	if run.onStop != nil {
 		run.onStop()
@@ -74,7 +76,7 @@ func (run *rebuildRun) stop() {
 // interrupted: the run ended with an error because it was stopped, which
 // is no failure of the rebuild: it is started again, for the same loss.
 func (run *rebuildRun) interrupted() bool {
-	return run.err != nil && run.stopped.Load()
+	return run.stopped.Load() && errors.Is(run.err, context.Canceled)
 }
 
 // rebuildStart is what a rebuild is started with.

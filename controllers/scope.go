@@ -56,9 +56,6 @@ type facts struct {
 	firstSeeding   bool
 	progress       *engine.RebuildProgress
 	rebuildChecked bool
-	// restartedFor is the loss a rebuild stopped by a change of
-	// connections was for: the next run is for it too.
-	restartedFor string
 	// rebuilt is the rebuild this reconcile performed; lastRebuild its
 	// record (none when it completed a first seeding cut short).
 	rebuilt     *engine.RebuildReport

@@ -107,7 +107,7 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 		_ = eng.FailClose(cctx)
 		cancel()
 		s.lost = why
-		s.lostEvent()
+		s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(why))
 		if err := eng.RecordFailClosed(ctx, engine.FailClosedRecord{Time: s.now, Reason: truncate(why, 256), Epoch: res.Campaign.Epoch}); err != nil {
 			// Found again, and recorded, once the ledger answers.
 			r.unhealthy(s, classify(err))
@@ -123,8 +123,8 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 			s.requeueAfter(wait)
 			return true, nil
 		}
-		if s.restartedFor != "" {
-			why = s.restartedFor
+		if run := s.conn.interrupted; run != nil {
+			why, s.conn.interrupted = run.why, nil
 		}
 		r.reportRebuilding(ctx, s, r.startRebuild(unbounded, s, rebuildStart{why: why, firstSeed: firstSeed, servers: ids, spec: s.fs.Spec}))
 		return true, nil
@@ -152,7 +152,7 @@ func (r *FlashSaleReconciler) rebuildRunning(ctx context.Context, s *scope) bool
 		// no failure to report or back off from. The shards it left are
 		// rebuilt again, for the same loss.
 		log.FromContext(ctx).Info("the rebuild was stopped by a change of connections; starting it again", "err", run.err.Error())
-		s.restartedFor = run.why
+		s.conn.interrupted = run
 		return false
 	}
 	return r.rebuildOver(ctx, s, run)
@@ -216,35 +216,28 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 }
 
 // lostWhileLedgerDown: shards without meta, read before the ledger failed
-// to answer, are a loss of Redis's data the rebuild must wait for. The
-// shards are failed closed through Redis alone, and the status says so:
-// it would read Open and RedisHealthy True until the ledger answered. With
-// no shard at all, only a sale that ran (its children say so) lost them: a
-// sale never seeded looks the same.
+// to answer, are a loss of Redis's data the rebuild must wait for, if the
+// sale ran: its children, written once it was first seeded, say so (a
+// first seeding cut short looks the same). The shards are failed closed
+// through Redis alone, and the status says so: it would read Open and
+// RedisHealthy True until the ledger answered.
 func (r *FlashSaleReconciler) lostWhileLedgerDown(ctx context.Context, s *scope, res engine.SeedResult, err error) {
 	if res.Missing == 0 || !isLedgerError(classify(err)) {
 		return
 	}
-	if res.Missing == res.Shards {
-		if ran, rerr := r.setUpBefore(s)(ctx); rerr != nil || !ran {
-			return
-		}
-	}
+	// Contexts of their own: a ledger that hangs may have spent the phase's.
 	cctx, cancel := closingContext(ctx)
-	_ = s.conn.engine.FailClose(cctx)
-	cancel()
-	s.lost = fmt.Sprintf("%d of %d shards have no meta; the ledger does not answer, and the rebuild waits for it", res.Missing, res.Shards)
-	s.lostEvent()
-}
-
-// lostEvent says that Redis lost the sale's state, once per loss: a loss
-// found again while the status says it (the ledger down, the record of
-// the loss refused) is the same one.
-func (s *scope) lostEvent() {
-	if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c != nil && c.Reason == ReasonRedisDataLost {
+	defer cancel()
+	if ran, rerr := r.setUpBefore(s)(cctx); rerr != nil || !ran {
 		return
 	}
-	s.event(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(s.lost))
+	_ = s.conn.engine.FailClose(cctx)
+	s.lost = fmt.Sprintf("%d of %d shards have no meta; the ledger does not answer, and the rebuild waits for it", res.Missing, res.Shards)
+	// Found again at every reconcile until the ledger answers: said once,
+	// against the status read (sent only if this status is written).
+	if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Message != lostMessage(s.lost) {
+		s.statusEvent(corev1.EventTypeWarning, ReasonRedisDataLost, "%s", lostMessage(s.lost))
+	}
 }
 
 // rebuiltUnrecorded: the rebuild that began at the ledger's epoch, after

@@ -313,7 +313,9 @@ func forbidden(message string) *apiError {
 }
 
 // engineError answers a failure of Redis, the ledger or the request's deadline.
-// Nothing was acknowledged, so the buyer may retry with the same idempotency_key.
+// A reserve was not acknowledged: it is retried with the same idempotency_key.
+// A checkout or a cancel may have been taken before its answer was lost: it is
+// retried too, and a payment is never voided on this answer.
 func (s *Server) engineError(r *http.Request, op string, err error) *apiError {
 	if errors.Is(err, engine.ErrInvalid) {
 		return badRequest(err.Error())
@@ -331,7 +333,7 @@ func (s *Server) engineError(r *http.Request, op string, err error) *apiError {
 	case "checkout":
 		// The ledger may have committed before its answer was lost: a shop
 		// that voided the payment on this answer would sell the unit for nothing.
-		retry = "the payment may have been recorded: retry with the same payment_token, and void it only on a 409 or 410"
+		retry = "the payment may have been recorded: retry with the same payment_token, and void it only on a 409, 410 or 404"
 	case "cancel":
 		retry = "the cancel may have been taken: retry"
 	}

@@ -28,7 +28,7 @@ func TestACheckoutWithoutAnAnswerSaysThePaymentMayBeRecorded(t *testing.T) {
 	co := f.checkout("ann", held.ReservationID, "pay-1")
 	e := co.errorBody(t)
 	if co.status != http.StatusServiceUnavailable || e.Code != CodeUnavailable ||
-		!strings.Contains(e.Message, "retry with the same payment_token") || !strings.Contains(e.Message, "void it only on a 409 or 410") {
+		!strings.Contains(e.Message, "retry with the same payment_token") || !strings.Contains(e.Message, "void it only on a 409, 410 or 404") {
 		t.Fatalf("checkout without the ledger's answer: %d %+v", co.status, e)
 	}
 	if err := tx.Rollback(ctx); err != nil {
