@@ -28,11 +28,12 @@ import (
 	"github.com/flashsale-dev/flashsale-operator/internal/testharness"
 )
 
-// writeRules renders the chart's PrometheusRule and writes its spec, a
+// writeRules renders the chart's PrometheusRule, with its ServiceMonitor
+// (the install the rules' tests stand for), and writes its spec, a
 // Prometheus rule file, into dir as rules.yaml.
 func writeRules(t *testing.T, dir string, set ...string) string {
 	t.Helper()
-	objs := render(t, append([]string{"monitoring.prometheusRule.enabled=true"}, set...)...)
+	objs := render(t, append([]string{"monitoring.prometheusRule.enabled=true", "monitoring.serviceMonitor.enabled=true"}, set...)...)
 	rule := find(t, objs, "PrometheusRule", "flashsale-operator")
 	b, err := yaml.Marshal(rule.Object["spec"])
 	if err != nil {
