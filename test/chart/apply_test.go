@@ -194,6 +194,7 @@ func TestManifestsApplyServerSide(t *testing.T) {
 			"monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true",
 			"metrics.readerSubjects[0].kind=ServiceAccount", "metrics.readerSubjects[0].name=prometheus", "metrics.readerSubjects[0].namespace=monitoring")},
 		{"chart with monitoring, a token Secret", render(t, "monitoring.serviceMonitor.enabled=true", "monitoring.serviceMonitor.tokenSecret.name=scraper-token")},
+		{"chart with monitoring, a metrics certificate", render(t, "monitoring.serviceMonitor.enabled=true", "metrics.certSecret=metrics-tls", "replicaCount=2")},
 		{"dist/install.yaml", withoutNamespaceObject(t, decode(t, string(install)))},
 	} {
 		errs, warns := e.dryRunApply(t, c.objs)

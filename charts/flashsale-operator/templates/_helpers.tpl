@@ -105,3 +105,10 @@ tell that they are being deleted.
 {{- define "flashsale.leaderElect" -}}
 {{- if .Values.leaderElection.enabled }}true{{ end }}
 {{- end }}
+
+{{/* The metrics certificate's Secret, when the manager serves HTTPS with one. */}}
+{{- define "flashsale.metricsCert" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.secure (dig "certSecret" "" .Values.metrics) }}
+{{- .Values.metrics.certSecret }}
+{{- end }}
+{{- end }}

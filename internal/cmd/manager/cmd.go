@@ -22,9 +22,11 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	goflag "flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +64,11 @@ type Options struct {
 	// authenticates (TokenReview) and allows to get /metrics
 	// (SubjectAccessReview); false serves plain HTTP to anyone.
 	MetricsSecure bool
+	// MetricsCertDir holds the metrics endpoint's certificate, tls.crt and
+	// tls.key (a mounted kubernetes.io/tls Secret), reloaded when they
+	// change; empty: a self-signed certificate, which a scraper cannot
+	// verify before it sends its token.
+	MetricsCertDir string
 	// EnableHTTP2 lets the metrics server negotiate HTTP/2. Off by default:
 	// HTTP/2's stream handling has had denial-of-service flaws (the "Rapid
 	// Reset" and "CONTINUATION flood" advisories) and a scraper needs only
@@ -165,6 +172,8 @@ func NewCmd() *cobra.Command {
 		`address the metrics endpoint binds to; "0" disables it`)
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", opts.MetricsSecure,
 		"serve metrics over HTTPS (a self-signed certificate) to callers the API server authenticates and authorizes for GET /metrics; false: plain HTTP to anyone")
+	f.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", opts.MetricsCertDir,
+		"directory holding the metrics endpoint's tls.crt and tls.key (a mounted kubernetes.io/tls Secret, reloaded when it changes) instead of a self-signed certificate")
 	f.BoolVar(&opts.EnableHTTP2, "enable-http2", opts.EnableHTTP2,
 		"let the metrics server negotiate HTTP/2 (off by default: HTTP/1.1 only)")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", opts.HealthProbeBindAddress,
@@ -218,6 +227,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	// FlashSaleCountsStale alert, at two minutes) between two refreshes.
 	if opts.StatusRefresh < 100*time.Millisecond || opts.StatusRefresh > time.Minute {
 		return fmt.Errorf("--status-refresh must be between 100ms and 1m, got %s", opts.StatusRefresh)
+	}
+	if err := checkMetricsCert(opts); err != nil {
+		return err
 	}
 
 	if lim := runtimeconfig.SetMemoryLimit(opts.MemoryLimit); lim > 0 {
@@ -335,5 +347,27 @@ func metricsOptions(opts Options) metricsserver.Options {
 		o.SecureServing = true
 		o.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	if opts.MetricsCertDir != "" {
+		o.CertDir, o.CertName, o.KeyName = opts.MetricsCertDir, metricsCertName, metricsKeyName
+	}
 	return o
+}
+
+// The names a kubernetes.io/tls Secret gives its certificate and key.
+const metricsCertName, metricsKeyName = "tls.crt", "tls.key"
+
+// checkMetricsCert refuses a --metrics-cert-dir the metrics server could
+// not serve from, at the start rather than at the first scrape.
+func checkMetricsCert(opts Options) error {
+	if opts.MetricsCertDir == "" {
+		return nil
+	}
+	if !opts.MetricsSecure {
+		return errors.New("--metrics-cert-dir needs --metrics-secure: plain HTTP serves no certificate")
+	}
+	crt, key := filepath.Join(opts.MetricsCertDir, metricsCertName), filepath.Join(opts.MetricsCertDir, metricsKeyName)
+	if _, err := tls.LoadX509KeyPair(crt, key); err != nil {
+		return fmt.Errorf("--metrics-cert-dir %s: %w", opts.MetricsCertDir, err)
+	}
+	return nil
 }
