@@ -95,9 +95,11 @@ func (r *FlashSaleReconciler) connect(ctx context.Context, s *scope) (bool, erro
 		r.unhealthy(s, err)
 		if isLedgerError(err) {
 			// The connections did not open because the ledger did not:
-			// close through Redis alone.
+			// close through Redis alone, and say what Redis lost meanwhile
+			// (a manager started during the outage has no other way in).
 			store, done := redisOnly(s.fs, s.refs)
 			s.closed = r.closeShards(ctx, s, store)
+			r.lostWithoutConnections(ctx, s, store)
 			done()
 		}
 		return true, nil
@@ -169,6 +171,24 @@ func pgForbidden(err error) bool {
 func isLedgerError(err error) bool {
 	var le *ledgerError
 	return errors.As(err, &le)
+}
+
+// lostWithoutConnections is lostWhileLedgerDown for a reconcile whose
+// connections did not open: the shards are read through Redis alone.
+func (r *FlashSaleReconciler) lostWithoutConnections(ctx context.Context, s *scope, gates *engine.Gates) {
+	rctx, cancel := closingContext(ctx)
+	states, err := gates.ShardStates(rctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	missing := 0
+	for _, st := range states {
+		if !st.Present {
+			missing++
+		}
+	}
+	r.lostWhileLedgerDown(ctx, s, missing, len(states), gates)
 }
 
 // classify turns errors that come from the ledger into ledgerErrors: the

@@ -55,7 +55,9 @@ func (r *FlashSaleReconciler) ensureStock(unbounded context.Context, s *scope) (
 	case errors.Is(err, errReadingChildren):
 		return false, err // the API server's, not Redis's or the ledger's: retried with backoff
 	case err != nil:
-		r.lostWhileLedgerDown(ctx, s, res, err)
+		if isLedgerError(classify(err)) {
+			r.lostWhileLedgerDown(ctx, s, res.Missing, res.Shards, eng.Gates())
+		}
 		r.unhealthy(s, classify(err))
 		return true, nil
 	}
@@ -221,8 +223,8 @@ func (r *FlashSaleReconciler) rebuildOver(ctx context.Context, s *scope, run *re
 // first seeding cut short looks the same). The shards are failed closed
 // through Redis alone, and the status says so: it would read Open and
 // RedisHealthy True until the ledger answered.
-func (r *FlashSaleReconciler) lostWhileLedgerDown(ctx context.Context, s *scope, res engine.SeedResult, err error) {
-	if res.Missing == 0 || !isLedgerError(classify(err)) {
+func (r *FlashSaleReconciler) lostWhileLedgerDown(ctx context.Context, s *scope, missing, shards int, gates *engine.Gates) {
+	if missing == 0 {
 		return
 	}
 	// Contexts of their own: a ledger that hangs may have spent the phase's.
@@ -231,8 +233,8 @@ func (r *FlashSaleReconciler) lostWhileLedgerDown(ctx context.Context, s *scope,
 	if ran, rerr := r.setUpBefore(s)(cctx); rerr != nil || !ran {
 		return
 	}
-	_ = s.conn.engine.FailClose(cctx)
-	s.lost = fmt.Sprintf("%d of %d shards have no meta; the ledger does not answer, and the rebuild waits for it", res.Missing, res.Shards)
+	_ = gates.FailClose(cctx)
+	s.lost = fmt.Sprintf("%d of %d shards have no meta; the ledger does not answer, and the rebuild waits for it", missing, shards)
 	// Found again at every reconcile until the ledger answers: said once,
 	// against the status read (sent only if this status is written).
 	if c := meta.FindStatusCondition(s.fs.Status.Conditions, flashsalev1alpha1.ConditionRedisHealthy); c == nil || c.Message != lostMessage(s.lost) {

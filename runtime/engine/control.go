@@ -107,8 +107,7 @@ func (e *Engine) Gates() *Gates { return &Gates{store: e.store} }
 // FailClose closes every shard that has a meta, whatever its epoch, until a
 // rebuild reopens it (shards without one refuse already).
 func (e *Engine) FailClose(ctx context.Context) error {
-	_, err := e.store.SetGate(ctx, stock.StateFailClosed, 0)
-	return err
+	return e.Gates().FailClose(ctx)
 }
 
 // Servers reads the run ids of the Redis servers holding the shards, and
@@ -157,6 +156,13 @@ func (g *Gates) SetWindow(ctx context.Context, start, end time.Time) ([]int, err
 func (g *Gates) Now(ctx context.Context) (time.Time, error) { return g.store.Now(ctx) }
 
 // End writes ENDED on every shard that has a meta, whatever its epoch.
+// FailClose closes every shard that has a meta until a rebuild: Redis is
+// found to have lost the sale's state, whatever the ledger answers.
+func (g *Gates) FailClose(ctx context.Context) error {
+	_, err := g.store.SetGate(ctx, stock.StateFailClosed, 0)
+	return err
+}
+
 func (g *Gates) End(ctx context.Context) error {
 	_, err := g.store.SetGate(ctx, stock.StateEnded, 0)
 	return err
