@@ -120,9 +120,7 @@ func (e *Engine) cancelInRedis(ctx context.Context, m laterMark) bool {
 		// or by the sweeper. The answer names no buyer; the ledger's row
 		// does, and the give-back is named by the placement, so it gives
 		// nothing back twice.
-		g := m.give
-		_, err := e.store.Quota(ctx, stock.HomeShard(m.user, e.cfg.Shards), g.Op, g.User, g.Key, g.Quantity, g.Shard, g.ExpiryMs)
-		return err == nil
+		return e.giveQuota(ctx, stock.HomeShard(m.user, e.cfg.Shards), *m.give) == nil
 	}
 	return true
 }

@@ -155,7 +155,6 @@ func (g *Gates) SetWindow(ctx context.Context, start, end time.Time) ([]int, err
 // sale's schedule.
 func (g *Gates) Now(ctx context.Context) (time.Time, error) { return g.store.Now(ctx) }
 
-// End writes ENDED on every shard that has a meta, whatever its epoch.
 // FailClose closes every shard that has a meta until a rebuild: Redis is
 // found to have lost the sale's state, whatever the ledger answers.
 func (g *Gates) FailClose(ctx context.Context) error {
@@ -163,6 +162,7 @@ func (g *Gates) FailClose(ctx context.Context) error {
 	return err
 }
 
+// End writes ENDED on every shard that has a meta, whatever its epoch.
 func (g *Gates) End(ctx context.Context) error {
 	_, err := g.store.SetGate(ctx, stock.StateEnded, 0)
 	return err

@@ -399,7 +399,12 @@ func (e *Engine) afterRelease(ctx context.Context, shard int, key string, rr sto
 	if !ok {
 		return nil
 	}
-	_, err := e.store.Quota(ctx, rr.Home, g.Op, g.User, g.Key, g.Quantity, g.Shard, g.ExpiryMs)
+	return e.giveQuota(ctx, rr.Home, g)
+}
+
+// giveQuota runs g on the home shard.
+func (e *Engine) giveQuota(ctx context.Context, home int, g stock.QuotaGive) error {
+	_, err := e.store.Quota(ctx, home, g.Op, g.User, g.Key, g.Quantity, g.Shard, g.ExpiryMs)
 	return err
 }
 
