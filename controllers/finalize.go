@@ -120,7 +120,8 @@ func (r *FlashSaleReconciler) reportDeleting(ctx context.Context, fs *flashsalev
 	})
 	// The phase and Admitting said what the live sale did: once every shard
 	// is ended, they say so, or a sale whose deletion waits reads Open.
-	if ended := (*endedWaiting)(nil); errors.As(err, &ended) {
+	var ended *endedWaiting
+	if errors.As(err, &ended) {
 		fs.Status.Phase = flashsalev1alpha1.PhaseEnded
 		meta.SetStatusCondition(&fs.Status.Conditions, metav1.Condition{
 			Type: flashsalev1alpha1.ConditionAdmitting, Status: metav1.ConditionFalse, Reason: ReasonEnded, ObservedGeneration: fs.Generation,

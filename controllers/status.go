@@ -53,7 +53,7 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 		// stop below may say more).
 		st.Phase = closedPhase(f.closed, f.held, st.Phase)
 	}
-	reportStop(&st, d, fs, f)
+	stopped := reportStop(&st, d, fs, f)
 	if f.rebuildChecked && !f.rebuilding {
 		st.RebuildProgress = nil
 	}
@@ -65,7 +65,7 @@ func computeStatus(fs *flashsalev1alpha1.FlashSale, f *facts, countsStamp time.D
 	// A problem that did not stop the phases has the last word on Ready,
 	// unless one did stop them: an outage, or a sale failed closed, is what
 	// Ready's reason must name then.
-	if reason, message, ok := f.notReady(); ok && !f.stopped() {
+	if reason, message, ok := f.notReady(); ok && !stopped {
 		d.ready(reason, message)
 	}
 	// Only a reconcile that went through every phase has applied this spec.
@@ -188,7 +188,8 @@ func reportCounts(st *flashsalev1alpha1.FlashSaleStatus, d *decided, spec *flash
 }
 
 // reportStop: what stopped the reconcile, if anything; at most one of these.
-func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) {
+// It reports whether something did.
+func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsalev1alpha1.FlashSale, f *facts) bool {
 	switch {
 	case f.refErr != nil && !f.refsKept:
 		d.ready(f.refErr.reason, f.refErr.message)
@@ -249,7 +250,10 @@ func reportStop(st *flashsalev1alpha1.FlashSaleStatus, d *decided, fs *flashsale
 		default:
 			st.Phase = flashsalev1alpha1.PhaseRebuilding
 		}
+	default:
+		return false
 	}
+	return true
 }
 
 // notReady is what Ready says when a problem did not stop the phases (the
@@ -270,11 +274,6 @@ func (f *facts) notReady() (reason, message string, ok bool) {
 		return f.replaced.readyReason, f.replaced.message, true
 	}
 	return "", "", false
-}
-
-// stopped: something reportStop reports stopped the phases.
-func (f *facts) stopped() bool {
-	return (f.refErr != nil && !f.refsKept) || f.outage != nil || f.mismatch != nil || f.rebuilding || f.lost != "" || f.rebuildErr != nil
 }
 
 // incomplete: part of the spec is not in effect although the phases went
